@@ -1,0 +1,187 @@
+"""Group commit: one background thread makes every open journal durable.
+
+Every ``interval`` the flusher runs a *round*: for each registered journal
+with writes since its last sync it snapshots the journal's write sequence,
+calls fdatasync, then advances the journal's durable watermark to that
+snapshot and writes a checkpoint (made durable by the next round). A write
+is therefore durable once the first round that *starts after it* completes.
+
+Threads: the flusher thread alone calls fdatasync on registered journals
+during rounds (a journal serialises its own explicit syncs, e.g. on seal,
+against rounds with a per-journal lock). Any thread may call
+:meth:`Flusher.wait_durable` or :meth:`Flusher.flush_now`.
+
+An fdatasync error is fatal for that journal only: it is logged, no ticket
+of that journal at or after the failed round is ever confirmed, and every
+waiter on it receives :class:`~common.errors.FlushFailed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from .config import FlusherConfig
+from .errors import JournalClosed
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+log = logging.getLogger(__name__)
+
+
+class Ticket(NamedTuple):
+    """Names a write: it is durable once ``journal``'s watermark reaches ``seq``."""
+
+    journal: Journal
+    seq: int
+
+    @property
+    def durable(self) -> bool:
+        return self.journal.durable_seq >= self.seq
+
+
+@dataclasses.dataclass(slots=True)
+class FlusherStats:
+    """Counters since the flusher started (read without locking)."""
+
+    rounds: int = 0
+    syncs: int = 0
+    failures: int = 0
+    last_round_seconds: float = 0.0
+    max_round_seconds: float = 0.0
+
+
+class Flusher:
+    """The shared group-commit thread. Start it before opening journals."""
+
+    def __init__(self, config: FlusherConfig | None = None) -> None:
+        self.config = (config or FlusherConfig()).validate()
+        self.stats = FlusherStats()
+        self._journals: dict[int, Journal] = {}
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._started_rounds = 0  # rounds begun (guarded by _cond)
+        self._done_rounds = 0  # rounds finished (guarded by _cond)
+        self._stopping = False  # stop() was called (guarded by _cond)
+        self._finished = False  # the last round is done (guarded by _cond)
+        self._skip_last = False  # stop(flush=False): no last round (guarded by _cond)
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Flusher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Flusher:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, flush: bool = True) -> None:
+        """End the thread after a last round. Journals stay open.
+
+        ``flush=False`` skips that round: writes not yet durable stay so
+        (crash tests use it to freeze the disk before a simulated power cut).
+        A stopped flusher cannot be restarted.
+        """
+        with self._cond:
+            self._stopping = True
+            self._skip_last = not flush
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def running(self) -> bool:
+        """True from start() until the last round after stop() finished."""
+        return self._thread is not None and not self._finished
+
+    def register(self, journal: Journal) -> None:
+        with self._cond:
+            self._journals[id(journal)] = journal
+
+    def unregister(self, journal: Journal) -> None:
+        with self._cond:
+            self._journals.pop(id(journal), None)
+            self._cond.notify_all()
+
+    def notify(self) -> None:
+        """Wake waiters: a journal synced outside a round, failed or closed."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_durable(self, ticket: Ticket, timeout: float | None = None) -> None:
+        """Block until a completed flush covers ``ticket``.
+
+        Raises FlushFailed if the journal's durability was lost first,
+        JournalClosed if it was closed before the write became durable, and
+        TimeoutError after ``timeout`` seconds.
+        """
+        journal = ticket.journal
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while journal.durable_seq < ticket.seq:
+                journal.raise_if_failed()
+                if journal.closed:
+                    raise JournalClosed(f"{journal.path} was closed before write {ticket.seq} was durable")
+                if not self.running:
+                    raise JournalClosed("the flusher is stopped: no write will become durable")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"write {ticket.seq} to {journal.path} not durable after {timeout} s")
+                self._cond.wait(remaining)
+
+    def flush_now(self, timeout: float | None = None) -> None:
+        """Start a round at once and wait for it: every write made before
+        this call is then durable (or its journal has failed)."""
+        with self._cond:
+            if not self.running:
+                raise JournalClosed("the flusher is not running: nothing can be flushed")
+            target = self._started_rounds + 1
+            self._wake.set()
+            if not self._cond.wait_for(lambda: self._done_rounds >= target or not self.running, timeout):
+                raise TimeoutError(f"flush round not finished after {timeout} s")
+
+    def _run(self) -> None:
+        interval = self.config.interval
+        next_round = time.monotonic()
+        while True:
+            delay = next_round - time.monotonic()
+            if delay > 0:
+                self._wake.wait(delay)
+            self._wake.clear()
+            with self._cond:
+                stopping = self._stopping
+                self._started_rounds += 1
+                journals = [] if self._skip_last else list(self._journals.values())
+            started = time.monotonic()
+            self._round(journals)
+            elapsed = time.monotonic() - started
+            with self._cond:
+                self._done_rounds += 1
+                self._finished = stopping
+                self._cond.notify_all()
+            self.stats.rounds += 1
+            self.stats.last_round_seconds = elapsed
+            self.stats.max_round_seconds = max(self.stats.max_round_seconds, elapsed)
+            if stopping:
+                return
+            next_round = started + interval
+
+    def _round(self, journals: list[Journal]) -> None:
+        for journal in journals:
+            was_failed = journal.failed is not None
+            try:
+                synced = journal.sync_for_flusher()
+            except Exception:  # a bug in one journal must not stop durability for the rest
+                log.exception("flusher: unexpected error syncing %s", journal.path)
+                synced = False
+            self.stats.syncs += synced
+            if journal.failed is not None and not was_failed:
+                self.stats.failures += 1

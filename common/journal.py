@@ -1,0 +1,539 @@
+"""The journal: an append-only file of checksummed records with state markers.
+
+The file format is described in header.py (the first 4 KiB) and record.py
+(the records). A journal is created once, appended to until it is sealed,
+and read and re-marked for the rest of its life.
+
+Durability: every write (append, marker change) returns a
+:class:`~common.flusher.Ticket`. The write is durable once a flush round of
+the shared :class:`~common.flusher.Flusher` covering it completes;
+:meth:`Journal.wait_durable` blocks until then. Nothing is durable earlier.
+
+I/O: appends are one ``pwrite`` per batch (measured faster than copying into
+the mapping; see docs/benchmarks.md). Reads, scans and marker changes go
+through a shared memory mapping of the file, so numpy reads records in place
+and a batch of marker changes is one vectorised store.
+
+Threads: one thread at a time may write (append, set markers, seal, close);
+call it the owner. Any thread may read, scan or wait. The flusher thread
+syncs concurrently. ``_lock`` guards the write position, counters and the
+mapping; ``_sync_lock`` serialises fdatasync and checkpoint writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from . import filesystem
+from .config import JournalConfig
+from .errors import (CorruptJournal, FlushFailed, FormatError, JournalClosed, JournalError, JournalFull,
+                     JournalSealed, MarkerConflict, RecordNotFound, WriteFailed)
+from .flusher import Flusher, Ticket
+from .header import HEADER_SIZE, SLOT_OFFSETS, Checkpoint, Identity, newest, read_checkpoints
+from .marker import Marker, is_marker, marker_index
+from .record import (LENGTH_MASK, RECORD_HEADER_SIZE, RESERVED_FLAGS, Body, align_up, check_record,
+                     encode_batch)
+from .recovery import RecoveryReport, recover
+from .scan import END, RecordChunk, Walk
+
+log = logging.getLogger(__name__)
+
+
+class Appended(NamedTuple):
+    """Where a batch went (absolute offsets, one per record) and its ticket."""
+
+    offsets: np.ndarray
+    ticket: Ticket
+
+
+class Record(NamedTuple):
+    offset: int
+    marker: Marker
+    body: bytes
+
+
+class Journal:
+    """One journal file. Build it with :meth:`create` or :meth:`open`."""
+
+    def __init__(self, path: Path, fd: int, identity: Identity, *, writable: bool,
+                 flusher: Flusher | None, config: JournalConfig) -> None:
+        self.path = path
+        self.identity = identity
+        self.config = config
+        self.recovery: RecoveryReport | None = None
+        self._fd = fd
+        self._writable = writable
+        self._flusher = flusher
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._file_size = os.fstat(fd).st_size
+        self._mm: mmap.mmap | None = None
+        self._bytes = np.zeros(0, dtype=np.uint8)
+        self._words = np.zeros(0, dtype="<u4")
+        self._end = HEADER_SIZE
+        self._count = 0
+        self._counters = np.zeros(len(Marker), dtype=np.int64)
+        self._sealed = False
+        self._seq = 0  # writes issued; guarded by _lock
+        self.durable_seq = 0  # writes known durable; written under _sync_lock
+        self._ckpt = Checkpoint()  # newest checkpoint written
+        self._ckpt_slot = 0
+        self._ckpt_unsynced = False
+        self.failed: FlushFailed | None = None
+        self.closed = False
+
+    # ----------------------------------------------------------------- opening
+
+    @classmethod
+    def create(cls, path: str | Path, *, kind: bytes, flusher: Flusher, metadata: bytes = b"",
+               config: JournalConfig | None = None) -> Journal:
+        """Create a new, empty journal at ``path`` (which must not exist).
+
+        The header is written and made durable (file and directory) before
+        this returns, so the journal exists after a crash or not at all.
+        """
+        config = (config or JournalConfig()).validate()
+        identity = Identity(kind=kind, alignment=config.alignment, max_record_bytes=config.max_record_bytes,
+                            metadata=bytes(metadata), created_ns=time.time_ns(), uuid=uuid.uuid4().bytes)
+        header = identity.encode()
+        header[SLOT_OFFSETS[0]:SLOT_OFFSETS[0] + 64] = Checkpoint().encode()
+        path = Path(path)
+        filesystem.create_atomically(path, header)
+        return cls.open(path, kind=kind, flusher=flusher, config=config)
+
+    @classmethod
+    def open(cls, path: str | Path, *, kind: bytes | None = None, flusher: Flusher | None = None,
+             writable: bool = True, recount: bool = True, config: JournalConfig | None = None) -> Journal:
+        """Open and recover a journal.
+
+        ``recount=False`` opens a sealed journal in O(1) (its counters come
+        from the seal's checkpoint); unsealed journals are always recovered.
+        Writable journals need a running ``flusher``; recovery truncates a
+        torn tail and makes the recovered state durable before returning.
+        Read-only opens change nothing on disk. Raises FormatError for a
+        file that is not a (matching) journal and CorruptJournal for damaged
+        durable data; the file is untouched in both cases.
+        """
+        path = Path(path)
+        if writable and (flusher is None or not flusher.running):
+            raise ValueError("a writable journal needs a running Flusher")
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            header = os.pread(fd, HEADER_SIZE, 0)
+            identity = Identity.decode(header, str(path))
+            if kind is not None and identity.kind != kind:
+                raise FormatError(path, 12, f"journal kind is {identity.kind!r}, expected {kind!r}")
+            base = config or JournalConfig()
+            config = JournalConfig(alignment=identity.alignment, max_record_bytes=identity.max_record_bytes,
+                                   extent_bytes=base.extent_bytes, preallocate=base.preallocate,
+                                   capacity_bytes=base.capacity_bytes)
+            journal = cls(path, fd, identity, writable=writable, flusher=flusher, config=config)
+            journal._load(header, recount)
+        except BaseException:
+            os.close(fd)
+            raise
+        if writable:
+            flusher.register(journal)  # type: ignore[union-attr]
+        return journal
+
+    def _load(self, header: bytes, recount: bool) -> None:
+        self._ckpt_slot, self._ckpt = newest(read_checkpoints(header))
+        ckpt = self._ckpt
+        self._remap()
+        if ckpt.sealed and not recount:
+            if self._file_size < ckpt.end:
+                raise CorruptJournal(self.path, self._file_size,
+                                     f"sealed journal ends at byte {ckpt.end} but the file has {self._file_size}")
+            self._end, self._count, self._sealed = ckpt.end, ckpt.count, True
+            self._counters[:] = ckpt.counters
+            self.durable_seq = self._seq
+            return
+        report = recover(self._bytes, file_size=self._file_size, alignment=self.identity.alignment,
+                         max_record_bytes=self.identity.max_record_bytes, checkpoint=ckpt, path=str(self.path))
+        self.recovery = report
+        self._end, self._count, self._sealed = report.end, report.count, ckpt.sealed
+        self._counters[:] = report.counters
+        if not report.clean:
+            log.info("%s: recovery kept %d records up to byte %d; dropped %d records of a torn batch; "
+                     "walk stopped at byte %d (%s)", self.path, report.count, report.end,
+                     report.dropped_records, report.stop_offset, report.stop_reason)
+        if self._writable:
+            if not report.clean:
+                os.ftruncate(self._fd, report.end)
+                self._file_size = report.end
+                self._remap()
+            self._seq = 1  # whatever recovery kept must be flushed and checkpointed
+            self._sync_fully()
+        else:
+            self.durable_seq = self._seq
+
+    def _remap(self) -> None:
+        """Map the whole file (caller holds _lock or is still constructing)."""
+        access = mmap.ACCESS_WRITE if self._writable else mmap.ACCESS_READ
+        self._mm = mmap.mmap(self._fd, self._file_size, access=access)
+        self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
+        self._words = self._bytes[: self._file_size // 4 * 4].view("<u4")
+
+    # -------------------------------------------------------------- properties
+
+    @property
+    def kind(self) -> bytes:
+        return self.identity.kind
+
+    @property
+    def metadata(self) -> bytes:
+        return self.identity.metadata
+
+    @property
+    def alignment(self) -> int:
+        return self.identity.alignment
+
+    @property
+    def end(self) -> int:
+        """Byte offset just past the last record."""
+        return self._end
+
+    @property
+    def count(self) -> int:
+        """Number of records."""
+        return self._count
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    @property
+    def counters(self) -> dict[Marker, int]:
+        """Records per marker state (maintained in memory, recounted on open)."""
+        return {m: int(c) for m, c in zip(Marker, self._counters)}
+
+    def __repr__(self) -> str:
+        state = "sealed" if self._sealed else "open"
+        return f"<Journal {self.path} kind={self.kind!r} records={self._count} end={self._end} {state}>"
+
+    # ------------------------------------------------------------------ writes
+
+    def append(self, body: Body, marker: Marker = Marker.LIVE) -> tuple[int, Ticket]:
+        """Append one record; return its offset and ticket."""
+        offsets, ticket = self.append_batch([body], marker)
+        return int(offsets[0]), ticket
+
+    def append_batch(self, bodies: Sequence[Body] | np.ndarray, marker: Marker = Marker.LIVE) -> Appended:
+        """Append records with one write; all of them survive a crash or none.
+
+        ``bodies`` is a sequence of bytes-like objects or a 2-D uint8 array
+        of equal-length bodies. Raises RecordTooLarge, JournalSealed,
+        JournalFull or WriteFailed; in each case nothing was appended.
+        """
+        marker = Marker(marker)
+        self._check_writable()
+        with self._lock:
+            if self._sealed:
+                raise JournalSealed(f"{self.path} is sealed: appends are refused")
+            batch = encode_batch(bodies, first_seq=self._count, alignment=self.alignment,
+                                 max_record_bytes=self.identity.max_record_bytes, marker=marker)
+            self._check_capacity(len(batch.data))
+            start = self._end
+            self._write(batch.data, start)
+            self._end = start + len(batch.data)
+            self._count += len(batch.offsets)
+            self._counters[list(Marker).index(marker)] += len(batch.offsets)
+            self._seq += 1
+            return Appended(batch.offsets + start, Ticket(self, self._seq))
+
+    def _check_capacity(self, total: int) -> None:
+        cap = self.config.capacity_bytes
+        if cap is not None and self._end + total > cap:
+            raise JournalFull(f"{self.path}: appending {total} bytes at {self._end} would pass "
+                              f"the capacity of {cap} bytes")
+
+    def _write(self, data: bytearray, start: int) -> None:
+        """pwrite ``data`` at ``start``, growing the file; roll back on error."""
+        need = start + len(data)
+        try:
+            if need > self._file_size:
+                size = align_up(need, self.config.extent_bytes)
+                if self.config.capacity_bytes is not None:
+                    size = max(need, min(size, self.config.capacity_bytes))
+                filesystem.grow(self._fd, self._file_size, size, self.config.preallocate)
+                self._file_size = size
+                self._remap()
+            view, pos = memoryview(data), start
+            while view:
+                written = os.pwrite(self._fd, view, pos)
+                view, pos = view[written:], pos + written
+        except OSError as exc:
+            self._roll_back(start)
+            raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
+                              f"{exc.strerror or exc}", exc.errno) from exc
+
+    def _roll_back(self, end: int) -> None:
+        """Drop partly written bytes past ``end`` so recovery never sees them."""
+        try:
+            os.ftruncate(self._fd, end)
+        except OSError as exc:
+            self._fail(exc, "truncating a failed append")
+            return
+        self._file_size = end
+        self._remap()
+
+    def set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
+                    expect: Marker | None = None) -> Ticket:
+        """Rewrite the markers of the records at ``offsets`` in place.
+
+        Each offset must be a record start of this journal (checked
+        structurally: alignment, range, a valid current marker and a length
+        that fits). With ``expect``, every record must currently carry that
+        marker. On any failure nothing is changed. Only the 4 marker bytes of
+        each record are written.
+        """
+        marker = Marker(marker)
+        self._check_writable()
+        with self._lock:
+            offs, current = self._locate(offsets)
+            if expect is not None and (current != expect).any():
+                wrong = np.flatnonzero(current != expect)
+                raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "
+                                     f"{Marker(expect).name} (first: offset {int(offs[wrong[0]])} is "
+                                     f"{_marker_name(int(current[wrong[0]]))})",
+                                     offs[wrong].tolist(), current[wrong].tolist())
+            self._words[offs // 4] = np.uint32(marker)
+            self._counters -= np.bincount(marker_index(current), minlength=len(Marker))
+            self._counters[list(Marker).index(marker)] += len(offs)
+            self._seq += 1
+            return Ticket(self, self._seq)
+
+    def seal(self) -> None:
+        """Refuse further appends, trim preallocated space, and make the
+        sealed state durable (so the journal reopens in O(1))."""
+        self._check_writable()
+        with self._sync_lock:
+            with self._lock:
+                if self._sealed:
+                    return
+                self._sealed = True
+                os.ftruncate(self._fd, self._end)
+                self._file_size = self._end
+                self._remap()
+                self._seq += 1
+            self._sync_fully(locked=True)
+        self.raise_if_failed()
+
+    # ------------------------------------------------------------------- reads
+
+    def read(self, offset: int) -> bytes:
+        """The body of the record at ``offset``, checksum verified."""
+        self._check_open()
+        header = check_record(self._mm, offset, self._end, self.alignment)  # type: ignore[arg-type]
+        start = offset + RECORD_HEADER_SIZE
+        return self._mm[start:start + header.length]  # type: ignore[index]
+
+    def read_batch(self, offsets: Sequence[int] | np.ndarray) -> list[bytes]:
+        """Bodies of several records, each checksum verified."""
+        return [self.read(int(o)) for o in np.asarray(offsets, dtype=np.int64).ravel()]
+
+    def markers(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Current marker words (uint32) of the records at ``offsets``."""
+        self._check_open()
+        return self._locate(offsets, unique=False)[1]
+
+    def scan(self, start: int | None = None, stop: int | None = None) -> Iterator[RecordChunk]:
+        """Yield the records in [start, stop) as vectorised chunks.
+
+        ``start`` and ``stop`` must be record boundaries (default: the whole
+        journal). Markers are read as they are at scan time.
+        """
+        self._check_open()
+        buf, end = self._bytes, self._end
+        start = HEADER_SIZE if start is None else int(start)
+        stop = end if stop is None else min(int(stop), end)
+        first_seq = 0
+        if start < stop:
+            first_seq = check_record(buf, start, end, self.alignment, verify_crc=False).seq
+        walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
+                    max_record_bytes=self.identity.max_record_bytes)
+        yield from walk
+        if walk.reason != END:
+            raise CorruptJournal(self.path, walk.position,
+                                 f"record chain broken below the end ({walk.reason}); verify the journal")
+
+    def records(self, start: int | None = None) -> Iterator[Record]:
+        """Each record with its marker and body (a convenience over scan())."""
+        mm = self._mm
+        for chunk in self.scan(start):
+            for off, mark, length in zip(chunk.offsets.tolist(), chunk.markers.tolist(), chunk.lengths.tolist()):
+                body = off + RECORD_HEADER_SIZE
+                yield Record(off, Marker(mark), mm[body:body + length])  # type: ignore[index]
+
+    # -------------------------------------------------------------- durability
+
+    def wait_durable(self, ticket: Ticket, timeout: float | None = None) -> None:
+        """Block until ``ticket`` is durable (see Flusher.wait_durable)."""
+        if ticket.journal is not self:
+            raise ValueError(f"ticket belongs to {ticket.journal.path}, not {self.path}")
+        if ticket.seq <= self.durable_seq:
+            return
+        if self._flusher is None:
+            raise JournalClosed(f"{self.path} is read-only: nothing to wait for")
+        self._flusher.wait_durable(ticket, timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Make every write so far durable now (a flusher round, waited for)."""
+        self._check_writable()
+        ticket = Ticket(self, self._seq)
+        if not ticket.durable:
+            self._flusher.flush_now(timeout)  # type: ignore[union-attr]
+            self.wait_durable(ticket, timeout)
+
+    def raise_if_failed(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+
+    def sync_for_flusher(self) -> bool:
+        """One flusher step: fdatasync if needed, then checkpoint. Returns
+        True if an fdatasync was issued. Called by the flusher thread."""
+        with self._sync_lock:
+            return self._sync_once()
+
+    def _sync_fully(self, locked: bool = False) -> None:
+        """Sync until the newest checkpoint itself is durable."""
+        if not locked:
+            with self._sync_lock:
+                return self._sync_fully(locked=True)
+        for _ in range(3):
+            if not self._sync_once():
+                break
+        if self._flusher is not None:
+            self._flusher.notify()
+
+    def _sync_once(self) -> bool:
+        """fdatasync covering every write issued so far, then write a new
+        checkpoint if the durable state changed. Caller holds _sync_lock."""
+        if self.failed is not None or self.closed:
+            return False
+        with self._lock:
+            seq = self._seq
+            state = Checkpoint(self._ckpt.generation + 1, self._end, self._count,
+                               tuple(int(c) for c in self._counters), self._sealed)  # type: ignore[arg-type]
+        if seq == self.durable_seq and not self._ckpt_unsynced and state.same_state(self._ckpt):
+            return False
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._fail(exc, "fdatasync")
+            return False
+        self.durable_seq = seq
+        self._ckpt_unsynced = False
+        if not state.same_state(self._ckpt):
+            slot = 1 - self._ckpt_slot
+            try:
+                os.pwrite(self._fd, state.encode(), SLOT_OFFSETS[slot])
+            except OSError as exc:
+                self._fail(exc, "writing the checkpoint")
+                return True
+            self._ckpt, self._ckpt_slot, self._ckpt_unsynced = state, slot, True
+        return True
+
+    def _fail(self, exc: OSError, during: str) -> None:
+        """Durability is lost for good: record it, wake waiters, refuse writes."""
+        self.failed = FlushFailed(f"{self.path}: {during} failed ({exc.strerror or exc}); no later write "
+                                  f"to this journal will be confirmed durable")
+        self.failed.__cause__ = exc
+        log.error("%s", self.failed)
+        if self._flusher is not None:
+            self._flusher.notify()
+
+    # ----------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Flush (if writable and healthy) and release the file. Idempotent."""
+        with self._sync_lock:  # no flusher step may touch the fd once it is closed
+            if self.closed:
+                return
+            if self._writable:
+                self._sync_fully(locked=True)
+            self._release()
+        if self._flusher is not None:
+            if self._writable:
+                self._flusher.unregister(self)
+            self._flusher.notify()
+
+    def abandon(self) -> None:
+        """Release the file without flushing anything, as a crash would.
+
+        For crash tests, and for callers giving up on a failed journal.
+        Writes not yet durable stay that way. Idempotent.
+        """
+        with self._sync_lock:
+            if self.closed:
+                return
+            self.failed = self.failed or FlushFailed(f"{self.path} was abandoned")
+            self._release()
+        if self._flusher is not None:
+            self._flusher.unregister(self)
+            self._flusher.notify()
+
+    def _release(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._bytes = self._words = np.zeros(0, dtype=np.uint8)
+            try:
+                self._mm.close()  # type: ignore[union-attr]
+            except BufferError:  # a caller still holds a view; the mapping dies with it
+                pass
+            os.close(self._fd)
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- helpers
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise JournalClosed(f"{self.path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if not self._writable:
+            raise JournalError(f"{self.path} was opened read-only")
+        self.raise_if_failed()
+
+    def _locate(self, offsets: Sequence[int] | np.ndarray, unique: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Validate record offsets structurally; return them and their markers."""
+        offs = np.asarray(offsets, dtype=np.int64).ravel()
+        if unique:
+            offs = np.unique(offs)
+        end, words, align = self._end, self._words, self.alignment
+        bad = (offs % align != 0) | (offs < HEADER_SIZE) | (offs + RECORD_HEADER_SIZE > end)
+        if bad.any():
+            raise RecordNotFound(f"{self.path}: offset {int(offs[np.argmax(bad)])} is not an aligned "
+                                 f"record offset in [{HEADER_SIZE}, {end})")
+        idx = offs // 4
+        current, length_words = words[idx], words[idx + 2]
+        bad = (~is_marker(current) | ((length_words & RESERVED_FLAGS) != 0)
+               | (offs + RECORD_HEADER_SIZE + (length_words & LENGTH_MASK) > end))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise RecordNotFound(f"{self.path}: no record starts at offset {int(offs[i])} "
+                                 f"(marker word {int(current[i]):#010x})")
+        return offs, current
+
+
+def _marker_name(word: int) -> str:
+    try:
+        return Marker(word).name
+    except ValueError:
+        return f"{word:#010x}"

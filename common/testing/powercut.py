@@ -1,0 +1,169 @@
+"""A power-cut simulator for files under one directory.
+
+While installed, it wraps ``os.fsync`` and ``os.fdatasync``. When a sync of a
+file under the root *begins*, it records the file's bytes: that image is what
+the sync makes durable (anything written while the sync runs is treated as
+not durable, the conservative reading). A sync of a directory records its
+entries. A sync that raises records nothing.
+
+:meth:`PowerCut.crash` then rewrites the files as a power cut could leave
+them. The model:
+
+* every 4 KiB page that differs from the last durable image keeps its old or
+  its new content, independently, at random;
+* at most one such page is torn: each of its 512-byte sectors is old or new
+  at random (sector writes are assumed atomic, as on the disks we target);
+* a file whose size changed since its last sync gets its old or new size;
+* a file created (or renamed into place) after the last sync of its
+  directory may vanish; a file unlinked since then comes back with its last
+  durable content.
+
+Threads writing to the files must be stopped before ``crash()`` (stop the
+flusher with ``flush=False`` and abandon the journals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import stat
+import threading
+from pathlib import Path
+from typing import Callable
+
+PAGE = 4096
+SECTOR = 512
+
+
+@dataclasses.dataclass
+class CutReport:
+    """What a simulated power cut did."""
+
+    files: int = 0
+    pages_changed: int = 0
+    pages_reverted: int = 0
+    torn_page: tuple[str, int] | None = None
+    resized: list[str] = dataclasses.field(default_factory=list)
+    vanished: list[str] = dataclasses.field(default_factory=list)
+    revived: list[str] = dataclasses.field(default_factory=list)
+
+
+class PowerCut:
+    """Install with ``with PowerCut(root, seed) as cut:`` and call ``cut.crash()``."""
+
+    def __init__(self, root: str | Path, seed: int | None = None, tear: bool = True) -> None:
+        self.root = Path(root).resolve()
+        self.rng = random.Random(seed)
+        self.tear = tear
+        self._lock = threading.Lock()
+        self._images: dict[int, bytes] = {}  # inode -> durable content
+        self._listings: dict[Path, dict[str, int]] = {}  # dir -> durable name -> inode
+        self._saved: tuple[Callable[[int], None], Callable[[int], None]] | None = None
+
+    def __enter__(self) -> PowerCut:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def install(self) -> None:
+        """Record the current state as durable and start watching syncs."""
+        for directory, _, names in os.walk(self.root):
+            self._listings[Path(directory)] = self._list(Path(directory))
+            for name in names:
+                self._images[os.stat(Path(directory) / name).st_ino] = (Path(directory) / name).read_bytes()
+        self._saved = (os.fsync, os.fdatasync)
+        real_fsync, real_fdatasync = self._saved
+        os.fsync = lambda fd: self._synced(fd, real_fsync)  # type: ignore[assignment]
+        os.fdatasync = lambda fd: self._synced(fd, real_fdatasync)  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        if self._saved is not None:
+            os.fsync, os.fdatasync = self._saved  # type: ignore[assignment]
+            self._saved = None
+
+    def _synced(self, fd: int, real: Callable[[int], None]) -> None:
+        try:
+            path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            path = None
+        if path is None or not path.is_relative_to(self.root):
+            return real(fd)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            listing = self._list(path)
+            real(fd)
+            with self._lock:
+                self._listings[path] = listing
+            return None
+        image = os.pread(fd, info.st_size, 0) if info.st_size else b""
+        real(fd)
+        with self._lock:
+            self._images[info.st_ino] = image
+        return None
+
+    @staticmethod
+    def _list(directory: Path) -> dict[str, int]:
+        return {e.name: e.inode() for e in os.scandir(directory) if e.is_file(follow_symlinks=False)}
+
+    def crash(self) -> CutReport:
+        """Rewrite every file under the root as a power cut could leave it."""
+        report = CutReport()
+        with self._lock:
+            for directory, durable in list(self._listings.items()):
+                if directory.is_dir():
+                    self._crash_directory(directory, durable, report)
+        return report
+
+    def _crash_directory(self, directory: Path, durable: dict[str, int], report: CutReport) -> None:
+        current = self._list(directory)
+        for name, inode in current.items():
+            path = directory / name
+            if durable.get(name) != inode and self.rng.random() < 0.5:
+                path.unlink()
+                report.vanished.append(str(path))
+                continue
+            self._crash_file(path, self._images.get(inode, b""), report)
+        for name, inode in durable.items():
+            if name not in current and inode in self._images:
+                (directory / name).write_bytes(self._images[inode])
+                report.revived.append(str(directory / name))
+
+    def _crash_file(self, path: Path, old: bytes, report: CutReport) -> None:
+        new = path.read_bytes()
+        report.files += 1
+        size = len(new)
+        if len(old) != len(new):
+            size = self.rng.choice((len(old), len(new)))
+            report.resized.append(str(path))
+        result = bytearray(size)
+        changed: list[int] = []
+        for start in range(0, size, PAGE):
+            stop = min(start + PAGE, size)
+            old_page, new_page = _page(old, start, stop), _page(new, start, stop)
+            if old_page != new_page:
+                changed.append(start)
+                keep_new = self.rng.random() < 0.5
+                report.pages_reverted += not keep_new
+                new_page = new_page if keep_new else old_page
+            result[start:stop] = new_page
+        report.pages_changed += len(changed)
+        if self.tear and changed and self.rng.random() < 0.5:
+            start = self.rng.choice(changed)
+            for sector in range(start, min(start + PAGE, size), SECTOR):
+                stop = min(sector + SECTOR, size)
+                source = new if self.rng.random() < 0.5 else old
+                result[sector:stop] = _page(source, sector, stop)
+            report.torn_page = (str(path), start)
+        with open(path, "r+b") as f:
+            f.truncate(size)
+            f.seek(0)
+            f.write(result)
+
+
+def _page(data: bytes, start: int, stop: int) -> bytes:
+    """data[start:stop], zero-filled where data is shorter."""
+    chunk = data[start:stop]
+    return chunk + bytes(stop - start - len(chunk))

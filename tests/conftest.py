@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import settings
+
+from common import Flusher, FlusherConfig
+
+random.seed(1337)
+settings.register_profile("default", deadline=None)
+settings.register_profile("soak", deadline=None, max_examples=2000)
+settings.load_profile("default")
+
+
+@pytest.fixture
+def flusher() -> Iterator[Flusher]:
+    """A running flusher with a short interval, stopped after the test."""
+    with Flusher(FlusherConfig(interval=0.002)) as f:
+        yield f
