@@ -29,7 +29,7 @@ class JournalConfig:
     extent_bytes: int = 16 * MiB
     #: How growth reserves space: ``sparse`` (ftruncate), ``fallocate``
     #: (posix_fallocate) or ``zero`` (write zeros). See docs/benchmarks.md.
-    preallocate: Preallocate = "sparse"
+    preallocate: Preallocate = "fallocate"
     #: Appends that would take the file past this size raise JournalFull;
     #: ``None`` means unlimited. Segmented users (the queue) rotate on it.
     capacity_bytes: int | None = None
@@ -60,6 +60,6 @@ class FlusherConfig:
     interval: float = 0.005
 
     def validate(self) -> FlusherConfig:
-        if not 0.0 < self.interval <= 10.0:
-            raise ValueError(f"flush interval must be in (0, 10] seconds, got {self.interval}")
+        if not 0.0 < self.interval <= 3600.0:
+            raise ValueError(f"flush interval must be in (0, 3600] seconds, got {self.interval}")
         return self

@@ -315,17 +315,17 @@ class Journal:
 
     def seal(self) -> None:
         """Refuse further appends, trim preallocated space, and make the
-        sealed state durable (so the journal reopens in O(1))."""
+        sealed state and every earlier write durable before returning (so
+        the journal reopens in O(1)). Sealing again only flushes."""
         self._check_writable()
         with self._sync_lock:
             with self._lock:
-                if self._sealed:
-                    return
-                self._sealed = True
-                os.ftruncate(self._fd, self._end)
-                self._file_size = self._end
-                self._remap()
-                self._seq += 1
+                if not self._sealed:
+                    self._sealed = True
+                    os.ftruncate(self._fd, self._end)
+                    self._file_size = self._end
+                    self._remap()
+                    self._seq += 1
             self._sync_fully(locked=True)
         self.raise_if_failed()
 

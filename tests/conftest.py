@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ from common import Flusher, FlusherConfig
 random.seed(1337)
 settings.register_profile("default", deadline=None)
 settings.register_profile("soak", deadline=None, max_examples=2000)
-settings.load_profile("default")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""workq: the durable work queue built on the shared journal layer."""

@@ -98,7 +98,7 @@ class PowerCut:
             with self._lock:
                 self._listings[path] = listing
             return None
-        image = os.pread(fd, info.st_size, 0) if info.st_size else b""
+        image = path.read_bytes()  # by path: the fd may be write-only
         real(fd)
         with self._lock:
             self._images[info.st_ino] = image

@@ -103,3 +103,36 @@ def test_vectorised_walk_equals_reference(lengths: list[int], align: int, window
     offsets, walk = walk_all(buf, align, window)
     assert offsets == expected
     assert walk.position == expected_stop
+
+
+@settings(max_examples=300)
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 60)), min_size=1, max_size=6),
+    align=st.sampled_from([8, 64]),
+    window=st.sampled_from([256, 4096, 1 << 20]),
+    damage=st.lists(st.tuples(st.integers(0, 40_000), st.integers(0, 255)), max_size=3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_galloping_over_equal_sized_runs_equals_reference(runs: list[tuple[int, int]], align: int, window: int,
+                                                          damage: list[tuple[int, int]], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    bodies = [rng.bytes(length) for length, repeat in runs for _ in range(repeat)]
+    buf = bytearray(journal_bytes(bodies, align))
+    for pos, value in damage:
+        if HEADER_SIZE + pos < len(buf):
+            buf[HEADER_SIZE + pos] = value
+    buf = bytes(buf)
+    expected, expected_stop = reference_walk(buf, HEADER_SIZE, len(buf), align, 0, 2**20)
+    offsets, walk = walk_all(buf, align, window)
+    assert offsets == expected
+    assert walk.position == expected_stop
+
+
+def test_reserved_length_flags_end_the_chain_in_both_paths() -> None:
+    for lengths in ([40] * 50, [i % 37 for i in range(50)]):  # galloping run, mixed sizes
+        batch = encode_batch([bytes(n) for n in lengths], first_seq=0, alignment=8)
+        buf = bytearray(bytes(HEADER_SIZE) + bytes(batch.data))
+        victim = HEADER_SIZE + int(batch.offsets[30])
+        buf[victim + 11] |= 0x10  # bit 28 of the length word
+        offsets, walk = walk_all(bytes(buf), 8, window=1 << 20)
+        assert len(offsets) == 30 and walk.position == victim and walk.reason == INVALID
