@@ -104,7 +104,8 @@ class Identity:
         (stored,) = struct.unpack_from("<I", view, CRC_OFFSET)
         computed = _crc(view[:CRC_OFFSET], view[METADATA_OFFSET:METADATA_END])
         if stored != computed:
-            raise FormatError(path, CRC_OFFSET, f"header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")
+            raise FormatError(path, CRC_OFFSET,
+                              f"header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")
         if version != FORMAT_VERSION:
             raise FormatError(path, 8, f"format version {version} is not supported (this build reads {FORMAT_VERSION})")
         if alignment < 8 or alignment & (alignment - 1) or alignment > 4096:
@@ -151,6 +152,13 @@ class Checkpoint:
         """True if both describe the same records, counters and seal."""
         return (self.end, self.count, self.counters, self.sealed) == (
             other.end, other.count, other.counters, other.sealed)
+
+
+def initial_header(identity: Identity) -> bytearray:
+    """A new journal's header: the identity, and an empty checkpoint (generation 0) in slot 0."""
+    buf = identity.encode()
+    buf[SLOT_OFFSETS[0]:SLOT_OFFSETS[0] + SLOT_SIZE] = Checkpoint().encode()
+    return buf
 
 
 def read_checkpoints(header: bytes | memoryview) -> tuple[Checkpoint | None, Checkpoint | None]:

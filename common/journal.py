@@ -17,13 +17,13 @@ and a batch of marker changes is one vectorised store.
 Threads: one thread at a time may write (append, set markers, seal, close);
 call it the owner. Any thread may read, scan or wait. The flusher thread
 syncs concurrently. ``_lock`` guards the write position, counters and the
-mapping; ``_sync_lock`` serialises fdatasync and checkpoint writes.
+mapping; the syncer's lock serialises fdatasync and checkpoint writes
+(syncer.py) and closing the file.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
 import time
@@ -39,12 +39,13 @@ from .config import JournalConfig
 from .errors import (CorruptJournal, FlushFailed, FormatError, JournalClosed, JournalError, JournalFull,
                      JournalSealed, MarkerConflict, RecordNotFound, WriteFailed)
 from .flusher import Flusher, Ticket
-from .header import HEADER_SIZE, SLOT_OFFSETS, Checkpoint, Identity, newest, read_checkpoints
-from .marker import Marker, is_marker, marker_index
-from .record import (LENGTH_MASK, RECORD_HEADER_SIZE, RESERVED_FLAGS, Body, align_up, check_record,
-                     encode_batch)
+from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, read_checkpoints
+from .marker import Marker, marker_index
+from .mapping import MappedFile
+from .record import RECORD_HEADER_SIZE, Body, check_record, encode_batch, locate_records
 from .recovery import RecoveryReport, recover
 from .scan import END, RecordChunk, Walk
+from .syncer import Syncer
 
 log = logging.getLogger(__name__)
 
@@ -65,31 +66,28 @@ class Record(NamedTuple):
 class Journal:
     """One journal file. Build it with :meth:`create` or :meth:`open`."""
 
-    def __init__(self, path: Path, fd: int, identity: Identity, *, writable: bool,
+    def __init__(self, path: Path, fd: int, header: bytes, *, writable: bool,
                  flusher: Flusher | None, config: JournalConfig) -> None:
+        """Private: use create() or open(). ``header`` is the file's first 4 KiB."""
+        identity = Identity.decode(header, str(path))
+        config = JournalConfig(alignment=identity.alignment, max_record_bytes=identity.max_record_bytes,
+                               extent_bytes=config.extent_bytes, preallocate=config.preallocate,
+                               capacity_bytes=config.capacity_bytes)
         self.path = path
         self.identity = identity
         self.config = config
         self.recovery: RecoveryReport | None = None
-        self._fd = fd
+        self._file = MappedFile(fd, writable)
         self._writable = writable
         self._flusher = flusher
         self._lock = threading.Lock()
-        self._sync_lock = threading.Lock()
-        self._file_size = os.fstat(fd).st_size
-        self._mm: mmap.mmap | None = None
-        self._bytes = np.zeros(0, dtype=np.uint8)
-        self._words = np.zeros(0, dtype="<u4")
+        slot, checkpoint = newest(read_checkpoints(header))
+        self._syncer = Syncer(path, fd, checkpoint, slot, self._notify)
         self._end = HEADER_SIZE
         self._count = 0
         self._counters = np.zeros(len(Marker), dtype=np.int64)
         self._sealed = False
         self._seq = 0  # writes issued; guarded by _lock
-        self.durable_seq = 0  # writes known durable; written under _sync_lock
-        self._ckpt = Checkpoint()  # newest checkpoint written
-        self._ckpt_slot = 0
-        self._ckpt_unsynced = False
-        self.failed: FlushFailed | None = None
         self.closed = False
 
     # ----------------------------------------------------------------- opening
@@ -105,10 +103,8 @@ class Journal:
         config = (config or JournalConfig()).validate()
         identity = Identity(kind=kind, alignment=config.alignment, max_record_bytes=config.max_record_bytes,
                             metadata=bytes(metadata), created_ns=time.time_ns(), uuid=uuid.uuid4().bytes)
-        header = identity.encode()
-        header[SLOT_OFFSETS[0]:SLOT_OFFSETS[0] + 64] = Checkpoint().encode()
         path = Path(path)
-        filesystem.create_atomically(path, header)
+        filesystem.create_atomically(path, initial_header(identity))
         return cls.open(path, kind=kind, flusher=flusher, config=config)
 
     @classmethod
@@ -129,16 +125,11 @@ class Journal:
             raise ValueError("a writable journal needs a running Flusher")
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
-            header = os.pread(fd, HEADER_SIZE, 0)
-            identity = Identity.decode(header, str(path))
-            if kind is not None and identity.kind != kind:
-                raise FormatError(path, 12, f"journal kind is {identity.kind!r}, expected {kind!r}")
-            base = config or JournalConfig()
-            config = JournalConfig(alignment=identity.alignment, max_record_bytes=identity.max_record_bytes,
-                                   extent_bytes=base.extent_bytes, preallocate=base.preallocate,
-                                   capacity_bytes=base.capacity_bytes)
-            journal = cls(path, fd, identity, writable=writable, flusher=flusher, config=config)
-            journal._load(header, recount)
+            journal = cls(path, fd, os.pread(fd, HEADER_SIZE, 0), writable=writable, flusher=flusher,
+                          config=config or JournalConfig())
+            if kind is not None and journal.kind != kind:
+                raise FormatError(path, 12, f"journal kind is {journal.kind!r}, expected {kind!r}")
+            journal._load(recount)
         except BaseException:
             os.close(fd)
             raise
@@ -146,19 +137,16 @@ class Journal:
             flusher.register(journal)  # type: ignore[union-attr]
         return journal
 
-    def _load(self, header: bytes, recount: bool) -> None:
-        self._ckpt_slot, self._ckpt = newest(read_checkpoints(header))
-        ckpt = self._ckpt
-        self._remap()
+    def _load(self, recount: bool) -> None:
+        """Recover (or, sealed and not recounting, trust the checkpoint)."""
+        ckpt, size = self._syncer.checkpoint, self._file.size
         if ckpt.sealed and not recount:
-            if self._file_size < ckpt.end:
-                raise CorruptJournal(self.path, self._file_size,
-                                     f"sealed journal ends at byte {ckpt.end} but the file has {self._file_size}")
+            if size < ckpt.end:
+                raise CorruptJournal(self.path, size, f"sealed journal ends at byte {ckpt.end} but the file has {size}")
             self._end, self._count, self._sealed = ckpt.end, ckpt.count, True
             self._counters[:] = ckpt.counters
-            self.durable_seq = self._seq
             return
-        report = recover(self._bytes, file_size=self._file_size, alignment=self.identity.alignment,
+        report = recover(self._file.bytes, file_size=size, alignment=self.identity.alignment,
                          max_record_bytes=self.identity.max_record_bytes, checkpoint=ckpt, path=str(self.path))
         self.recovery = report
         self._end, self._count, self._sealed = report.end, report.count, ckpt.sealed
@@ -169,20 +157,9 @@ class Journal:
                      report.dropped_records, report.stop_offset, report.stop_reason)
         if self._writable:
             if not report.clean:
-                os.ftruncate(self._fd, report.end)
-                self._file_size = report.end
-                self._remap()
+                self._file.truncate(report.end)
             self._seq = 1  # whatever recovery kept must be flushed and checkpointed
             self._sync_fully()
-        else:
-            self.durable_seq = self._seq
-
-    def _remap(self) -> None:
-        """Map the whole file (caller holds _lock or is still constructing)."""
-        access = mmap.ACCESS_WRITE if self._writable else mmap.ACCESS_READ
-        self._mm = mmap.mmap(self._fd, self._file_size, access=access)
-        self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
-        self._words = self._bytes[: self._file_size // 4 * 4].view("<u4")
 
     # -------------------------------------------------------------- properties
 
@@ -259,33 +236,20 @@ class Journal:
 
     def _write(self, data: bytearray, start: int) -> None:
         """pwrite ``data`` at ``start``, growing the file; roll back on error."""
-        need = start + len(data)
         try:
-            if need > self._file_size:
-                size = align_up(need, self.config.extent_bytes)
-                if self.config.capacity_bytes is not None:
-                    size = max(need, min(size, self.config.capacity_bytes))
-                filesystem.grow(self._fd, self._file_size, size, self.config.preallocate)
-                self._file_size = size
-                self._remap()
+            self._file.grow_to(start + len(data), extent=self.config.extent_bytes,
+                               mode=self.config.preallocate, capacity=self.config.capacity_bytes)
             view, pos = memoryview(data), start
             while view:
-                written = os.pwrite(self._fd, view, pos)
+                written = os.pwrite(self._file.fd, view, pos)
                 view, pos = view[written:], pos + written
         except OSError as exc:
-            self._roll_back(start)
+            try:  # drop partly written bytes so recovery never sees them
+                self._file.truncate(start)
+            except OSError as again:
+                self._fail(again, "truncating a failed append")
             raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
                               f"{exc.strerror or exc}", exc.errno) from exc
-
-    def _roll_back(self, end: int) -> None:
-        """Drop partly written bytes past ``end`` so recovery never sees them."""
-        try:
-            os.ftruncate(self._fd, end)
-        except OSError as exc:
-            self._fail(exc, "truncating a failed append")
-            return
-        self._file_size = end
-        self._remap()
 
     def set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
                     expect: Marker | None = None) -> Ticket:
@@ -300,14 +264,14 @@ class Journal:
         marker = Marker(marker)
         self._check_writable()
         with self._lock:
-            offs, current = self._locate(offsets)
+            offs, current = self._locate(np.unique(np.asarray(offsets, dtype=np.int64)))
             if expect is not None and (current != expect).any():
                 wrong = np.flatnonzero(current != expect)
                 raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "
                                      f"{Marker(expect).name} (first: offset {int(offs[wrong[0]])} is "
                                      f"{_marker_name(int(current[wrong[0]]))})",
                                      offs[wrong].tolist(), current[wrong].tolist())
-            self._words[offs // 4] = np.uint32(marker)
+            self._file.words[offs // 4] = np.uint32(marker)
             self._counters -= np.bincount(marker_index(current), minlength=len(Marker))
             self._counters[list(Marker).index(marker)] += len(offs)
             self._seq += 1
@@ -318,13 +282,11 @@ class Journal:
         sealed state and every earlier write durable before returning (so
         the journal reopens in O(1)). Sealing again only flushes."""
         self._check_writable()
-        with self._sync_lock:
+        with self._syncer.lock:
             with self._lock:
                 if not self._sealed:
                     self._sealed = True
-                    os.ftruncate(self._fd, self._end)
-                    self._file_size = self._end
-                    self._remap()
+                    self._file.truncate(self._end)
                     self._seq += 1
             self._sync_fully(locked=True)
         self.raise_if_failed()
@@ -334,9 +296,10 @@ class Journal:
     def read(self, offset: int) -> bytes:
         """The body of the record at ``offset``, checksum verified."""
         self._check_open()
-        header = check_record(self._mm, offset, self._end, self.alignment)  # type: ignore[arg-type]
+        mm = self._file.mm
+        header = check_record(mm, offset, self._end, self.alignment)  # type: ignore[arg-type]
         start = offset + RECORD_HEADER_SIZE
-        return self._mm[start:start + header.length]  # type: ignore[index]
+        return mm[start:start + header.length]  # type: ignore[index]
 
     def read_batch(self, offsets: Sequence[int] | np.ndarray) -> list[bytes]:
         """Bodies of several records, each checksum verified."""
@@ -345,7 +308,7 @@ class Journal:
     def markers(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
         """Current marker words (uint32) of the records at ``offsets``."""
         self._check_open()
-        return self._locate(offsets, unique=False)[1]
+        return self._locate(offsets)[1]
 
     def scan(self, start: int | None = None, stop: int | None = None) -> Iterator[RecordChunk]:
         """Yield the records in [start, stop) as vectorised chunks.
@@ -354,12 +317,12 @@ class Journal:
         journal). Markers are read as they are at scan time.
         """
         self._check_open()
-        buf, end = self._bytes, self._end
+        buf, end = self._file.bytes, self._end
         start = HEADER_SIZE if start is None else int(start)
         stop = end if stop is None else min(int(stop), end)
         first_seq = 0
         if start < stop:
-            first_seq = check_record(buf, start, end, self.alignment, verify_crc=False).seq
+            first_seq = check_record(buf.data, start, end, self.alignment, verify_crc=False).seq
         walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
                     max_record_bytes=self.identity.max_record_bytes)
         yield from walk
@@ -369,7 +332,7 @@ class Journal:
 
     def records(self, start: int | None = None) -> Iterator[Record]:
         """Each record with its marker and body (a convenience over scan())."""
-        mm = self._mm
+        mm = self._file.mm
         for chunk in self.scan(start):
             for off, mark, length in zip(chunk.offsets.tolist(), chunk.markers.tolist(), chunk.lengths.tolist()):
                 body = off + RECORD_HEADER_SIZE
@@ -395,6 +358,20 @@ class Journal:
             self._flusher.flush_now(timeout)  # type: ignore[union-attr]
             self.wait_durable(ticket, timeout)
 
+    @property
+    def durable_seq(self) -> int:
+        """The newest write known durable (tickets up to it are confirmed)."""
+        return self._syncer.durable_seq
+
+    @property
+    def failed(self) -> FlushFailed | None:
+        """Set for good once durability is lost (see syncer.py)."""
+        return self._syncer.failed
+
+    def _notify(self) -> None:
+        if self._flusher is not None:
+            self._flusher.notify()
+
     def raise_if_failed(self) -> None:
         if self.failed is not None:
             raise self.failed
@@ -402,62 +379,38 @@ class Journal:
     def sync_for_flusher(self) -> bool:
         """One flusher step: fdatasync if needed, then checkpoint. Returns
         True if an fdatasync was issued. Called by the flusher thread."""
-        with self._sync_lock:
+        with self._syncer.lock:
             return self._sync_once()
 
     def _sync_fully(self, locked: bool = False) -> None:
         """Sync until the newest checkpoint itself is durable."""
         if not locked:
-            with self._sync_lock:
+            with self._syncer.lock:
                 return self._sync_fully(locked=True)
         for _ in range(3):
             if not self._sync_once():
                 break
-        if self._flusher is not None:
-            self._flusher.notify()
+        self._notify()
 
     def _sync_once(self) -> bool:
-        """fdatasync covering every write issued so far, then write a new
-        checkpoint if the durable state changed. Caller holds _sync_lock."""
-        if self.failed is not None or self.closed:
+        """fdatasync covering every write issued so far, then checkpoint.
+        Caller holds the syncer's lock."""
+        if self.closed:
             return False
         with self._lock:
             seq = self._seq
-            state = Checkpoint(self._ckpt.generation + 1, self._end, self._count,
-                               tuple(int(c) for c in self._counters), self._sealed)  # type: ignore[arg-type]
-        if seq == self.durable_seq and not self._ckpt_unsynced and state.same_state(self._ckpt):
-            return False
-        try:
-            os.fdatasync(self._fd)
-        except OSError as exc:
-            self._fail(exc, "fdatasync")
-            return False
-        self.durable_seq = seq
-        self._ckpt_unsynced = False
-        if not state.same_state(self._ckpt):
-            slot = 1 - self._ckpt_slot
-            try:
-                os.pwrite(self._fd, state.encode(), SLOT_OFFSETS[slot])
-            except OSError as exc:
-                self._fail(exc, "writing the checkpoint")
-                return True
-            self._ckpt, self._ckpt_slot, self._ckpt_unsynced = state, slot, True
-        return True
+            state = Checkpoint(0, self._end, self._count, tuple(int(c) for c in self._counters),  # type: ignore[arg-type]
+                               self._sealed)
+        return self._syncer.sync(seq, state)
 
     def _fail(self, exc: OSError, during: str) -> None:
-        """Durability is lost for good: record it, wake waiters, refuse writes."""
-        self.failed = FlushFailed(f"{self.path}: {during} failed ({exc.strerror or exc}); no later write "
-                                  f"to this journal will be confirmed durable")
-        self.failed.__cause__ = exc
-        log.error("%s", self.failed)
-        if self._flusher is not None:
-            self._flusher.notify()
+        self._syncer.fail(exc, during)
 
     # ----------------------------------------------------------------- closing
 
     def close(self) -> None:
         """Flush (if writable and healthy) and release the file. Idempotent."""
-        with self._sync_lock:  # no flusher step may touch the fd once it is closed
+        with self._syncer.lock:  # no flusher step may touch the fd once it is closed
             if self.closed:
                 return
             if self._writable:
@@ -474,10 +427,10 @@ class Journal:
         For crash tests, and for callers giving up on a failed journal.
         Writes not yet durable stay that way. Idempotent.
         """
-        with self._sync_lock:
+        with self._syncer.lock:
             if self.closed:
                 return
-            self.failed = self.failed or FlushFailed(f"{self.path} was abandoned")
+            self._syncer.fail(None, "abandoned: a flush")
             self._release()
         if self._flusher is not None:
             self._flusher.unregister(self)
@@ -486,12 +439,7 @@ class Journal:
     def _release(self) -> None:
         with self._lock:
             self.closed = True
-            self._bytes = self._words = np.zeros(0, dtype=np.uint8)
-            try:
-                self._mm.close()  # type: ignore[union-attr]
-            except BufferError:  # a caller still holds a view; the mapping dies with it
-                pass
-            os.close(self._fd)
+            self._file.close()
 
     def __enter__(self) -> Journal:
         return self
@@ -511,25 +459,11 @@ class Journal:
             raise JournalError(f"{self.path} was opened read-only")
         self.raise_if_failed()
 
-    def _locate(self, offsets: Sequence[int] | np.ndarray, unique: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Validate record offsets structurally; return them and their markers."""
-        offs = np.asarray(offsets, dtype=np.int64).ravel()
-        if unique:
-            offs = np.unique(offs)
-        end, words, align = self._end, self._words, self.alignment
-        bad = (offs % align != 0) | (offs < HEADER_SIZE) | (offs + RECORD_HEADER_SIZE > end)
-        if bad.any():
-            raise RecordNotFound(f"{self.path}: offset {int(offs[np.argmax(bad)])} is not an aligned "
-                                 f"record offset in [{HEADER_SIZE}, {end})")
-        idx = offs // 4
-        current, length_words = words[idx], words[idx + 2]
-        bad = (~is_marker(current) | ((length_words & RESERVED_FLAGS) != 0)
-               | (offs + RECORD_HEADER_SIZE + (length_words & LENGTH_MASK) > end))
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise RecordNotFound(f"{self.path}: no record starts at offset {int(offs[i])} "
-                                 f"(marker word {int(current[i]):#010x})")
-        return offs, current
+    def _locate(self, offsets: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return locate_records(self._file.words, offsets, self._end, self.alignment)
+        except RecordNotFound as exc:
+            raise RecordNotFound(f"{self.path}: {exc}") from None
 
 
 def _marker_name(word: int) -> str:

@@ -22,14 +22,17 @@ valid prefix.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import struct
 from collections.abc import Sequence
+from typing import TypeVar
 
 import crc32c
 import numpy as np
 
 from .errors import RecordNotFound, RecordTooLarge
-from .marker import MARKER_VALUES, Marker
+from .header import HEADER_SIZE
+from .marker import MARKER_VALUES, Marker, is_marker
 
 RECORD_HEADER = struct.Struct("<IIII")
 RECORD_HEADER_SIZE = 16
@@ -39,9 +42,13 @@ RESERVED_FLAGS = 0x7 << 28
 SEQ_MODULUS = 1 << 32
 
 Body = bytes | bytearray | memoryview
+ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
 
 
-def align_up(value: int | np.ndarray, alignment: int) -> int | np.ndarray:
+Size = TypeVar("Size", int, np.ndarray)
+
+
+def align_up(value: Size, alignment: int) -> Size:
     """Round up to a multiple of ``alignment`` (a power of two)."""
     return (value + (alignment - 1)) & ~(alignment - 1)
 
@@ -115,12 +122,12 @@ class RecordHeader:
     seq: int
 
     @classmethod
-    def unpack(cls, buf: bytes | memoryview, offset: int) -> RecordHeader:
+    def unpack(cls, buf: ReadableBuffer, offset: int) -> RecordHeader:
         marker, crc, length_word, seq = RECORD_HEADER.unpack_from(buf, offset)
         return cls(marker, crc, length_word & LENGTH_MASK, bool(length_word & BATCH_CONTINUES), seq)
 
 
-def check_record(buf: bytes | memoryview, offset: int, end: int, alignment: int,
+def check_record(buf: ReadableBuffer, offset: int, end: int, alignment: int,
                  *, verify_crc: bool = True) -> RecordHeader:
     """Check that a valid record starts at ``offset`` of ``buf``.
 
@@ -143,3 +150,28 @@ def check_record(buf: bytes | memoryview, offset: int, end: int, alignment: int,
             raise RecordNotFound(
                 f"offset {offset}: checksum mismatch: stored {header.crc:#010x}, computed {computed:#010x}")
     return header
+
+
+def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: int,
+                   alignment: int) -> tuple[np.ndarray, np.ndarray]:
+    """Check many record offsets structurally, vectorised; return them and
+    their current marker words.
+
+    ``words`` is a uint32 view of the file. Each offset must be aligned, in
+    [HEADER_SIZE, end), carry a valid marker, zero reserved flags and a length
+    that fits before ``end``. Checksums are not computed: callers pass only
+    offsets this journal gave them. Raises RecordNotFound for the first bad one.
+    """
+    offs = np.asarray(offsets, dtype=np.int64).ravel()
+    bad = (offs % alignment != 0) | (offs < HEADER_SIZE) | (offs + RECORD_HEADER_SIZE > end)
+    if bad.any():
+        raise RecordNotFound(f"offset {int(offs[np.argmax(bad)])} is not an aligned record offset "
+                             f"in [{HEADER_SIZE}, {end})")
+    idx = offs // 4
+    current, length_words = words[idx], words[idx + 2]
+    bad = (~is_marker(current) | ((length_words & RESERVED_FLAGS) != 0)
+           | (offs + RECORD_HEADER_SIZE + (length_words & LENGTH_MASK) > end))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise RecordNotFound(f"no record starts at offset {int(offs[i])} (marker word {int(current[i]):#010x})")
+    return offs, current

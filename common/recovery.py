@@ -75,7 +75,7 @@ def _counts(markers: np.ndarray) -> np.ndarray:
 
 def _first_bad_crc(buf: np.ndarray, chunk: RecordChunk) -> int:
     """Index of the first record in ``chunk`` whose checksum fails, or len."""
-    view = memoryview(buf)
+    view = buf.data
     stored = buf[: len(buf) // 4 * 4].view("<u4")[chunk.offsets // 4 + 1].tolist()
     body_ends = (chunk.offsets + RECORD_HEADER_SIZE + chunk.lengths).tolist()
     for i, (off, end) in enumerate(zip(chunk.offsets.tolist(), body_ends)):
@@ -142,13 +142,15 @@ def recover(buf: np.ndarray, *, file_size: int, alignment: int, max_record_bytes
     walk = Walk(buf, start=HEADER_SIZE, stop=file_size, alignment=alignment, first_seq=0,
                 max_record_bytes=max_record_bytes)
     state = _Recovery(buf, alignment, checkpoint, path)
-    reason = stop_offset = None
+    checksum_stop: int | None = None
     for chunk in walk:
         keep = state.take(chunk)
         if keep < len(chunk):
-            reason, stop_offset = CHECKSUM, int(chunk.offsets[keep])
+            checksum_stop = int(chunk.offsets[keep])
             break
-    if reason is None:
+    if checksum_stop is not None:
+        reason, stop_offset = CHECKSUM, checksum_stop
+    else:
         reason, stop_offset = walk.reason, walk.position
         if reason == INVALID and not np.any(buf[stop_offset:stop_offset + RECORD_HEADER_SIZE]):
             reason = ZERO

@@ -107,6 +107,7 @@ def demo(data_dir: Path, records: int, record_bytes: int, flush_interval_ms: flo
         while left:
             _, ticket = j.append_batch(rows[: min(left, len(rows))])
             left -= min(left, len(rows))
+        assert ticket is not None
         j.wait_durable(ticket)
         appended = time.perf_counter() - started
         j.close()

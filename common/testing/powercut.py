@@ -30,7 +30,8 @@ import random
 import stat
 import threading
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 PAGE = 4096
 SECTOR = 512
@@ -59,7 +60,7 @@ class PowerCut:
         self._lock = threading.Lock()
         self._images: dict[int, bytes] = {}  # inode -> durable content
         self._listings: dict[Path, dict[str, int]] = {}  # dir -> durable name -> inode
-        self._saved: tuple[Callable[[int], None], Callable[[int], None]] | None = None
+        self._saved: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None
 
     def __enter__(self) -> PowerCut:
         self.install()
@@ -76,15 +77,22 @@ class PowerCut:
                 self._images[os.stat(Path(directory) / name).st_ino] = (Path(directory) / name).read_bytes()
         self._saved = (os.fsync, os.fdatasync)
         real_fsync, real_fdatasync = self._saved
-        os.fsync = lambda fd: self._synced(fd, real_fsync)  # type: ignore[assignment]
-        os.fdatasync = lambda fd: self._synced(fd, real_fdatasync)  # type: ignore[assignment]
+
+        def fsync(fd: Any) -> None:
+            self._synced(fd, real_fsync)
+
+        def fdatasync(fd: Any) -> None:
+            self._synced(fd, real_fdatasync)
+
+        os.fsync, os.fdatasync = fsync, fdatasync
 
     def uninstall(self) -> None:
         if self._saved is not None:
             os.fsync, os.fdatasync = self._saved  # type: ignore[assignment]
             self._saved = None
 
-    def _synced(self, fd: int, real: Callable[[int], None]) -> None:
+    def _synced(self, fd: Any, real: Callable[[Any], None]) -> None:
+        fd = fd if isinstance(fd, int) else fd.fileno()
         try:
             path = Path(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:

@@ -210,10 +210,9 @@ def test_fsync_failure_is_fatal_for_that_journal_only(tmp_path: Path, flusher: F
     _, ok_ticket = journal.append(b"durable")
     journal.wait_durable(ok_ticket, timeout=5)
     real = os.fdatasync
-    bad_fd = journal._fd
 
     def failing(fd: int) -> None:
-        if fd == bad_fd:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(journal.path):
             raise OSError(errno.EIO, "Input/output error")
         real(fd)
 

@@ -1,0 +1,66 @@
+"""A file with a shared memory mapping of all of it, grown in extents.
+
+The mapping always covers the whole file (Python's mmap cannot map past the
+end), so growing or truncating the file replaces the mapping. Views taken
+from an earlier mapping stay valid for the bytes they cover: the old mapping
+lives until its last view is gone.
+
+Threads: the owner of the enclosing journal calls grow/truncate (under the
+journal's lock); readers may use ``bytes``/``words`` concurrently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+
+import numpy as np
+
+from . import filesystem
+from .config import Preallocate
+from .record import align_up
+
+
+class MappedFile:
+    """An open file descriptor plus a uint8 and a uint32 view of its mapping."""
+
+    def __init__(self, fd: int, writable: bool) -> None:
+        self.fd = fd
+        self.writable = writable
+        self.size = os.fstat(fd).st_size
+        self.mm: mmap.mmap | None = None
+        self.bytes = np.zeros(0, dtype=np.uint8)
+        self.words = np.zeros(0, dtype="<u4")
+        self._remap()
+
+    def _remap(self) -> None:
+        access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+        self.mm = mmap.mmap(self.fd, self.size, access=access)
+        self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+        self.words = self.bytes[: self.size // 4 * 4].view("<u4")
+
+    def grow_to(self, need: int, *, extent: int, mode: Preallocate, capacity: int | None) -> None:
+        """Make the file at least ``need`` bytes, rounded up to an extent (but
+        not past ``capacity``). Raises OSError (e.g. ENOSPC) unchanged."""
+        if need <= self.size:
+            return
+        size = align_up(need, extent)
+        if capacity is not None:
+            size = max(need, min(size, capacity))
+        filesystem.grow(self.fd, self.size, size, mode)
+        self.size = size
+        self._remap()
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (never below the header)."""
+        os.ftruncate(self.fd, size)
+        self.size = size
+        self._remap()
+
+    def close(self) -> None:
+        self.bytes = np.zeros(0, dtype=np.uint8)
+        self.words = np.zeros(0, dtype="<u4")
+        with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping dies with it
+            self.mm.close()  # type: ignore[union-attr]
+        os.close(self.fd)
