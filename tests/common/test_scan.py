@@ -42,6 +42,18 @@ def journal_bytes(bodies: list[bytes], align: int, tail: bytes = b"") -> bytes:
     return bytes(HEADER_SIZE) + bytes(batch.data) + tail
 
 
+def damage_then_compare(buf: bytearray, damage: list[tuple[int, int]], align: int, window: int) -> None:
+    """Overwrite bytes past the header, then walk both ways: same records, same stop."""
+    for pos, value in damage:
+        if HEADER_SIZE + pos < len(buf):
+            buf[HEADER_SIZE + pos] = value
+    data = bytes(buf)
+    expected, expected_stop = reference_walk(data, HEADER_SIZE, len(data), align, 0, 2**20)
+    offsets, walk = walk_all(data, align, window)
+    assert offsets == expected
+    assert walk.position == expected_stop
+
+
 def test_walk_finds_every_record_and_stops_at_end() -> None:
     buf = journal_bytes([bytes([i]) * (i * 7) for i in range(200)], 8)
     offsets, walk = walk_all(buf, 8, window=4096)
@@ -94,15 +106,8 @@ def test_vectorised_walk_equals_reference(lengths: list[int], align: int, window
     fake = bytes(encode_batch([b"i" * 9] * 2, first_seq=int(rng.integers(0, 40)), alignment=align,
                               marker=Marker.RETIRED).data)
     bodies = [(fake if impostors and i % 3 == 0 else b"") + rng.bytes(n) for i, n in enumerate(lengths)]
-    buf = bytearray(journal_bytes(bodies, align, tail=rng.bytes(int(rng.integers(0, 64)))))
-    for pos, value in damage:
-        if HEADER_SIZE + pos < len(buf):
-            buf[HEADER_SIZE + pos] = value
-    buf = bytes(buf)
-    expected, expected_stop = reference_walk(buf, HEADER_SIZE, len(buf), align, 0, 2**20)
-    offsets, walk = walk_all(buf, align, window)
-    assert offsets == expected
-    assert walk.position == expected_stop
+    damage_then_compare(bytearray(journal_bytes(bodies, align, tail=rng.bytes(int(rng.integers(0, 64))))),
+                        damage, align, window)
 
 
 @settings(max_examples=300)
@@ -117,15 +122,7 @@ def test_galloping_over_equal_sized_runs_equals_reference(runs: list[tuple[int, 
                                                           damage: list[tuple[int, int]], seed: int) -> None:
     rng = np.random.default_rng(seed)
     bodies = [rng.bytes(length) for length, repeat in runs for _ in range(repeat)]
-    buf = bytearray(journal_bytes(bodies, align))
-    for pos, value in damage:
-        if HEADER_SIZE + pos < len(buf):
-            buf[HEADER_SIZE + pos] = value
-    buf = bytes(buf)
-    expected, expected_stop = reference_walk(buf, HEADER_SIZE, len(buf), align, 0, 2**20)
-    offsets, walk = walk_all(buf, align, window)
-    assert offsets == expected
-    assert walk.position == expected_stop
+    damage_then_compare(bytearray(journal_bytes(bodies, align)), damage, align, window)
 
 
 def test_reserved_length_flags_end_the_chain_in_both_paths() -> None:
