@@ -1,5 +1,7 @@
-"""The journal layer's exceptions: one root, :class:`JournalError`.
+"""Exceptions of the ``common`` package: one root, :class:`CommonError`.
 
+Two families sit under it: :class:`JournalError` for the journal layer and
+:class:`ServiceError` for errors that cross the wire with a stable code.
 Errors that describe bad caller input also inherit the matching builtin
 (``ValueError``, ``KeyError``) so generic handlers still catch them. Errors
 that wrap an operating-system failure keep it as ``__cause__``.
@@ -8,10 +10,15 @@ that wrap an operating-system failure keep it as ``__cause__``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 
-class JournalError(Exception):
-    """Root of every error raised by the ``common`` journal layer."""
+class CommonError(Exception):
+    """Root of every error raised by the ``common`` package."""
+
+
+class JournalError(CommonError):
+    """Root of every error raised by the journal layer."""
 
 
 class FormatError(JournalError, ValueError):
@@ -97,3 +104,106 @@ class WriteFailed(JournalError, OSError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ServiceError(CommonError):
+    """An error with a stable code that a server sends and a client raises.
+
+    Every subclass names its ``code`` (a short snake_case string, part of the
+    protocol; see docs/protocol.md) and is registered by it, so a client
+    raises the most specific class it knows for a code and ServiceError for
+    codes it does not. Subclasses in other packages (workq, shardmgr) may add
+    dotted codes such as ``workq.unknown_handle``.
+    """
+
+    code: ClassVar[str] = "error"
+    registry: ClassVar[dict[str, type[ServiceError]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            ServiceError.registry[cls.code] = cls
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code  # type: ignore[misc]  # an unknown code received from a newer server
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def from_wire(cls, code: str, message: str) -> ServiceError:
+        """The exception a client raises for an error frame."""
+        known = ServiceError.registry.get(code)
+        return known(message) if known is not None else ServiceError(message, code=code)
+
+
+class BadRequest(ServiceError, ValueError):
+    """The request's arguments are wrong: types, shapes, values."""
+
+    code = "bad_request"
+
+
+class UnknownCommand(ServiceError, ValueError):
+    """No component registered this command."""
+
+    code = "unknown_command"
+
+
+class NotFound(ServiceError, KeyError):
+    """The request names something that does not exist (or no longer)."""
+
+    code = "not_found"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Conflict(ServiceError):
+    """The request contradicts the current state (e.g. already retired)."""
+
+    code = "conflict"
+
+
+class Unavailable(ServiceError):
+    """The service cannot take the request now (starting, stopping); retry."""
+
+    code = "unavailable"
+
+
+class Full(ServiceError):
+    """A limit was reached (disk space floor, queue limits); nothing was written."""
+
+    code = "full"
+
+
+class BadFrame(ServiceError):
+    """Bytes on the connection do not form a valid frame; the connection closes."""
+
+    code = "bad_frame"
+
+
+class FrameTooLarge(BadFrame):
+    """A frame is larger than the configured maximum; the connection closes."""
+
+    code = "frame_too_large"
+
+
+class UnsupportedVersion(BadFrame):
+    """The peer speaks a protocol version this side does not."""
+
+    code = "unsupported_version"
+
+
+class DurabilityLost(ServiceError):
+    """A write could not be made durable (fsync failed); it is not confirmed."""
+
+    code = "durability_lost"
+
+
+class Internal(ServiceError):
+    """The server hit a bug; the message says where. The request may or may not have applied."""
+
+    code = "internal"

@@ -13,19 +13,89 @@ from rich.console import Console
 from rich.table import Table
 
 from common import CorruptJournal, Flusher, FlusherConfig, FormatError, Journal, Marker
+from common.client import Client
+from common.errors import CommonError
 
 from . import __version__
+from .config import DEFAULT_PORT, ServerConfig
 
 EXIT_OK = 0
+EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked directory, ...)
 EXIT_DAMAGED = 2  # the file is not a journal, or its durable data is damaged
 
 DEFAULT_FLUSH_MS = FlusherConfig().interval * 1e3
+_DEFAULTS = ServerConfig()
 
 
 @click.group()
 @click.version_option(__version__, prog_name="shardmgr")
 def main() -> None:
     """Vector shards and a durable work queue on one append-only journal layer."""
+
+
+@main.command()
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data directory, created if missing.", show_default=str(_DEFAULTS.data_dir))
+@click.option("--host", default=None, help="Address to listen on.", show_default=_DEFAULTS.host)
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="TCP port (0: any free one).",
+              show_default=str(_DEFAULTS.port))
+@click.option("--flush-interval-ms", type=float, default=None, help="Group-commit interval.",
+              show_default=str(_DEFAULTS.flush_interval_ms))
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on this port (documented choice: 7301).", show_default="off")
+@click.option("--max-frame-bytes", type=int, default=None, help="Largest frame accepted.",
+              show_default=str(_DEFAULTS.max_frame_bytes))
+@click.option("--log-level", default=None, show_default=_DEFAULTS.log_level)
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="TOML file of ServerConfig fields; options given here override it.")
+def serve(config_file: Path | None, **options: object) -> None:
+    """Run the service on one port until SIGTERM or SIGINT.
+
+    The port opens only after every component has recovered its data; the
+    log says when it is ready. A second server on the same data directory
+    is refused.
+    """
+    import logging
+
+    from .server import Server
+
+    try:
+        config = ServerConfig.load(config_file, **options)
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code = Server(config).run()
+    except (CommonError, OSError) as exc:
+        click.echo(f"shardmgr serve: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    raise SystemExit(code)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to keep trying to connect.")
+def stats(host: str, port: int, as_json: bool, timeout: float) -> None:
+    """Print a running server's counters, per component."""
+    try:
+        with Client((host, port), retry_for=timeout, timeout=timeout) as client:
+            result = client.call("stats").result
+    except CommonError as exc:
+        click.echo(f"shardmgr stats: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    console = Console()
+    for component, values in result.items():
+        table = Table(title=component)
+        table.add_column("counter")
+        table.add_column("value", justify="right")
+        for key, value in sorted(values.items()):
+            table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:,.6g}")
+        console.print(table)
 
 
 @main.group()

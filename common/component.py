@@ -1,0 +1,146 @@
+"""The contract between the service and the components it hosts.
+
+A component (the work queue, the vector store, the server's own control
+commands) names the commands it serves and handles each request. The server
+owns sockets and threads for I/O; components own their state.
+
+Threads: the server calls :meth:`Component.handle` on the connection's own
+reader thread. A component either answers there (only for work that is
+quick and thread-safe) or hands the request to its owner thread and answers
+from it later. Every request must be answered exactly once, by
+:meth:`Request.reply` or :meth:`Request.fail` (an exception escaping
+``handle`` counts as ``fail``), from any thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from .errors import BadRequest, ServiceError
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+OnSent = Callable[[], None]
+"""Called once the response carrying a reply has been written to the socket."""
+
+
+class Responder(Protocol):
+    """Where a request's answer goes (the server's connection)."""
+
+    def respond(self, header: dict[str, Any], parts: dict[str, np.ndarray] | None,
+                on_sent: OnSent | None) -> None: ...
+
+
+class Request:
+    """One decoded request, with typed argument access and a one-shot reply."""
+
+    __slots__ = ("id", "cmd", "args", "parts", "_responder", "_answered", "_lock")
+
+    def __init__(self, request_id: int, cmd: str, args: dict[str, Any], parts: dict[str, np.ndarray],
+                 responder: Responder) -> None:
+        self.id = request_id
+        self.cmd = cmd
+        self.args = args
+        self.parts = parts
+        self._responder = responder
+        self._answered = False
+        self._lock = threading.Lock()
+
+    def arg(self, name: str, kind: type[T] | tuple[type, ...], default: Any = _MISSING) -> T:
+        """The argument ``name``, checked to be of ``kind``; BadRequest otherwise.
+
+        ``bool`` is not accepted where ``int`` is asked for, and ``int`` is
+        accepted where ``float`` is.
+        """
+        if name not in self.args:
+            if default is _MISSING:
+                raise BadRequest(f"{self.cmd}: missing argument '{name}'")
+            return default  # type: ignore[no-any-return]
+        value = self.args[name]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise BadRequest(f"{self.cmd}: argument '{name}' must be {names}, got {type(value).__name__}")
+        return value  # type: ignore[return-value]
+
+    def part(self, name: str, dtype: str | Iterable[str] | None = None, ndim: int | None = None) -> np.ndarray:
+        """The binary part ``name``, checked for dtype and rank; BadRequest otherwise."""
+        if name not in self.parts:
+            raise BadRequest(f"{self.cmd}: missing binary part '{name}'")
+        array = self.parts[name]
+        allowed = {dtype} if isinstance(dtype, str) else set(dtype or ())
+        if allowed and array.dtype.str not in allowed:
+            raise BadRequest(f"{self.cmd}: part '{name}' must have dtype {' or '.join(sorted(allowed))}, "
+                             f"got {array.dtype.str}")
+        if ndim is not None and array.ndim != ndim:
+            raise BadRequest(f"{self.cmd}: part '{name}' must have {ndim} dimensions, got shape {array.shape}")
+        return array
+
+    def reply(self, result: dict[str, Any] | None = None, parts: dict[str, np.ndarray] | None = None,
+              on_sent: OnSent | None = None) -> None:
+        """Answer with success. ``on_sent`` runs after the bytes reached the socket."""
+        if self._claim():
+            self._responder.respond({"id": self.id, "ok": result or {}}, parts, on_sent)
+
+    def fail(self, error: ServiceError) -> None:
+        """Answer with an error frame carrying the error's code and message."""
+        if self._claim():
+            self._responder.respond({"id": self.id, "error": {"code": error.code, "message": error.message}},
+                                    None, None)
+
+    @property
+    def answered(self) -> bool:
+        return self._answered
+
+    @property
+    def connection_id(self) -> int:
+        """Identifies the connection the request came on (see Component.connection_closed)."""
+        return id(self._responder)
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+            return True
+
+
+class Component(abc.ABC):
+    """A unit of state the server hosts. Subclasses document their commands."""
+
+    #: Short name, used in logs, stats and metrics.
+    name: str = "component"
+
+    @abc.abstractmethod
+    def commands(self) -> Iterable[str]:
+        """The command names this component serves (unique across the server)."""
+
+    @abc.abstractmethod
+    def handle(self, request: Request) -> None:
+        """Serve one request (see the module docstring for threading rules)."""
+
+    def recover(self) -> None:
+        """Open files and recover state; runs before the server accepts
+        connections. Should log what it is doing on long runs."""
+
+    def start(self) -> None:
+        """Start owner threads; runs after every component recovered."""
+
+    def stop(self) -> None:
+        """Finish or fail in-flight requests, flush and close. Idempotent."""
+
+    def connection_closed(self, connection_id: int) -> None:
+        """A client connection ended (called on that connection's thread);
+        release whatever it held. ``connection_id`` matches Request.connection_id."""
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters and gauges, flat, for ``stats`` and metrics."""
+        return {}

@@ -1,0 +1,229 @@
+"""Wire framing: length-prefixed frames of a msgpack header plus a raw body.
+
+The full protocol (commands, arguments, error codes) is in docs/protocol.md;
+this module is the byte layer. Connection start, both directions::
+
+    0  4  magic     b"SMWQ"
+    4  4  version   uint32, PROTOCOL_VERSION
+
+The client sends its preamble first; the server answers with its own. A
+server that does not speak the client's version answers with its preamble,
+sends an ``unsupported_version`` error frame and closes. Then frames flow::
+
+    0   4  size         bytes after these 8 (header + body), <= the peer's max frame
+    4   4  header_size  bytes of msgpack header, <= size and <= MAX_HEADER_BYTES
+    8   h  header       a msgpack map (keys below)
+    8+h b  body         the frame's arrays ("parts"), each starting at a multiple
+                        of 8 bytes from the body start, zero padding between
+
+Header keys. Requests: ``id`` (int, chosen by the client, echoed back),
+``cmd`` (str), ``args`` (map, optional). Responses: ``id`` and either ``ok``
+(map) or ``error`` (map with ``code`` and ``message``). Either may carry
+``parts``: a list of ``[name, dtype, shape]`` describing the body's arrays in
+order, so vectors, ids and payloads cross without per-element encoding.
+All integers are little-endian.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import msgpack
+import numpy as np
+
+from .errors import BadFrame, FrameTooLarge
+
+MAGIC = b"SMWQ"
+PROTOCOL_VERSION = 1
+PREAMBLE = struct.Struct("<4sI")
+FRAME_HEAD = struct.Struct("<II")
+MAX_HEADER_BYTES = 1 << 20
+PART_ALIGN = 8
+DEFAULT_MAX_FRAME_BYTES = 256 << 20
+DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
+"""dtypes a part may have (numpy's ``dtype.str`` spelling)."""
+
+_READ_CHUNK = 256 << 10
+
+
+def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
+    """Write the buffers completely with ``sendmsg`` (handles partial sends)."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        sent = sock.sendmsg(views[:1024])
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+class Receiver(Protocol):
+    def recv_into(self, buffer: memoryview, nbytes: int = ..., flags: int = ...) -> int: ...
+
+
+@dataclasses.dataclass(slots=True)
+class Frame:
+    """One decoded frame. ``parts`` are read-only views into the frame's body."""
+
+    header: dict[str, Any]
+    parts: dict[str, np.ndarray]
+    size: int
+
+
+def preamble() -> bytes:
+    return PREAMBLE.pack(MAGIC, PROTOCOL_VERSION)
+
+
+def parse_preamble(data: bytes) -> int:
+    """The peer's protocol version; BadFrame if the bytes are not a preamble."""
+    magic, version = PREAMBLE.unpack(data)
+    if magic != MAGIC:
+        raise BadFrame(f"not a shardmgr/workq connection: expected magic {MAGIC!r}, got {magic!r}")
+    return int(version)
+
+
+def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = None) -> list[bytes | memoryview]:
+    """A frame as a list of buffers for ``socket.sendmsg`` (arrays are not copied)."""
+    buffers: list[bytes | memoryview] = []
+    size = 0
+    if parts:
+        specs = []
+        for name, array in parts.items():
+            array = np.ascontiguousarray(array)
+            dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+            if dtype.str not in DTYPES:
+                raise TypeError(f"part {name!r} has dtype {array.dtype}, which frames cannot carry")
+            specs.append([name, dtype.str, list(array.shape)])
+            pad = -size % PART_ALIGN
+            if pad:
+                buffers.append(bytes(pad))
+            data = memoryview(array.astype(dtype, copy=False)).cast("B")
+            buffers.append(data)
+            size += pad + data.nbytes
+        header = {**header, "parts": specs}
+    head = msgpack.packb(header)
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"frame header is {len(head)} bytes; the limit is {MAX_HEADER_BYTES}")
+    return [FRAME_HEAD.pack(len(head) + size, len(head)) + head, *buffers]
+
+
+def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
+    """Check ``parts`` specs against the body and return read-only array views."""
+    if not isinstance(specs, list):
+        raise BadFrame("header 'parts' must be a list of [name, dtype, shape]")
+    parts: dict[str, np.ndarray] = {}
+    offset = 0
+    for spec in specs:
+        if (not isinstance(spec, list) or len(spec) != 3 or not isinstance(spec[0], str)
+                or spec[1] not in DTYPES or not isinstance(spec[2], list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in spec[2])):
+            raise BadFrame(f"bad part spec {spec!r}: expected [name, dtype in {sorted(DTYPES)}, [dims >= 0]]")
+        name, dtype, shape = spec
+        offset += -offset % PART_ALIGN
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if offset + nbytes > len(body):
+            raise BadFrame(f"part {name!r} ({nbytes} bytes at {offset}) runs past the {len(body)}-byte body")
+        array = np.frombuffer(body, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize, offset=offset)
+        parts[name] = array.reshape(shape)
+        offset += nbytes
+    if offset != len(body):
+        raise BadFrame(f"the body has {len(body)} bytes but its parts describe {offset}")
+    return parts
+
+
+def decode(frame: memoryview, header_size: int) -> Frame:
+    """Decode a frame's header and parts (``frame`` excludes the 8-byte head)."""
+    try:
+        header = msgpack.unpackb(frame[:header_size], raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise BadFrame(f"frame header is not valid msgpack: {exc}") from exc
+    if not isinstance(header, dict):
+        raise BadFrame(f"frame header must be a map, got {type(header).__name__}")
+    body = frame[header_size:]
+    specs = header.pop("parts", None)
+    parts = decode_parts(specs, body) if specs is not None else {}
+    if specs is None and len(body):
+        raise BadFrame(f"the frame has a {len(body)}-byte body but no 'parts' describing it")
+    return Frame(header, parts, len(frame) + FRAME_HEAD.size)
+
+
+class FrameReader:
+    """Reads whole frames from a blocking socket, buffering small ones.
+
+    Small frames are parsed out of one shared read buffer (so many pipelined
+    requests cost one recv) and copied into their own memory; a frame larger
+    than the buffer is received straight into its own bytearray. Not
+    thread-safe: one reader per connection.
+    """
+
+    def __init__(self, sock: Receiver, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._sock = sock
+        self._max = max_frame_bytes
+        self._buf = bytearray(_READ_CHUNK)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    def read_exact(self, n: int) -> bytes | None:
+        """``n`` bytes, or None on a clean end of stream before the first byte."""
+        if not self._fill(n):
+            return None
+        data = bytes(self._view[self._start:self._start + n])
+        self._start += n
+        return data
+
+    def read(self) -> Frame | None:
+        """The next frame; None if the peer closed cleanly between frames.
+
+        Raises FrameTooLarge or BadFrame for bytes that break the rules, and
+        ConnectionError if the stream ends inside a frame.
+        """
+        if not self._fill(FRAME_HEAD.size):
+            return None
+        size, header_size = FRAME_HEAD.unpack_from(self._buf, self._start)
+        if size > self._max:
+            raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {self._max}")
+        if header_size > size or header_size > MAX_HEADER_BYTES or header_size == 0:
+            raise BadFrame(f"frame header size {header_size} is invalid for a frame of {size} bytes")
+        self._start += FRAME_HEAD.size
+        if size <= len(self._buf):
+            if not self._fill(size):
+                raise ConnectionError("connection closed inside a frame")
+            data = memoryview(bytes(self._view[self._start:self._start + size]))
+            self._start += size
+        else:
+            data = self._read_large(size)
+        return decode(data, header_size)
+
+    def _read_large(self, size: int) -> memoryview:
+        own = bytearray(size)
+        view = memoryview(own)
+        have = min(size, self._end - self._start)
+        view[:have] = self._view[self._start:self._start + have]
+        self._start += have
+        while have < size:
+            got = self._sock.recv_into(view[have:])
+            if got == 0:
+                raise ConnectionError("connection closed inside a frame")
+            have += got
+        return view
+
+    def _fill(self, n: int) -> bool:
+        """Buffer at least ``n`` unread bytes; False on EOF before any of them."""
+        while self._end - self._start < n:
+            if self._start and len(self._buf) - self._start < n:
+                left = self._end - self._start
+                self._view[:left] = self._view[self._start:self._end]
+                self._start, self._end = 0, left
+            got = self._sock.recv_into(self._view[self._end:])
+            if got == 0:
+                if self._end == self._start:
+                    return False
+                raise ConnectionError("connection closed inside a frame")
+            self._end += got
+        return True
