@@ -27,6 +27,7 @@ All integers are little-endian.
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -126,7 +127,7 @@ def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
             raise BadFrame(f"bad part spec {spec!r}: expected [name, dtype in {sorted(DTYPES)}, [dims >= 0]]")
         name, dtype, shape = spec
         offset += -offset % PART_ALIGN
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if offset + nbytes > len(body):
             raise BadFrame(f"part {name!r} ({nbytes} bytes at {offset}) runs past the {len(body)}-byte body")
         array = np.frombuffer(body, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize, offset=offset)
@@ -200,9 +201,13 @@ class FrameReader:
             data = self._read_large(size)
         return decode(data, header_size)
 
+    def frame_buffered(self) -> bool:
+        """True if a whole frame is already buffered (the next read won't block)."""
+        have = self._end - self._start
+        return have >= FRAME_HEAD.size and have >= FRAME_HEAD.size + FRAME_HEAD.unpack_from(self._buf, self._start)[0]
+
     def _read_large(self, size: int) -> memoryview:
-        own = bytearray(size)
-        view = memoryview(own)
+        view = memoryview(np.empty(size, dtype=np.uint8))  # no zero-fill: every byte is received
         have = min(size, self._end - self._start)
         view[:have] = self._view[self._start:self._start + have]
         self._start += have

@@ -1,8 +1,9 @@
 """One client connection on the server: a reader thread and a writer thread.
 
 The reader thread does the handshake, reads frames and dispatches requests.
-A reply produced on the reader thread is written straight to the socket when
-nothing else is queued (the common case for quick commands: no thread
+Replies produced on the reader thread are held until no complete request is
+left in the read buffer, then written together with one sendmsg (pipelined
+clients get many replies per syscall, and quick commands need no thread
 switch). Replies from any other thread (component owner threads) go into
 the outbox and the writer thread sends them, so an owner thread never
 blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
@@ -36,6 +37,9 @@ from .config import ServerConfig
 
 log = logging.getLogger(__name__)
 
+HELD_REPLIES = 256
+"""Replies the reader thread may hold back to send in one sendmsg."""
+
 Dispatch = Callable[[Request], None]
 CountError = Callable[[str], None]
 
@@ -60,6 +64,7 @@ class Connection:
         self._outbox_bytes = 0
         self._writing = False  # some thread is inside sendmsg for this socket
         self._pending = 0  # requests dispatched and not yet answered
+        self._held: list[tuple[list[bytes | memoryview], int, OnSent | None]] = []  # reader thread only
         self._reads_done = False
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
@@ -87,15 +92,19 @@ class Connection:
                     break
                 self.bytes_in += frame.size
                 self._serve(frame)
+                if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
+                    self._flush_held()
         except BadFrame as exc:
             log.warning("closing %s: %s", self.peer, exc)
             self._count_error(exc.code)
+            self._flush_held()
             self._send_now({"id": 0, "error": {"code": exc.code, "message": exc.message}})
             self.close()
         except OSError as exc:  # reset, timeout, or our own close()
             if not self._closed:
                 log.info("connection %s ended: %s", self.peer, exc)
         finally:
+            self._flush_held()
             with self._cond:
                 self._reads_done = True
                 self._cond.notify_all()
@@ -152,25 +161,42 @@ class Connection:
             buffers = framing.encode({"id": header.get("id", 0), "error": {"code": error.code,
                                                                            "message": error.message}})
             size, on_sent = sum(len(b) for b in buffers), None
-        direct = False
+        entry = (buffers, size, on_sent)
+        if threading.current_thread() is self._reader:
+            with self._cond:
+                self._pending -= 1
+            self._held.append(entry)  # sent by _flush_held, batched with its neighbours
+            return
         with self._cond:
             self._pending -= 1
             if self._closed:
                 return
-            if threading.current_thread() is self._reader and not self._outbox and not self._writing:
-                self._writing = direct = True
-            elif self._outbox_bytes + size > self._config.max_outbox_bytes:
-                overflow = True
-            else:
-                overflow = False
-                self._outbox.append((buffers, size, on_sent))
+            overflow = self._outbox_bytes + size > self._config.max_outbox_bytes
+            if not overflow:
+                self._outbox.append(entry)
                 self._outbox_bytes += size
                 self._cond.notify_all()
-        if direct:
-            self._write([(buffers, size, on_sent)])
-        elif overflow:
+        if overflow:
             log.warning("closing %s: %d bytes of replies queued and not read", self.peer, self._outbox_bytes)
             self.close()
+
+    def _flush_held(self) -> None:
+        """Send the replies the reader produced (reader thread only)."""
+        held, self._held = self._held, []
+        if not held:
+            return
+        with self._cond:
+            if self._closed:
+                return
+            direct = not self._outbox and not self._writing
+            if direct:
+                self._writing = True
+            else:  # keep reply order simple: behind what is queued
+                self._outbox.extend(held)
+                self._outbox_bytes += sum(size for _, size, _ in held)
+                self._cond.notify_all()
+        if direct:
+            self._write(held)
 
     def _send_now(self, data: bytes | dict[str, Any]) -> None:
         """Best-effort immediate write from the reader thread (handshake, errors)."""
@@ -192,7 +218,8 @@ class Connection:
             sent = False
         with self._cond:
             self._writing = False
-            self._cond.notify_all()
+            if self._outbox or self._finished():
+                self._cond.notify_all()
         if not sent:
             self.close()
             return
