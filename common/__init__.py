@@ -4,11 +4,23 @@
 """
 
 from .config import FlusherConfig, JournalConfig
-from .errors import (CorruptJournal, FlushFailed, FormatError, JournalClosed, JournalError, JournalFull,
-                     JournalSealed, MarkerConflict, RecordNotFound, RecordTooLarge, WriteFailed)
+from .errors import (
+                     CorruptJournal,
+                     FlushFailed,
+                     FormatError,
+                     JournalClosed,
+                     JournalError,
+                     JournalFull,
+                     JournalSealed,
+                     MarkerConflict,
+                     RecordNotFound,
+                     RecordTooLarge,
+                     WriteFailed,
+)
 from .flusher import Flusher, Ticket
-from .journal import Appended, Journal, Record
+from .journal import Appended, Journal
 from .marker import Marker
+from .reader import Record
 from .recovery import RecoveryReport
 from .scan import RecordChunk
 

@@ -104,7 +104,7 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
             pad = -size % PART_ALIGN
             if pad:
                 buffers.append(bytes(pad))
-            data = memoryview(array.astype(dtype, copy=False)).cast("B")
+            data = array.astype(dtype, copy=False).data.cast("B")
             buffers.append(data)
             size += pad + data.nbytes
         header = {**header, "parts": specs}
@@ -207,7 +207,7 @@ class FrameReader:
         return have >= FRAME_HEAD.size and have >= FRAME_HEAD.size + FRAME_HEAD.unpack_from(self._buf, self._start)[0]
 
     def _read_large(self, size: int) -> memoryview:
-        view = memoryview(np.empty(size, dtype=np.uint8))  # no zero-fill: every byte is received
+        view = np.empty(size, dtype=np.uint8).data  # no zero-fill: every byte is received
         have = min(size, self._end - self._start)
         view[:have] = self._view[self._start:self._start + have]
         self._start += have

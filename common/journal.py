@@ -28,23 +28,40 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from . import filesystem
+from .anchors import Anchors
 from .config import JournalConfig
-from .errors import (CorruptJournal, FlushFailed, FormatError, JournalClosed, JournalError, JournalFull,
-                     JournalSealed, MarkerConflict, RecordNotFound, WriteFailed)
+from .errors import (
+    CorruptJournal,
+    FlushFailed,
+    FormatError,
+    JournalClosed,
+    JournalError,
+    JournalFull,
+    JournalSealed,
+    MarkerConflict,
+    WriteFailed,
+)
 from .flusher import Flusher, Ticket
-from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, read_checkpoints
-from .marker import Marker, marker_index
+from .header import (
+    HEADER_SIZE,
+    Checkpoint,
+    Identity,
+    initial_header,
+    newest,
+    read_checkpoints,
+)
 from .mapping import MappedFile
-from .record import RECORD_HEADER_SIZE, Body, check_record, encode_batch, locate_records
+from .marker import Marker, marker_index
+from .reader import RecordReader
+from .record import Body, encode_batch
 from .recovery import RecoveryReport, recover
-from .scan import END, RecordChunk, Walk
 from .syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -57,13 +74,7 @@ class Appended(NamedTuple):
     ticket: Ticket
 
 
-class Record(NamedTuple):
-    offset: int
-    marker: Marker
-    body: bytes
-
-
-class Journal:
+class Journal(RecordReader):
     """One journal file. Build it with :meth:`create` or :meth:`open`."""
 
     def __init__(self, path: Path, fd: int, header: bytes, *, writable: bool,
@@ -87,6 +98,7 @@ class Journal:
         self._count = 0
         self._counters = np.zeros(len(Marker), dtype=np.int64)
         self._sealed = False
+        self._anchors: Anchors | None = None  # known record starts; None until needed (O(1) opens)
         self._seq = 0  # writes issued; guarded by _lock
         self.closed = False
 
@@ -112,10 +124,11 @@ class Journal:
              writable: bool = True, recount: bool = True, config: JournalConfig | None = None) -> Journal:
         """Open and recover a journal.
 
-        ``recount=False`` opens a sealed journal in O(1) (its counters come
-        from the seal's checkpoint); unsealed journals are always recovered.
-        Writable journals need a running ``flusher``; recovery truncates a
-        torn tail and makes the recovered state durable before returning.
+        ``recount=False`` opens a sealed journal read-only in O(1) (its
+        counters come from the seal's checkpoint); every other open recovers
+        the journal. Writable journals need a running ``flusher``; recovery
+        truncates a torn tail and makes the recovered state durable before
+        returning (FlushFailed if it cannot).
         Read-only opens change nothing on disk. Raises FormatError for a
         file that is not a (matching) journal and CorruptJournal for damaged
         durable data; the file is untouched in both cases.
@@ -124,14 +137,18 @@ class Journal:
         if writable and (flusher is None or not flusher.running):
             raise ValueError("a writable journal needs a running Flusher")
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        journal = None
         try:
             journal = cls(path, fd, os.pread(fd, HEADER_SIZE, 0), writable=writable, flusher=flusher,
                           config=config or JournalConfig())
             if kind is not None and journal.kind != kind:
                 raise FormatError(path, 12, f"journal kind is {journal.kind!r}, expected {kind!r}")
-            journal._load(recount)
+            journal._load(recount or writable)
         except BaseException:
-            os.close(fd)
+            if journal is not None:
+                journal._file.close()
+            else:
+                os.close(fd)
             raise
         if writable:
             flusher.register(journal)  # type: ignore[union-attr]
@@ -146,8 +163,10 @@ class Journal:
             self._end, self._count, self._sealed = ckpt.end, ckpt.count, True
             self._counters[:] = ckpt.counters
             return
+        self._anchors = Anchors()
         report = recover(self._file.bytes, file_size=size, alignment=self.identity.alignment,
-                         max_record_bytes=self.identity.max_record_bytes, checkpoint=ckpt, path=str(self.path))
+                         max_record_bytes=self.identity.max_record_bytes, checkpoint=ckpt, path=str(self.path),
+                         anchors=self._anchors)
         self.recovery = report
         self._end, self._count, self._sealed = report.end, report.count, ckpt.sealed
         self._counters[:] = report.counters
@@ -160,6 +179,7 @@ class Journal:
                 self._file.truncate(report.end)
             self._seq = 1  # whatever recovery kept must be flushed and checkpointed
             self._sync_fully()
+            self.raise_if_failed()
 
     # -------------------------------------------------------------- properties
 
@@ -170,10 +190,6 @@ class Journal:
     @property
     def metadata(self) -> bytes:
         return self.identity.metadata
-
-    @property
-    def alignment(self) -> int:
-        return self.identity.alignment
 
     @property
     def end(self) -> int:
@@ -222,6 +238,7 @@ class Journal:
             self._check_capacity(len(batch.data))
             start = self._end
             self._write(batch.data, start)
+            self._ensure_anchors().extend(batch.offsets + start, self._count)
             self._end = start + len(batch.data)
             self._count += len(batch.offsets)
             self._counters[list(Marker).index(marker)] += len(batch.offsets)
@@ -244,10 +261,11 @@ class Journal:
                 written = os.pwrite(self._file.fd, view, pos)
                 view, pos = view[written:], pos + written
         except OSError as exc:
-            try:  # drop partly written bytes so recovery never sees them
+            try:  # drop partly written bytes, durably: a flush may already have synced some of them
                 self._file.truncate(start)
+                os.fdatasync(self._file.fd)
             except OSError as again:
-                self._fail(again, "truncating a failed append")
+                self._fail(again, "rolling back a failed append")
             raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
                               f"{exc.strerror or exc}", exc.errno) from exc
 
@@ -255,11 +273,12 @@ class Journal:
                     expect: Marker | None = None) -> Ticket:
         """Rewrite the markers of the records at ``offsets`` in place.
 
-        Each offset must be a record start of this journal (checked
-        structurally: alignment, range, a valid current marker and a length
-        that fits). With ``expect``, every record must currently carry that
-        marker. On any failure nothing is changed. Only the 4 marker bytes of
-        each record are written.
+        Each offset must be a record start of this journal: structurally
+        (alignment, range, marker, length) and by the record chain, so an
+        offset inside another record's body is refused even if a record
+        image sits there. With ``expect``, every record must currently carry
+        that marker. On any failure nothing is changed. Only the 4 marker
+        bytes of each record are written.
         """
         marker = Marker(marker)
         self._check_writable()
@@ -292,51 +311,6 @@ class Journal:
         self.raise_if_failed()
 
     # ------------------------------------------------------------------- reads
-
-    def read(self, offset: int) -> bytes:
-        """The body of the record at ``offset``, checksum verified."""
-        self._check_open()
-        mm = self._file.mm
-        header = check_record(mm, offset, self._end, self.alignment)  # type: ignore[arg-type]
-        start = offset + RECORD_HEADER_SIZE
-        return mm[start:start + header.length]  # type: ignore[index]
-
-    def read_batch(self, offsets: Sequence[int] | np.ndarray) -> list[bytes]:
-        """Bodies of several records, each checksum verified."""
-        return [self.read(int(o)) for o in np.asarray(offsets, dtype=np.int64).ravel()]
-
-    def markers(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Current marker words (uint32) of the records at ``offsets``."""
-        self._check_open()
-        return self._locate(offsets)[1]
-
-    def scan(self, start: int | None = None, stop: int | None = None) -> Iterator[RecordChunk]:
-        """Yield the records in [start, stop) as vectorised chunks.
-
-        ``start`` and ``stop`` must be record boundaries (default: the whole
-        journal). Markers are read as they are at scan time.
-        """
-        self._check_open()
-        buf, end = self._file.bytes, self._end
-        start = HEADER_SIZE if start is None else int(start)
-        stop = end if stop is None else min(int(stop), end)
-        first_seq = 0
-        if start < stop:
-            first_seq = check_record(buf.data, start, end, self.alignment, verify_crc=False).seq
-        walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
-                    max_record_bytes=self.identity.max_record_bytes)
-        yield from walk
-        if walk.reason != END:
-            raise CorruptJournal(self.path, walk.position,
-                                 f"record chain broken below the end ({walk.reason}); verify the journal")
-
-    def records(self, start: int | None = None) -> Iterator[Record]:
-        """Each record with its marker and body (a convenience over scan())."""
-        mm = self._file.mm
-        for chunk in self.scan(start):
-            for off, mark, length in zip(chunk.offsets.tolist(), chunk.markers.tolist(), chunk.lengths.tolist()):
-                body = off + RECORD_HEADER_SIZE
-                yield Record(off, Marker(mark), mm[body:body + length])  # type: ignore[index]
 
     # -------------------------------------------------------------- durability
 
@@ -413,9 +387,11 @@ class Journal:
         with self._syncer.lock:  # no flusher step may touch the fd once it is closed
             if self.closed:
                 return
-            if self._writable:
-                self._sync_fully(locked=True)
-            self._release()
+            try:
+                if self._writable:
+                    self._sync_fully(locked=True)
+            finally:
+                self._release()
         if self._flusher is not None:
             if self._writable:
                 self._flusher.unregister(self)
@@ -458,13 +434,6 @@ class Journal:
         if not self._writable:
             raise JournalError(f"{self.path} was opened read-only")
         self.raise_if_failed()
-
-    def _locate(self, offsets: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            return locate_records(self._file.words, offsets, self._end, self.alignment)
-        except RecordNotFound as exc:
-            raise RecordNotFound(f"{self.path}: {exc}") from None
-
 
 def _marker_name(word: int) -> str:
     try:

@@ -29,7 +29,7 @@ class MappedFile:
         self.fd = fd
         self.writable = writable
         self.size = os.fstat(fd).st_size
-        self.mm: mmap.mmap | None = None
+        self.mm: mmap.mmap = None  # type: ignore[assignment]  # set by _remap below
         self.bytes = np.zeros(0, dtype=np.uint8)
         self.words = np.zeros(0, dtype="<u4")
         self._remap()

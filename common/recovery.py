@@ -27,6 +27,7 @@ import time
 import crc32c
 import numpy as np
 
+from .anchors import Anchors
 from .errors import CorruptJournal
 from .header import HEADER_SIZE, Checkpoint
 from .marker import Marker, marker_index
@@ -87,8 +88,9 @@ def _first_bad_crc(buf: np.ndarray, chunk: RecordChunk) -> int:
 class _Recovery:
     """Accumulates the walk's chunks into the valid prefix."""
 
-    def __init__(self, buf: np.ndarray, alignment: int, checkpoint: Checkpoint, path: str) -> None:
-        self.buf, self.align, self.ckpt, self.path = buf, alignment, checkpoint, path
+    def __init__(self, buf: np.ndarray, alignment: int, checkpoint: Checkpoint, path: str,
+                 anchors: Anchors) -> None:
+        self.buf, self.align, self.ckpt, self.path, self.anchors = buf, alignment, checkpoint, path, anchors
         self.closed = np.zeros(len(Marker), dtype=np.int64)  # counts in closed batches
         self.open = np.zeros(len(Marker), dtype=np.int64)  # counts in the open batch
         self.closed_count = self.open_count = 0
@@ -108,6 +110,7 @@ class _Recovery:
             self.crc_bytes += int(ends[keep - 1] - chunk.offsets[first]) if bad else 0
         chunk, ends = chunk[:keep], ends[:keep]
         self._note_checkpoint(ends)
+        self.anchors.extend(chunk.offsets, self.closed_count + self.open_count)
         counts = _counts(chunk.markers)
         closers = np.flatnonzero(~chunk.continues)
         if len(closers) == 0:
@@ -136,12 +139,14 @@ class _Recovery:
 
 
 def recover(buf: np.ndarray, *, file_size: int, alignment: int, max_record_bytes: int,
-            checkpoint: Checkpoint, path: str = "") -> RecoveryReport:
-    """Compute the valid prefix of the journal in ``buf`` (read-only)."""
+            checkpoint: Checkpoint, path: str = "", anchors: Anchors | None = None) -> RecoveryReport:
+    """Compute the valid prefix of the journal in ``buf`` (read-only). If
+    given, ``anchors`` (empty) is filled for the records kept."""
     started = time.perf_counter()
     walk = Walk(buf, start=HEADER_SIZE, stop=file_size, alignment=alignment, first_seq=0,
                 max_record_bytes=max_record_bytes)
-    state = _Recovery(buf, alignment, checkpoint, path)
+    anchors = Anchors() if anchors is None else anchors
+    state = _Recovery(buf, alignment, checkpoint, path, anchors)
     checksum_stop: int | None = None
     for chunk in walk:
         keep = state.take(chunk)
@@ -161,6 +166,7 @@ def recover(buf: np.ndarray, *, file_size: int, alignment: int, max_record_bytes
                              f"({state.closed_count} records; the walk stopped at byte {stop_offset}: "
                              f"{reason})")
     end = state.end
+    anchors.truncate(end)
     return RecoveryReport(
         end=end, count=state.closed_count, counters=tuple(int(c) for c in state.closed),
         file_size=file_size, checkpoint=checkpoint, stop_offset=stop_offset, stop_reason=reason,

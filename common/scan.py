@@ -35,7 +35,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from .marker import MARKER_TAG, MARKER_VALUES
-from .record import BATCH_CONTINUES, LENGTH_MASK, RECORD_HEADER_SIZE, RESERVED_FLAGS, SEQ_MODULUS
+from .record import (
+    BATCH_CONTINUES,
+    LENGTH_MASK,
+    RECORD_HEADER_SIZE,
+    RESERVED_FLAGS,
+    SEQ_MODULUS,
+)
 
 WINDOW_BYTES = 64 * 1024 * 1024
 """Bytes of file examined per vectorised step (bounds temporary memory)."""
@@ -145,8 +151,8 @@ class Walk:
         words, stop = self._words, self._stop
         length = int(words[pos // 4 + 2]) & LENGTH_MASK
         size = (length + RECORD_HEADER_SIZE + self._align - 1) & ~(self._align - 1)
-        fit = (stop - pos - RECORD_HEADER_SIZE - length) // size + 1  # records of this size that fit
-        if fit < GALLOP_PROBE:
+        fit = (stop - pos) // size  # records of this size (padding included) that fit
+        if fit < GALLOP_PROBE or length > self._max:
             return None
         confirmed = self._predict(pos, size, length, GALLOP_PROBE)
         if len(confirmed) < GALLOP_PROBE:
@@ -176,10 +182,11 @@ class Walk:
         markers = self._words[idx]
         length_words = self._words[idx + 2]
         lengths = (length_words & LENGTH_MASK).astype(np.int64)
+        padded = (lengths + RECORD_HEADER_SIZE + self._align - 1) & ~(self._align - 1)
         keep = (np.isin(markers, MARKER_VALUES)
                 & ((length_words & RESERVED_FLAGS) == 0)
                 & (lengths <= self._max)
-                & (cand + RECORD_HEADER_SIZE + lengths <= self._stop))
+                & (cand + padded <= self._stop))
         return cand[keep], markers[keep], length_words[keep]
 
 

@@ -20,6 +20,7 @@ Threads: ``_lock``/``_cond`` guard the outbox, ``_writing`` and ``_closed``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import socket
 import struct
@@ -200,11 +201,9 @@ class Connection:
 
     def _send_now(self, data: bytes | dict[str, Any]) -> None:
         """Best-effort immediate write from the reader thread (handshake, errors)."""
-        buffers = [data] if isinstance(data, bytes) else framing.encode(data)
-        try:
+        buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
+        with contextlib.suppress(OSError):
             framing.send_buffers(self.sock, buffers)
-        except OSError:
-            pass
 
     def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
         """Send a batch (caller set ``_writing``); run callbacks; clear ``_writing``."""
@@ -253,10 +252,8 @@ class Connection:
 
     def stop_reading(self) -> None:
         """Take no more requests; replies still being produced are sent."""
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RD)
-        except OSError:
-            pass
 
     def close(self) -> None:
         """Close at once; queued replies are dropped (their on_sent never runs)."""
@@ -267,10 +264,8 @@ class Connection:
             self._outbox.clear()
             self._outbox_bytes = 0
             self._cond.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
         self._on_close(self)
 

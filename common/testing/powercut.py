@@ -1,10 +1,11 @@
 """A power-cut simulator for files under one directory.
 
 While installed, it wraps ``os.fsync`` and ``os.fdatasync``. When a sync of a
-file under the root *begins*, it records the file's bytes: that image is what
-the sync makes durable (anything written while the sync runs is treated as
-not durable, the conservative reading). A sync of a directory records its
-entries. A sync that raises records nothing.
+file under the root begins, it reads the file's bytes: that image is what the
+sync makes durable. Bytes written by other threads while the image is being
+read may or may not be in it, as with a real sync; a write whose ticket was
+confirmed happened before its sync began, so it is always in the image. A
+sync of a directory records its entries. A sync that raises records nothing.
 
 :meth:`PowerCut.crash` then rewrites the files as a power cut could leave
 them. The model:
@@ -15,8 +16,13 @@ them. The model:
   at random (sector writes are assumed atomic, as on the disks we target);
 * a file whose size changed since its last sync gets its old or new size;
 * a file created (or renamed into place) after the last sync of its
-  directory may vanish; a file unlinked since then comes back with its last
-  durable content.
+  directory may vanish, and so may every file in a directory that was never
+  synced; a file unlinked since then comes back with its last durable
+  content.
+
+Each page is restored to its last durable image or its current content;
+states in between (a page written twice since the last sync, seen after the
+first write) are not produced.
 
 Threads writing to the files must be stopped before ``crash()`` (stop the
 flusher with ``flush=False`` and abandon the journals).
@@ -29,8 +35,8 @@ import os
 import random
 import stat
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 PAGE = 4096
@@ -120,9 +126,10 @@ class PowerCut:
         """Rewrite every file under the root as a power cut could leave it."""
         report = CutReport()
         with self._lock:
-            for directory, durable in list(self._listings.items()):
+            directories = {Path(d) for d, _, _ in os.walk(self.root)} | set(self._listings)
+            for directory in sorted(directories):
                 if directory.is_dir():
-                    self._crash_directory(directory, durable, report)
+                    self._crash_directory(directory, self._listings.get(directory, {}), report)
         return report
 
     def _crash_directory(self, directory: Path, durable: dict[str, int], report: CutReport) -> None:

@@ -4,14 +4,28 @@ import errno
 import hashlib
 import os
 import struct
+import threading
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import pytest
 
-from common import (CorruptJournal, Flusher, FlushFailed, FormatError, Journal, JournalConfig, JournalFull,
-                    JournalSealed, Marker, MarkerConflict, RecordNotFound, RecordTooLarge, WriteFailed)
+from common import (
+    CorruptJournal,
+    Flusher,
+    FlushFailed,
+    FormatError,
+    Journal,
+    JournalConfig,
+    JournalFull,
+    JournalSealed,
+    Marker,
+    MarkerConflict,
+    RecordNotFound,
+    RecordTooLarge,
+    WriteFailed,
+)
 from common.header import HEADER_SIZE, SLOT_OFFSETS
 
 
@@ -114,8 +128,9 @@ def test_seal_then_open_in_constant_time(tmp_path: Path, flusher: Flusher, journ
     journal.close()
     assert os.path.getsize(tmp_path / "j") == journal.end
     with mock.patch("common.journal.recover", side_effect=AssertionError("scanned")):
-        sealed = Journal.open(tmp_path / "j", flusher=flusher, recount=False)
+        sealed = Journal.open(tmp_path / "j", writable=False, recount=False)
     assert sealed.sealed and sealed.count == 100 and sealed.counters[Marker.RETIRED] == 6
+    assert sealed.read(int(offsets[99])) == b"r"  # record access builds the anchors on demand
     sealed.close()
     recounted = Journal.open(tmp_path / "j", flusher=flusher)
     assert recounted.counters[Marker.RETIRED] == 6
@@ -279,3 +294,106 @@ def test_durable_wait_after_close_and_on_stopped_flusher(tmp_path: Path) -> None
     f.stop()
     with pytest.raises(ValueError, match="running Flusher"):
         Journal.open(tmp_path / "k", flusher=f)
+
+
+def test_offsets_inside_bodies_are_refused_even_with_a_forged_header(tmp_path: Path, journal: Journal) -> None:
+    from common.record import encode_batch
+
+    forged = bytes(encode_batch([b"forged body"], first_seq=1, alignment=8).data)
+    offsets, _ = journal.append_batch([b"x" * 40, b"p" * 8 + forged * 3, b"tail"])
+    journal.flush(timeout=5)
+    inner = int(offsets[1]) + 16 + 8  # where a forged record image starts (8-aligned)
+    assert (tmp_path / "j").read_bytes()[inner:inner + 16] == forged[:16]
+    before = digest(tmp_path / "j")
+    with pytest.raises(RecordNotFound, match="inside another record"):
+        journal.read(inner)
+    with pytest.raises(RecordNotFound, match="inside another record"):
+        journal.set_markers([int(offsets[0]), inner], Marker.RETIRED)
+    assert digest(tmp_path / "j") == before and journal.counters[Marker.LIVE] == 3
+
+
+def test_failed_append_never_resurfaces_after_a_power_cut(tmp_path: Path) -> None:
+    from common import FlusherConfig
+    from common.testing import PowerCut
+
+    real_pwrite = os.pwrite
+    for seed in range(12):
+        d = tmp_path / str(seed)
+        d.mkdir()
+        flusher = Flusher(FlusherConfig(interval=3600)).start()
+        with PowerCut(d, seed=seed) as cut:
+            j = Journal.create(d / "j", kind=b"TEST", flusher=flusher)
+            j.append_batch([b"first" * 10])
+            j.flush(timeout=5)
+
+            def write_sync_fail(fd: int, data: bytes, offset: int) -> int:
+                real_pwrite(fd, data, offset)  # batch A lands whole ...
+                os.fdatasync(fd)  # ... a flush or writeback makes it durable ...
+                raise OSError(errno.ENOSPC, "No space left on device")  # ... and the append fails
+
+            with mock.patch("os.pwrite", write_sync_fail), pytest.raises(WriteFailed):
+                j.append_batch([b"A" * 500, b"A" * 500])
+            j.append_batch([b"b" * 100, b"b" * 100, b"b" * 100])  # reuses A's offsets, not flushed
+            flusher.stop(flush=False)
+            cut.crash()
+            j.abandon()
+        with Journal.open(d / "j", writable=False) as again:
+            bodies = [r.body for r in again.records()]
+        assert bodies in ([b"first" * 10], [b"first" * 10] + [b"b" * 100] * 3), bodies
+
+
+def test_writable_reopen_of_a_sealed_journal_recounts(tmp_path: Path) -> None:
+    from common import FlusherConfig
+
+    flusher = Flusher(FlusherConfig(interval=3600)).start()  # no round runs unless asked
+    journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=flusher)
+    offsets, _ = journal.append_batch([b"r"] * 10)
+    journal.seal()
+    journal.set_markers(offsets[:4], Marker.RETIRED)  # not flushed: the checkpoint still says LIVE
+    journal.abandon()
+    again = Journal.open(tmp_path / "j", flusher=flusher, recount=False)
+    assert again.counters[Marker.RETIRED] == 4  # writable opens always recount from the markers
+    again.set_markers(offsets[:4], Marker.BURIED, expect=Marker.RETIRED)
+    again.flush(timeout=5)
+    assert again.counters[Marker.BURIED] == 4 and again.counters[Marker.RETIRED] == 0
+    again.close()
+    flusher.stop()
+
+
+def test_concurrent_readers_never_see_short_bodies(tmp_path: Path, flusher: Flusher) -> None:
+    j = Journal.create(tmp_path / "race", kind=b"TEST", flusher=flusher, config=JournalConfig(extent_bytes=4096))
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            for rec in j.records():
+                if rec.body != bytes([rec.body[0]]) * 3000 if rec.body else True:
+                    problems.append(f"bad body at {rec.offset}: {len(rec.body)} bytes")
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(300):
+        j.append_batch([bytes([i % 256]) * 3000])
+    stop.set()
+    for t in threads:
+        t.join()
+    j.close()
+    assert not problems, problems[:3]
+
+
+def test_fdatasync_failure_during_open_is_reported(tmp_path: Path, flusher: Flusher, journal: Journal) -> None:
+    journal.append_batch([b"x"])
+    journal.abandon()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    real = os.fdatasync
+
+    def failing(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(tmp_path / "j"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    with mock.patch("os.fdatasync", failing), pytest.raises(FlushFailed):
+        Journal.open(tmp_path / "j", flusher=flusher)
+    assert len(os.listdir("/proc/self/fd")) == fds_before

@@ -72,9 +72,11 @@ def test_power_cut_during_concurrent_group_commit(tmp_path: Path, seed: int) -> 
         confirmed: dict[int, bytes] = {}
         retired: set[int] = set()
         pending = []
+        appended: list[tuple[int, bytes, bool]] = []  # (offset, body, closes its batch), in order
         for _ in range(rng.randint(20, 200)):
             bodies = [rng.randbytes(rng.randint(0, 3000)) for _ in range(rng.randint(1, 8))]
             offsets, ticket = journal.append_batch(bodies)
+            appended += [(o, b, i == len(bodies) - 1) for i, (o, b) in enumerate(zip(offsets.tolist(), bodies))]
             pending.append((ticket, dict(zip(offsets.tolist(), bodies))))
             if confirmed and rng.random() < 0.3:
                 victim = rng.choice(sorted(set(confirmed) - retired or confirmed))
@@ -92,9 +94,24 @@ def test_power_cut_during_concurrent_group_commit(tmp_path: Path, seed: int) -> 
         journal.abandon()
     with Flusher() as fresh:
         recovered = Journal.open(path, flusher=fresh)
-        bodies = {r.offset: (r.body, r.marker) for r in recovered.records()}
-        for offset, body in confirmed.items():
-            assert bodies[offset][0] == body
-        for offset in retired:
-            assert bodies[offset][1] == Marker.RETIRED
+        records = list(recovered.records())
         recovered.close()
+    bodies = {r.offset: (r.body, r.marker) for r in records}
+    for offset, body in confirmed.items():
+        assert bodies[offset][0] == body
+    for offset in retired:
+        assert bodies[offset][1] == Marker.RETIRED
+    assert [(r.offset, r.body) for r in records] == [(o, b) for o, b, _ in appended[:len(records)]]
+    assert not records or appended[len(records) - 1][2], "a batch survived only in part"
+
+
+def test_files_in_directories_never_synced_may_vanish(tmp_path: Path) -> None:
+    vanished = 0
+    for seed in range(20):
+        root = tmp_path / str(seed)
+        root.mkdir()
+        with PowerCut(root, seed=seed) as cut:
+            (root / "sub").mkdir()
+            (root / "sub" / "f").write_bytes(b"data")
+            vanished += bool(cut.crash().vanished)
+    assert 0 < vanished < 20

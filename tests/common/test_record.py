@@ -8,8 +8,13 @@ import pytest
 
 from common.errors import RecordNotFound, RecordTooLarge
 from common.marker import MARKER_TAG, MARKER_VALUES, Marker
-from common.record import (BATCH_CONTINUES, LENGTH_MASK, RECORD_HEADER_SIZE, check_record,
-                           encode_batch)
+from common.record import (
+    BATCH_CONTINUES,
+    LENGTH_MASK,
+    RECORD_HEADER_SIZE,
+    check_record,
+    encode_batch,
+)
 
 
 def test_marker_codewords_are_far_apart_and_tagged() -> None:

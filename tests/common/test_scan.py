@@ -20,8 +20,9 @@ def reference_walk(buf: bytes, start: int, stop: int, align: int, seq: int, max_
     while pos + 16 <= stop:
         marker, _crc, length_word, rec_seq = struct.unpack_from("<IIII", buf, pos)
         length = length_word & (2**28 - 1)
+        padded = (16 + length + align - 1) // align * align
         if (marker not in MARKER_VALUES or length_word & (0x7 << 28) or length > max_len
-                or pos + 16 + length > stop or rec_seq != seq % 2**32):
+                or pos + padded > stop or rec_seq != seq % 2**32):
             break
         offsets.append(pos)
         seq += 1
@@ -29,10 +30,10 @@ def reference_walk(buf: bytes, start: int, stop: int, align: int, seq: int, max_
     return offsets, pos
 
 
-def walk_all(buf: bytes, align: int, window: int, stop: int | None = None) -> tuple[list[int], Walk]:
+def walk_all(buf: bytes, align: int, window: int, max_len: int = 2**20) -> tuple[list[int], Walk]:
     arr = np.frombuffer(buf, dtype=np.uint8)
-    walk = Walk(arr, start=HEADER_SIZE, stop=len(buf) if stop is None else stop, alignment=align,
-                first_seq=0, max_record_bytes=2**20, window=window)
+    walk = Walk(arr, start=HEADER_SIZE, stop=len(buf), alignment=align, first_seq=0, max_record_bytes=max_len,
+                window=window)
     offsets = [o for chunk in walk for o in chunk.offsets.tolist()]
     return offsets, walk
 
@@ -42,14 +43,16 @@ def journal_bytes(bodies: list[bytes], align: int, tail: bytes = b"") -> bytes:
     return bytes(HEADER_SIZE) + bytes(batch.data) + tail
 
 
-def damage_then_compare(buf: bytearray, damage: list[tuple[int, int]], align: int, window: int) -> None:
-    """Overwrite bytes past the header, then walk both ways: same records, same stop."""
+def damage_then_compare(buf: bytearray, damage: list[tuple[int, int]], align: int, window: int,
+                        max_len: int, cut: int) -> None:
+    """Overwrite bytes past the header and cut the tail, then walk both ways:
+    same records, same stop."""
     for pos, value in damage:
         if HEADER_SIZE + pos < len(buf):
             buf[HEADER_SIZE + pos] = value
-    data = bytes(buf)
-    expected, expected_stop = reference_walk(data, HEADER_SIZE, len(data), align, 0, 2**20)
-    offsets, walk = walk_all(data, align, window)
+    data = bytes(buf[:max(HEADER_SIZE, len(buf) - cut)])
+    expected, expected_stop = reference_walk(data, HEADER_SIZE, len(data), align, 0, max_len)
+    offsets, walk = walk_all(data, align, window, max_len)
     assert offsets == expected
     assert walk.position == expected_stop
 
@@ -99,15 +102,18 @@ def test_record_longer_than_the_window() -> None:
     damage=st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 255)), max_size=4),
     impostors=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
+    max_len=st.sampled_from([50, 150, 2**20]),
+    cut=st.sampled_from([0, 0, 1, 3, 7, 100]),
 )
 def test_vectorised_walk_equals_reference(lengths: list[int], align: int, window: int,
-                                          damage: list[tuple[int, int]], impostors: bool, seed: int) -> None:
+                                          damage: list[tuple[int, int]], impostors: bool, seed: int,
+                                          max_len: int, cut: int) -> None:
     rng = np.random.default_rng(seed)
     fake = bytes(encode_batch([b"i" * 9] * 2, first_seq=int(rng.integers(0, 40)), alignment=align,
                               marker=Marker.RETIRED).data)
     bodies = [(fake if impostors and i % 3 == 0 else b"") + rng.bytes(n) for i, n in enumerate(lengths)]
     damage_then_compare(bytearray(journal_bytes(bodies, align, tail=rng.bytes(int(rng.integers(0, 64))))),
-                        damage, align, window)
+                        damage, align, window, max_len, cut)
 
 
 @settings(max_examples=300)
@@ -117,12 +123,15 @@ def test_vectorised_walk_equals_reference(lengths: list[int], align: int, window
     window=st.sampled_from([256, 4096, 1 << 20]),
     damage=st.lists(st.tuples(st.integers(0, 40_000), st.integers(0, 255)), max_size=3),
     seed=st.integers(0, 2**32 - 1),
+    max_len=st.sampled_from([50, 150, 2**20]),
+    cut=st.sampled_from([0, 0, 1, 3, 7, 100]),
 )
 def test_galloping_over_equal_sized_runs_equals_reference(runs: list[tuple[int, int]], align: int, window: int,
-                                                          damage: list[tuple[int, int]], seed: int) -> None:
+                                                          damage: list[tuple[int, int]], seed: int,
+                                                          max_len: int, cut: int) -> None:
     rng = np.random.default_rng(seed)
     bodies = [rng.bytes(length) for length, repeat in runs for _ in range(repeat)]
-    damage_then_compare(bytearray(journal_bytes(bodies, align)), damage, align, window)
+    damage_then_compare(bytearray(journal_bytes(bodies, align)), damage, align, window, max_len, cut)
 
 
 def test_reserved_length_flags_end_the_chain_in_both_paths() -> None:

@@ -59,7 +59,8 @@ class SlowStart(Component):
             if a < 0:
                 request.fail(Conflict("negative"))
             else:
-                request.reply({"sum": a + b}, {"doubled": request.part("x", "<f4") * 2} if "x" in request.parts else None)
+                doubled = {"doubled": request.part("x", "<f4") * 2} if "x" in request.parts else None
+                request.reply({"sum": a + b}, doubled)
 
     def stop(self) -> None:
         with self._cond:

@@ -1,0 +1,140 @@
+"""Reading a journal's records: by offset, by scan, with their markers.
+
+Every offset a caller passes in is proven to be a record start (structure,
+then the record chain via anchors.py) before anything is read or changed.
+Bodies are returned as copies, checksum verified.
+
+Threads: any thread may read; each call takes the journal's lock only to
+pin a consistent view (mapping and end) and to prove offsets, so a reader
+never sees a body cut short by a concurrent append's remap.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from .anchors import Anchors
+from .errors import CorruptJournal, RecordNotFound
+from .header import HEADER_SIZE, Identity
+from .mapping import MappedFile
+from .marker import Marker
+from .record import RECORD_HEADER_SIZE, RecordHeader, check_record, locate_records
+from .scan import END, RecordChunk, Walk
+
+
+class Record(NamedTuple):
+    """One record: where it is, its state and its body."""
+
+    offset: int
+    marker: Marker
+    body: bytes
+
+
+class RecordReader:
+    """The read side of :class:`~common.journal.Journal` (a mixin over its state)."""
+
+    path: Path
+    identity: Identity
+    _lock: threading.Lock
+    _file: MappedFile
+    _end: int
+    _anchors: Anchors | None
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def alignment(self) -> int:
+        return self.identity.alignment
+
+    def read(self, offset: int) -> bytes:
+        """The body of the record at ``offset``, checksum verified."""
+        return self.read_batch([offset])[0]
+
+    def read_batch(self, offsets: Sequence[int] | np.ndarray) -> list[bytes]:
+        """Bodies of the records at ``offsets``, in that order, each checksum
+        verified; RecordNotFound if any offset is not a record start."""
+        self._check_open()
+        with self._lock:
+            offs, _ = self._locate(offsets)
+            mm, end = self._file.mm, self._end
+            return [self._body(mm, int(off), end) for off in offs]
+
+    def bodies(self, chunk: RecordChunk) -> list[bytes]:
+        """Bodies of the records of a chunk from this journal's scan(),
+        checksum verified (no chain proof needed: the walk found them)."""
+        self._check_open()
+        with self._lock:
+            mm, end = self._file.mm, self._end
+            return [self._body(mm, off, end) for off in chunk.offsets.tolist()]
+
+    def _body(self, mm: mmap.mmap, offset: int, end: int) -> bytes:
+        try:
+            header = check_record(mm, offset, end, self.alignment)
+        except RecordNotFound as exc:
+            raise CorruptJournal(self.path, offset, f"record damaged since it was written: {exc}") from None
+        start = offset + RECORD_HEADER_SIZE
+        return mm[start:start + header.length]
+
+    def markers(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Current marker words (uint32) of the records at ``offsets``."""
+        self._check_open()
+        with self._lock:
+            return self._locate(offsets)[1]
+
+    def scan(self, start: int | None = None, stop: int | None = None) -> Iterator[RecordChunk]:
+        """Yield the records in [start, stop) as vectorised chunks.
+
+        ``start`` must be a record start (default: the first record) and
+        ``stop`` a record boundary (default: the end). Markers are read as
+        they are when each chunk is produced.
+        """
+        self._check_open()
+        with self._lock:
+            buf, end = self._file.bytes, self._end
+            start = HEADER_SIZE if start is None else int(start)
+            stop = end if stop is None else min(int(stop), end)
+            first_seq = 0
+            if start < stop:
+                self._locate([start])
+                first_seq = RecordHeader.unpack(self._file.mm, start).seq  # type: ignore[arg-type]
+        walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
+                    max_record_bytes=self.identity.max_record_bytes)
+        yield from walk
+        if walk.reason != END:
+            raise CorruptJournal(self.path, walk.position,
+                                 f"record chain broken below the end ({walk.reason}); verify the journal")
+
+    def records(self, start: int | None = None) -> Iterator[Record]:
+        """Each record with its marker and body (a convenience over scan())."""
+        for chunk in self.scan(start):
+            bodies = self.bodies(chunk)
+            for off, mark, body in zip(chunk.offsets.tolist(), chunk.markers.tolist(), bodies):
+                yield Record(off, Marker(mark), body)
+
+    def _locate(self, offsets: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prove ``offsets`` are record starts; return them and their markers.
+        Caller holds _lock."""
+        try:
+            offs, current = locate_records(self._file.words, offsets, self._end, self.alignment)
+        except RecordNotFound as exc:
+            raise RecordNotFound(f"{self.path}: {exc}") from None
+        if len(offs):
+            self._ensure_anchors().prove(self._file.bytes, np.unique(offs), self._end, self.alignment,
+                                         self.identity.max_record_bytes, self.path)
+        return offs, current
+
+    def _ensure_anchors(self) -> Anchors:
+        """The anchors, built by one walk if this open skipped recovery."""
+        if self._anchors is None:
+            self._anchors = Anchors.build(self._file.bytes, self._end, self.alignment,
+                                          self.identity.max_record_bytes, self.path)
+        return self._anchors
+
+
