@@ -122,7 +122,7 @@ def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
     offset = 0
     for spec in specs:
         if (not isinstance(spec, list) or len(spec) != 3 or not isinstance(spec[0], str)
-                or spec[1] not in DTYPES or not isinstance(spec[2], list)
+                or not isinstance(spec[1], str) or spec[1] not in DTYPES or not isinstance(spec[2], list)
                 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in spec[2])):
             raise BadFrame(f"bad part spec {spec!r}: expected [name, dtype in {sorted(DTYPES)}, [dims >= 0]]")
         name, dtype, shape = spec

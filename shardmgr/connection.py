@@ -104,6 +104,9 @@ class Connection:
         except OSError as exc:  # reset, timeout, or our own close()
             if not self._closed:
                 log.info("connection %s ended: %s", self.peer, exc)
+        except Exception:  # a bug: lose this connection, never the server
+            log.exception("closing %s after an unexpected error", self.peer)
+            self.close()
         finally:
             self._flush_held()
             with self._cond:

@@ -102,6 +102,9 @@ def test_unknown_command_and_bad_arguments_keep_the_connection(server: ServerPro
     (struct.pack("<II", 5, 5) + b"\xc1\xc1\xc1\xc1\xc1", "bad_frame"),  # not msgpack
     (struct.pack("<II", 2, 2) + msgpack.packb([1]), "bad_frame"),  # not a map
     (struct.pack("<II", 20, 10) + msgpack.packb({"id": 1}).ljust(10, b"\0") + b"x" * 10, "bad_frame"),
+    # found by the fuzzer: an unhashable dtype in a part spec
+    (struct.pack("<II", 31, 31) + msgpack.packb({"id": 1, "cmd": "echo", "parts": [["x", ["<f4"], [1]]]}),
+     "bad_frame"),
 ])
 def test_bad_frames_get_an_error_and_a_closed_connection(server: ServerProcess, garbage: bytes, code: str) -> None:
     sock = raw_connection(server.address)
