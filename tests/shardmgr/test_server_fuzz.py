@@ -9,6 +9,7 @@ be unchanged.
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -68,7 +69,7 @@ def tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != "LOCK"}
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1500")), suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
           deadline=None)
 @given(payload=st.lists(malformed, min_size=1, max_size=3))
 def test_malformed_frames_never_hurt_the_server(fuzz_server: tuple[ServerProcess, Client],
