@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from .config import FlusherConfig
@@ -62,6 +63,7 @@ class Flusher:
         self.config = (config or FlusherConfig()).validate()
         self.stats = FlusherStats()
         self._journals: dict[int, Journal] = {}
+        self._listeners: list[Callable[[], None]] = []
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._started_rounds = 0  # rounds begun (guarded by _cond)
@@ -69,6 +71,7 @@ class Flusher:
         self._stopping = False  # stop() was called (guarded by _cond)
         self._finished = False  # the last round is done (guarded by _cond)
         self._skip_last = False  # stop(flush=False): no last round (guarded by _cond)
+        self._synced_last_round = False  # flusher thread only
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Flusher:
@@ -111,10 +114,27 @@ class Flusher:
             self._journals.pop(id(journal), None)
             self._cond.notify_all()
 
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the flusher thread) after every round that
+        synced something, and after out-of-round syncs. It must be quick:
+        owners use it to post a wake-up to their own thread."""
+        with self._cond:
+            self._listeners.append(callback)
+
     def notify(self) -> None:
         """Wake waiters: a journal synced outside a round, failed or closed."""
         with self._cond:
             self._cond.notify_all()
+            listeners = list(self._listeners)
+        self._call(listeners)
+
+    @staticmethod
+    def _call(listeners: list[Callable[[], None]]) -> None:
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:  # a listener bug must not stop the flusher
+                log.exception("flusher listener failed")
 
     def wait_durable(self, ticket: Ticket, timeout: float | None = None) -> None:
         """Block until a completed flush covers ``ticket``.
@@ -167,6 +187,8 @@ class Flusher:
                 self._done_rounds += 1
                 self._finished = stopping
                 self._cond.notify_all()
+                listeners = list(self._listeners) if self._synced_last_round else []
+            self._call(listeners)
             self.stats.rounds += 1
             self.stats.last_round_seconds = elapsed
             self.stats.max_round_seconds = max(self.stats.max_round_seconds, elapsed)
@@ -175,6 +197,7 @@ class Flusher:
             next_round = started + interval
 
     def _round(self, journals: list[Journal]) -> None:
+        self._synced_last_round = False
         for journal in journals:
             was_failed = journal.failed is not None
             try:
@@ -183,5 +206,7 @@ class Flusher:
                 log.exception("flusher: unexpected error syncing %s", journal.path)
                 synced = False
             self.stats.syncs += synced
+            self._synced_last_round |= bool(synced)
             if journal.failed is not None and not was_failed:
                 self.stats.failures += 1
+                self._synced_last_round = True  # waiters must hear about the failure too

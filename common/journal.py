@@ -221,12 +221,14 @@ class Journal(RecordReader):
         offsets, ticket = self.append_batch([body], marker)
         return int(offsets[0]), ticket
 
-    def append_batch(self, bodies: Sequence[Body] | np.ndarray, marker: Marker = Marker.LIVE) -> Appended:
+    def append_batch(self, bodies: Sequence[Body] | np.ndarray, marker: Marker = Marker.LIVE,
+                     prefix: np.ndarray | None = None) -> Appended:
         """Append records with one write; all of them survive a crash or none.
 
         ``bodies`` is a sequence of bytes-like objects or a 2-D uint8 array
-        of equal-length bodies. Raises RecordTooLarge, JournalSealed,
-        JournalFull or WriteFailed; in each case nothing was appended.
+        of equal-length bodies; ``prefix`` (uint8 [n, width]) is prepended to
+        each body. Raises RecordTooLarge, JournalSealed, JournalFull or
+        WriteFailed; in each case nothing was appended.
         """
         marker = Marker(marker)
         self._check_writable()
@@ -234,7 +236,7 @@ class Journal(RecordReader):
             if self._sealed:
                 raise JournalSealed(f"{self.path} is sealed: appends are refused")
             batch = encode_batch(bodies, first_seq=self._count, alignment=self.alignment,
-                                 max_record_bytes=self.identity.max_record_bytes, marker=marker)
+                                 max_record_bytes=self.identity.max_record_bytes, marker=marker, prefix=prefix)
             self._check_capacity(len(batch.data))
             start = self._end
             self._write(batch.data, start)

@@ -74,6 +74,26 @@ class RecordReader:
             mm, end = self._file.mm, self._end
             return [self._body(mm, off, end) for off in chunk.offsets.tolist()]
 
+    def fields(self, chunk: RecordChunk, at: int, dtype: str) -> np.ndarray:
+        """One fixed-width field of every record of a chunk from this
+        journal's scan(): the ``dtype`` value at body byte ``at``, gathered
+        with numpy (owners keep fixed per-record headers at the start of
+        their bodies). Records shorter than the field give 0."""
+        self._check_open()
+        size = np.dtype(dtype).itemsize
+        starts = chunk.offsets + RECORD_HEADER_SIZE + at
+        fits = chunk.lengths >= at + size
+        with self._lock:
+            buf = self._file.bytes
+            if (RECORD_HEADER_SIZE + at) % size == 0:  # aligned (record starts are 8-aligned): one typed gather
+                typed = buf[: len(buf) // size * size].view(dtype)
+                values = typed[np.where(fits, starts, 0) // size]
+            else:
+                raw = buf[np.where(fits[:, None], starts[:, None] + np.arange(size), 0)]
+                values = raw.copy().view(dtype).ravel()
+        values[~fits] = 0
+        return values
+
     def _body(self, mm: mmap.mmap, offset: int, end: int) -> bytes:
         try:
             header = check_record(mm, offset, end, self.alignment)

@@ -63,23 +63,26 @@ class EncodedBatch:
 
 
 def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignment: int,
-                 max_record_bytes: int = LENGTH_MASK, marker: Marker = Marker.LIVE) -> EncodedBatch:
+                 max_record_bytes: int = LENGTH_MASK, marker: Marker = Marker.LIVE,
+                 prefix: np.ndarray | None = None) -> EncodedBatch:
     """Lay out ``bodies`` as consecutive records starting at ``first_seq``.
 
     ``bodies`` is a sequence of bytes-like objects, or a 2-D uint8 array of
     equal-length bodies (copied into place with one vectorised assignment).
+    ``prefix`` (a 2-D uint8 array, one row per body) is placed in front of
+    each body, vectorised: owners use it for fixed-width per-record headers.
     Headers are built with numpy; the only per-record Python work is the
     body copy for variable-length bodies and one crc32c call per record.
     Raises RecordTooLarge (naming the first offending body) before any work.
     """
-    if isinstance(bodies, np.ndarray):
-        if bodies.ndim != 2 or bodies.dtype != np.uint8:
-            raise ValueError(f"an array of bodies must be 2-D uint8, got {bodies.dtype} {bodies.shape}")
-        n = bodies.shape[0]
-        lengths = np.full(n, bodies.shape[1], dtype=np.int64)
-    else:
-        n = len(bodies)
-        lengths = np.fromiter((memoryview(b).nbytes for b in bodies), dtype=np.int64, count=n)
+    lengths = _lengths(bodies)
+    n = len(lengths)
+    front = 0
+    if prefix is not None:
+        if prefix.ndim != 2 or prefix.dtype != np.uint8 or prefix.shape[0] != n:
+            raise ValueError(f"prefix must be uint8 [{n}, width], got {prefix.dtype} {prefix.shape}")
+        front = prefix.shape[1]
+        lengths = lengths + front
     too_big = np.flatnonzero(lengths > max_record_bytes)
     if len(too_big):
         i = int(too_big[0])
@@ -89,12 +92,9 @@ def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignme
     np.cumsum(sizes[:-1], out=offsets[1:])
     data = bytearray(int(sizes.sum()))
     raw = np.frombuffer(data, dtype=np.uint8)
-    if isinstance(bodies, np.ndarray) and n:
-        width = bodies.shape[1]
-        raw.reshape(n, int(sizes[0]))[:, RECORD_HEADER_SIZE:RECORD_HEADER_SIZE + width] = bodies
-    else:
-        for off, size, body in zip((offsets + RECORD_HEADER_SIZE).tolist(), lengths.tolist(), bodies):
-            data[off:off + size] = body  # same length: no resize, a plain copy
+    if front:
+        raw[(offsets + RECORD_HEADER_SIZE)[:, None] + np.arange(front)] = prefix
+    _copy_bodies(data, raw, bodies, offsets + RECORD_HEADER_SIZE + front, lengths - front)
     words = raw.view("<u4")
     base = offsets // 4
     length_words = lengths.astype(np.uint32)
@@ -109,6 +109,29 @@ def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignme
     words[base + 1] = np.fromiter((crc(view[o + 8:e]) for o, e in zip(offsets.tolist(), ends)),
                                   dtype=np.uint32, count=n)
     return EncodedBatch(data, offsets, np.full(n, np.uint32(marker), dtype=np.uint32))
+
+
+def _lengths(bodies: Sequence[Body] | np.ndarray) -> np.ndarray:
+    if isinstance(bodies, np.ndarray):
+        if bodies.ndim != 2 or bodies.dtype != np.uint8:
+            raise ValueError(f"an array of bodies must be 2-D uint8, got {bodies.dtype} {bodies.shape}")
+        return np.full(bodies.shape[0], bodies.shape[1], dtype=np.int64)
+    return np.fromiter((memoryview(b).nbytes for b in bodies), dtype=np.int64, count=len(bodies))
+
+
+def _copy_bodies(data: bytearray, raw: np.ndarray, bodies: Sequence[Body] | np.ndarray, starts: np.ndarray,
+                 lengths: np.ndarray) -> None:
+    """Copy each body to its start: one assignment for an array (equal
+    strides), else one per body."""
+    if isinstance(bodies, np.ndarray):
+        n = len(bodies)
+        if n:
+            stride = len(raw) // n
+            head = int(starts[0])
+            raw.reshape(n, stride)[:, head:head + bodies.shape[1]] = bodies
+        return
+    for off, size, body in zip(starts.tolist(), lengths.tolist(), bodies):
+        data[off:off + size] = body  # same length: no resize, a plain copy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -397,3 +397,19 @@ def test_fdatasync_failure_during_open_is_reported(tmp_path: Path, flusher: Flus
     with mock.patch("os.fdatasync", failing), pytest.raises(FlushFailed):
         Journal.open(tmp_path / "j", flusher=flusher)
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_prefix_fields_and_flusher_listener(tmp_path: Path, flusher: Flusher, journal: Journal) -> None:
+    rounds: list[int] = []
+    flusher.add_listener(lambda: rounds.append(1))
+    prefix = np.zeros((3, 16), dtype=np.uint8)
+    prefix.view("<u8")[:, 0] = [11, 22, 33]
+    prefix.view("<u8")[:, 1] = [2**63, 5, 6]
+    offsets, ticket = journal.append_batch([b"x", b"", b"yy"], prefix=prefix)
+    journal.wait_durable(ticket, timeout=5)
+    chunk = next(iter(journal.scan()))
+    assert journal.fields(chunk, 0, "<u8").tolist() == [11, 22, 33]
+    assert journal.fields(chunk, 8, "<u8").tolist() == [2**63, 5, 6]
+    assert journal.fields(chunk, 16, "|u1").tolist() == [ord("x"), 0, ord("y")]  # 0 where too short
+    assert journal.read(int(offsets[2])) == bytes(prefix[2]) + b"yy"
+    assert rounds, "the listener was not called after a round that synced"

@@ -76,3 +76,14 @@ def test_check_record_rejects_each_broken_rule() -> None:
     with pytest.raises(RecordNotFound, match="not a valid marker"):
         check_record(bad_marker, 0, end, 8)
     assert LENGTH_MASK == 2**28 - 1
+
+
+def test_prefix_is_placed_before_each_body() -> None:
+    prefix = np.arange(30, dtype=np.uint8).reshape(3, 10)
+    with_prefix = encode_batch([b"a", b"bb", b""], first_seq=0, alignment=8, prefix=prefix)
+    joined = encode_batch([bytes(prefix[0]) + b"a", bytes(prefix[1]) + b"bb", bytes(prefix[2])],
+                          first_seq=0, alignment=8)
+    assert bytes(with_prefix.data) == bytes(joined.data)
+    rows = np.full((3, 5), 7, dtype=np.uint8)
+    assert bytes(encode_batch(rows, first_seq=0, alignment=8, prefix=prefix).data) == bytes(
+        encode_batch([bytes(prefix[i]) + bytes(rows[i]) for i in range(3)], first_seq=0, alignment=8).data)
