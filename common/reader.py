@@ -24,7 +24,7 @@ from .errors import CorruptJournal, RecordNotFound
 from .header import HEADER_SIZE, Identity
 from .mapping import MappedFile
 from .marker import Marker
-from .record import RECORD_HEADER_SIZE, RecordHeader, check_record, locate_records
+from .record import LENGTH_MASK, RECORD_HEADER_SIZE, RecordHeader, check_record, locate_records
 from .scan import END, RecordChunk, Walk
 
 
@@ -73,6 +73,15 @@ class RecordReader:
         with self._lock:
             mm, end = self._file.mm, self._end
             return [self._body(mm, off, end) for off in chunk.offsets.tolist()]
+
+    def sizes(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Bytes each record at ``offsets`` occupies on disk (header, body, padding)."""
+        self._check_open()
+        with self._lock:
+            offs, _ = self._locate(offsets)
+            lengths = self._file.words[offs // 4 + 2] & LENGTH_MASK
+        align = self.alignment
+        return (lengths.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)
 
     def fields(self, chunk: RecordChunk, at: int, dtype: str) -> np.ndarray:
         """One fixed-width field of every record of a chunk from this

@@ -1,0 +1,143 @@
+"""Completing items: result durable, then tombstone, then retire.
+
+Three steps, so the owner thread never waits for a flush:
+
+1. :func:`plan` checks every handle and every result (changes nothing). A
+   handle whose item is retired, completing, or in a collected segment is a
+   *duplicate*: its result is dropped, since the item already has one (the
+   first result wins, whichever worker sent it). Unknown handles, oversized
+   results and wrong types fail the whole call.
+2. :func:`start` appends the accepted results to their jobs' completion logs
+   (one batch per job) and marks the items completing, so no one dispatches
+   or completes them meanwhile. It returns the tickets to wait for.
+3. :func:`finish`, once the tickets are durable: rewrite each input's marker
+   to RETIRED in place, and retire the items in memory.
+
+A crash between 2 and 3 leaves durable results for LIVE inputs; recovery
+finishes them (recovery.py). If the results cannot be made durable,
+:func:`abort` puts the items back as they were before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from common import Marker
+from common.errors import RecordNotFound
+
+from . import handle as handles
+from .errors import PayloadTooLarge, UnknownHandle
+from .handle import Handle
+from .state import COMPLETED, DUPLICATE, CompletionGroup, CompletionPlan, JobCounts
+
+if TYPE_CHECKING:
+    from .state import QueueState
+
+
+def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | list[bytes]) -> CompletionPlan:
+    """Validate a batch of results; nothing is changed."""
+    if len(packed) != len(payloads):
+        raise ValueError(f"{len(packed)} handles but {len(payloads)} results")
+    sizes = [len(p) for p in payloads]
+    for i, size in enumerate(sizes):
+        if size > state.config.max_result_bytes:
+            raise PayloadTooLarge(f"result {i} has {size} bytes; the limit is {state.config.max_result_bytes}")
+    statuses = [DUPLICATE] * len(packed)
+    groups: list[CompletionGroup] = []
+    segment_ids, offsets = handles.unpack(packed)
+    seen: set[int] = set()
+    for segment_id in np.unique(segment_ids).tolist():
+        rows = np.flatnonzero(segment_ids == segment_id)
+        segment = state.segments.get(segment_id)
+        if segment is None:
+            if not 0 < segment_id < state.next_segment_id:
+                raise UnknownHandle(f"item {Handle.unpack(int(packed[rows[0]]))}: no such segment")
+            continue  # the segment was collected: every item in it already has its result
+        try:
+            jobs, positions, markers = segment.heads_of(offsets[rows])
+        except RecordNotFound as exc:
+            raise UnknownHandle(f"segment {segment_id}: {exc}") from None
+        accepted: dict[int, list[int]] = {}
+        for j, row in enumerate(rows.tolist()):
+            h = int(packed[row])
+            if h in seen or h in state.completing or markers[j] == Marker.RETIRED:
+                continue
+            seen.add(h)
+            accepted.setdefault(int(jobs[j]), []).append(j)
+            statuses[row] = COMPLETED
+        for job, picks in accepted.items():
+            chosen = rows[picks]
+            groups.append(CompletionGroup(job, segment, offsets[chosen], packed[chosen].astype(np.uint64),
+                                          positions[picks], [payloads[r] for r in chosen.tolist()]))
+    return CompletionPlan(statuses, groups)
+
+
+def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
+    """Append the results (may raise, changing nothing in memory) and mark
+    the items completing."""
+    by_job: dict[int, list[CompletionGroup]] = {}
+    for group in plan.groups:
+        by_job.setdefault(group.job, []).append(group)
+    for job, groups in by_job.items():
+        log = state.logs[job]
+        plan.tickets.append(log.append(np.concatenate([g.handles for g in groups]),
+                                       np.concatenate([g.positions for g in groups]),
+                                       [p for g in groups for p in g.payloads]))
+    for group in plan.groups:
+        _mark_completing(state, group)
+    return plan
+
+
+def _mark_completing(state: QueueState, group: CompletionGroup) -> None:
+    """Each item leaves its current state (leased, delayed, pending, buried)."""
+    counts = state.counts.setdefault(group.job, JobCounts())
+    segment = group.segment
+    markers = segment.journal.markers(group.offsets)
+    for h, offset, marker in zip(group.handles.tolist(), group.offsets.tolist(), markers.tolist()):
+        lease = state.leases.remove(h)
+        if lease is not None:
+            if lease.worker is None:  # delayed release: counted pending
+                counts.pending -= 1
+                counts.in_flight += 1
+        elif marker == Marker.BURIED:
+            counts.buried -= 1
+            counts.in_flight += 1
+        else:  # pending: take it out of its job's pending count
+            cursor = segment.jobs.get(group.job)
+            if cursor is not None and offset not in segment.held:
+                cursor.pending -= 1
+            counts.pending -= 1
+            counts.in_flight += 1
+        state.completing.add(h)
+    segment.hold(group.offsets)
+
+
+def finish(state: QueueState, plan: CompletionPlan) -> list[str]:
+    """The results are durable: tombstone the inputs and retire them."""
+    for group in plan.groups:
+        group.segment.journal.set_markers(group.offsets, Marker.RETIRED)
+        group.segment.unhold(group.offsets)
+        group.segment.dead_bytes += int(group.segment.journal.sizes(group.offsets).sum())
+        state.completing.difference_update(group.handles.tolist())
+        state.leases.forget(group.handles.tolist())
+        state.counts.setdefault(group.job, JobCounts()).in_flight -= len(group.offsets)
+    state.changes += 1  # new results to deliver
+    return plan.statuses
+
+
+def abort(state: QueueState, plan: CompletionPlan) -> None:
+    """The results could not be made durable: the items go back to pending."""
+    for group in plan.groups:
+        state.completing.difference_update(group.handles.tolist())
+        live = group.segment.journal.markers(group.offsets) == Marker.LIVE
+        group.segment.give_back(group.job, group.offsets)
+        counts = state.counts.setdefault(group.job, JobCounts())
+        counts.in_flight -= len(group.offsets)
+        counts.pending += int(live.sum())
+        counts.buried += int((~live).sum())
+        if (~live).any():  # buried items stay buried: not dispatchable
+            group.segment.jobs[group.job].pending -= int((~live).sum())
+            group.segment.hold(group.offsets[~live])
+    state.changes += 1

@@ -1,0 +1,54 @@
+"""The work queue's configuration: one frozen dataclass, units in the names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.config import GiB, MiB
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkqConfig:
+    """Settings of a broker. ``validate()`` checks them."""
+
+    #: An input segment (or a completion-log segment) is sealed at this size.
+    segment_bytes: int = 256 * MiB
+    #: ... or after this many seconds without an append.
+    idle_seal_s: float = 60.0
+    #: Largest task payload accepted by enqueue, in bytes.
+    max_payload_bytes: int = 16 * MiB
+    #: Largest result payload accepted by complete, in bytes.
+    max_result_bytes: int = 64 * MiB
+    #: Seconds a lease lasts unless the worker touches it.
+    lease_s: float = 300.0
+    #: Deliveries after which an item that comes back is buried.
+    max_deliveries: int = 5
+    #: Seconds after a worker's connection drops before its leases are
+    #: reclaimed (a worker reconnecting within it keeps them).
+    disconnect_grace_s: float = 30.0
+    #: Seconds after a broker start during which items recovered from disk
+    #: are not dispatched, so reconnecting workers can report what they hold.
+    reconnect_window_s: float = 30.0
+    #: Enqueue is refused while free disk space is below this many bytes; the
+    #: space left is reserved for results, so completions do not fail on it.
+    disk_floor_bytes: int = 1 * GiB
+    #: Most items one lease may return.
+    max_lease_items: int = 100_000
+
+    def validate(self) -> WorkqConfig:
+        """Return self, or raise ValueError naming the bad setting."""
+        if not 64 * 1024 <= self.segment_bytes <= 32 * GiB:
+            raise ValueError(f"segment_bytes must be in 64 KiB..32 GiB, got {self.segment_bytes}")
+        for name in ("idle_seal_s", "lease_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("disconnect_grace_s", "reconnect_window_s", "disk_floor_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 1 <= self.max_payload_bytes <= self.segment_bytes // 2:
+            raise ValueError(f"max_payload_bytes must be in 1..segment_bytes/2, got {self.max_payload_bytes}")
+        if not 0 <= self.max_result_bytes <= 2**28 - 64:
+            raise ValueError(f"max_result_bytes must be below 256 MiB, got {self.max_result_bytes}")
+        if self.max_deliveries < 1 or self.max_lease_items < 1:
+            raise ValueError("max_deliveries and max_lease_items must be >= 1")
+        return self

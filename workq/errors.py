@@ -1,0 +1,45 @@
+"""workq's exceptions: one root, :class:`WorkqError`.
+
+Errors that a server sends carry a stable ``workq.*`` code (see
+docs/protocol.md and docs/workq.md) and are raised again by clients.
+"""
+
+from __future__ import annotations
+
+from common.errors import BadRequest, Conflict, Full, NotFound, ServiceError
+
+
+class WorkqError(ServiceError):
+    """Root of every workq error."""
+
+    code = "workq.error"
+
+
+class UnknownHandle(WorkqError, NotFound):
+    """A handle that names no item of this broker (never dispatched, garbage)."""
+
+    code = "workq.unknown_handle"
+
+
+class NotLeased(WorkqError, Conflict):
+    """The item is not leased by this worker (completed, reclaimed, or never leased)."""
+
+    code = "workq.not_leased"
+
+
+class UnknownJob(WorkqError, NotFound):
+    """No item was ever enqueued for this job (or it was forgotten)."""
+
+    code = "workq.unknown_job"
+
+
+class PayloadTooLarge(WorkqError, BadRequest):
+    """A payload or result exceeds the configured maximum."""
+
+    code = "workq.payload_too_large"
+
+
+class DiskFull(WorkqError, Full):
+    """Free disk space is below the floor: enqueue refused, nothing written."""
+
+    code = "workq.disk_full"

@@ -1,0 +1,58 @@
+"""The queue's on-disk record bodies, on top of the journal format.
+
+Input segments are journals of kind ``WQSG``, one per key; metadata is a
+msgpack map ``{segment, model, shape, lane}``. Each record is one task::
+
+    0   8   job id        uint64: the first 8 bytes of blake2b(job name)
+    8   8   position      uint64: the task's index in its job
+    16  8   enqueued_ns   uint64: wall clock at enqueue
+    24  n   payload
+
+Completion logs are journals of kind ``WQCL``, segmented per job; metadata is
+``{job, job_id, seq}``. Each record is a result, or a ledger entry::
+
+    0   8   handle        uint64: the packed input handle; LEDGER for a ledger entry
+    8   8   position      uint64: the input's position in its job
+    16  8   completed_ns  uint64
+    24  n   result payload (ledger: msgpack {collected, results, max_position})
+
+Input markers: LIVE (pending or leased), RETIRED (its result is recorded),
+BURIED (failed too often; kept for an operator). Result markers: LIVE (not
+yet delivered) and DELIVERED. Recovery reads the markers and the fixed
+24-byte heads above, never the payloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+SEGMENT_KIND = b"WQSG"
+RESULTS_KIND = b"WQCL"
+HEAD_BYTES = 24
+JOB_AT, POSITION_AT, TIME_AT = 0, 8, 16
+HANDLE_AT = 0
+LEDGER = np.uint64(2**64 - 1)
+MAX_JOB_NAME = 255
+
+
+def job_id(name: str) -> int:
+    """The 64-bit id of a job name (stable across processes and versions)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def check_job(name: object) -> str:
+    """The job name, checked; ValueError naming the problem."""
+    if not isinstance(name, str) or not 0 < len(name.encode()) <= MAX_JOB_NAME or "\0" in name:
+        raise ValueError(f"job must be a non-empty string of at most {MAX_JOB_NAME} bytes, got {name!r}")
+    return name
+
+
+def heads(first: np.ndarray | int, second: np.ndarray | int, times_ns: int, n: int) -> np.ndarray:
+    """``n`` 24-byte record heads (uint8 [n, 24]) from three uint64 columns."""
+    out = np.empty((n, 3), dtype="<u8")
+    out[:, 0] = first
+    out[:, 1] = second
+    out[:, 2] = times_ns
+    return out.view(np.uint8).reshape(n, HEAD_BYTES)

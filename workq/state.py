@@ -1,0 +1,378 @@
+"""The work queue's state machine. Single-threaded: the broker's owner
+thread makes every call.
+
+Item states and where each lives (no per-item index):
+
+==========  =====================  ==========================================
+state       on disk (marker)       in memory
+==========  =====================  ==========================================
+pending     LIVE                   counted in its segment's job cursor
+leased      LIVE                   Leases (holder, deadline); segment.held
+delayed     LIVE                   Leases with no holder; segment.held
+completing  LIVE or BURIED         ``completing``; segment.held
+retired     RETIRED                (nothing; the segment's RETIRED count)
+buried      BURIED                 counted per job
+==========  =====================  ==========================================
+
+Completion follows the spec's order: the result is appended to the job's
+completion log and made durable, then the input's marker is rewritten to
+RETIRED in place, then the item is retired in memory. ``complete`` is split
+in three so the owner thread never blocks on a flush: ``plan_complete``
+(validate, changes nothing), ``start_complete`` (append results, mark
+completing) and ``finish_complete`` (once durable: tombstone and retire).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import Flusher, Marker, Ticket
+from common.errors import BadRequest, RecordNotFound
+
+from . import dispatch, handle as handles
+from .completions import JobLog, Outgoing
+from .config import WorkqConfig
+from .errors import DiskFull, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob
+from .handle import Handle, Key
+from .leases import Lease, Leases
+from .records import HEAD_BYTES, check_job, job_id
+from .segment import Segment
+
+DUPLICATE = "duplicate"
+COMPLETED = "completed"
+
+
+@dataclasses.dataclass(slots=True)
+class JobCounts:
+    """Per-job item counts the broker keeps (results are counted by the JobLog)."""
+
+    pending: int = 0  # including items released with a delay
+    in_flight: int = 0  # leased or completing
+    buried: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Dispatched:
+    """One leased item, as handed to a worker."""
+
+    handle: int  # packed
+    payload: memoryview
+    job: str
+    key: Key
+    position: int
+    deliveries: int
+
+
+@dataclasses.dataclass(slots=True)
+class CompletionGroup:
+    """Accepted results of one job from one segment."""
+
+    job: int
+    segment: Segment
+    offsets: np.ndarray
+    handles: np.ndarray  # packed, uint64
+    positions: np.ndarray
+    payloads: list[memoryview]
+
+
+@dataclasses.dataclass(slots=True)
+class CompletionPlan:
+    statuses: list[str]
+    groups: list[CompletionGroup]
+    tickets: list[Ticket] = dataclasses.field(default_factory=list)
+
+
+class QueueState:
+    """Segments, completion logs, leases and counts of one data directory."""
+
+    def __init__(self, root: Path, config: WorkqConfig, flusher: Flusher) -> None:
+        self.root = root
+        self.config = config.validate()
+        self.flusher = flusher
+        self.segment_dir = root / "segments"
+        self.results_dir = root / "results"
+        self.segments: dict[int, Segment] = {}
+        self.keys: dict[Key, list[Segment]] = {}
+        self.logs: dict[int, JobLog] = {}
+        self.counts: dict[int, JobCounts] = {}
+        self.next_position: dict[int, int] = {}
+        self.leases = Leases()
+        self.completing: set[int] = set()
+        self.next_segment_id = 1
+        self.window_ends = 0.0  # monotonic: recovered segments are not dispatched before it
+        self._key_turn = 0
+        self._job_turn = 0
+        self.changes = 0  # bumped whenever items or results may have become available
+        self._disk_checked = (0.0, True)
+
+    # ------------------------------------------------------------------ jobs
+
+    def job(self, name: str) -> JobLog:
+        """The job's log; UnknownJob if nothing was ever enqueued for it."""
+        log = self.logs.get(job_id(check_job(name)))
+        if log is None:
+            raise UnknownJob(f"no items were ever enqueued for job {name!r}")
+        return log
+
+    def _job_for_enqueue(self, name: str) -> JobLog:
+        job = job_id(name)
+        log = self.logs.get(job)
+        if log is None:
+            log = JobLog.create(self.results_dir, name, job, self.flusher, self.config.segment_bytes)
+            self.logs[job] = log
+            self.counts[job] = JobCounts()
+        elif log.name != name:
+            raise BadRequest(f"job {name!r} collides with job {log.name!r} (same 64-bit id); rename one")
+        return log
+
+    def job_status(self, name: str) -> dict[str, int]:
+        log = self.job(name)
+        counts = self.counts.setdefault(log.job, JobCounts())
+        completed = log.completed
+        return {"enqueued": counts.pending + counts.in_flight + counts.buried + completed,
+                "pending": counts.pending, "in_flight": counts.in_flight, "completed": completed,
+                "delivered": log.delivered, "buried": counts.buried}
+
+    # ------------------------------------------------------------- enqueue
+
+    def enqueue(self, name: str, key: Key, payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket | None]:
+        """Append one job's tasks for one key; they are pending at once and
+        durable when the returned ticket is."""
+        check_job(name)
+        if not payloads:
+            return np.zeros(0, dtype=np.uint64), None
+        sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+        too_big = np.flatnonzero(sizes > self.config.max_payload_bytes)
+        if len(too_big):
+            raise PayloadTooLarge(f"payload {int(too_big[0])} has {int(sizes[too_big[0]])} bytes; the limit is "
+                                  f"{self.config.max_payload_bytes}")
+        need = int(sizes.sum()) + len(payloads) * (HEAD_BYTES + 24)
+        if need > self.config.segment_bytes - 8192:
+            raise BadRequest(f"this enqueue needs {need} bytes, more than one segment holds "
+                             f"({self.config.segment_bytes}); split it")
+        self._check_disk()
+        log = self._job_for_enqueue(name)
+        segment = self._active_segment(key, need)
+        first = self.next_position.get(log.job, 0)
+        offsets, ticket = segment.append(log.job, first, payloads)
+        self.next_position[log.job] = first + len(payloads)
+        self.counts[log.job].pending += len(payloads)
+        self.changes += 1
+        return handles.pack(segment.id, offsets), ticket
+
+    def _check_disk(self) -> None:
+        floor = self.config.disk_floor_bytes
+        checked_at, ok = self._disk_checked
+        now = time.monotonic()
+        if now - checked_at > 0.5 or not ok:
+            stat = os.statvfs(self.root)
+            free = stat.f_bavail * stat.f_frsize
+            ok = free >= floor
+            self._disk_checked = (now, ok)
+            if not ok:
+                raise DiskFull(f"free disk space under {self.root} is {free} bytes, below the floor of {floor}; "
+                               f"enqueue refused (the rest is reserved for results)")
+
+    def _active_segment(self, key: Key, need: int) -> Segment:
+        segments = self.keys.setdefault(key, [])
+        last = segments[-1] if segments else None
+        if last is not None and not last.journal.sealed:
+            if last.journal.end + need <= self.config.segment_bytes:
+                return last
+            last.journal.seal()
+        self.segment_dir.mkdir(parents=True, exist_ok=True)
+        segment = Segment.create(self.segment_dir, self.next_segment_id, key, self.flusher,
+                                 self.config.segment_bytes)
+        self.next_segment_id += 1
+        self.segments[segment.id] = segment
+        segments.append(segment)
+        return segment
+
+    # -------------------------------------------------------------- leasing
+
+    def dispatchable(self, segment: Segment, now: float) -> bool:
+        return not (segment.recovered and now < self.window_ends)
+
+    def lease(self, worker: str, filters: dispatch.Filters, limit: int, now: float) -> list[Dispatched]:
+        """Plan, then commit, a lease of up to ``limit`` items."""
+        limit = max(0, min(limit, self.config.max_lease_items))
+        keys = dispatch.rotated(sorted(k for k in self.keys if filters.match(k)), self._key_turn)
+        self._key_turn += 1
+        self._job_turn += 1
+        plan: list[tuple[Key, dispatch.Taken]] = []
+        for key in keys:
+            got = sum(len(t.offsets) for _, t in plan)
+            if got >= limit:
+                break
+            ready = [s for s in self.keys[key] if self.dispatchable(s, now)]
+            plan += [(key, t) for t in dispatch.plan_key(ready, limit - got, self._job_turn)]
+        return [item for key, taken in plan for item in self._commit_take(worker, key, taken, now)]
+
+    def _commit_take(self, worker: str, key: Key, taken: dispatch.Taken, now: float) -> list[Dispatched]:
+        segment = taken.segment
+        segment.commit_take(taken)
+        packed = handles.pack(segment.id, taken.offsets).tolist()
+        deliveries = self.leases.delivered(packed)
+        deadline = now + self.config.lease_s
+        for h, off in zip(packed, taken.offsets.tolist()):
+            self.leases.add(Lease(h, segment.id, off, taken.job, worker, deadline))
+        counts = self.counts.setdefault(taken.job, JobCounts())
+        counts.pending -= len(packed)
+        counts.in_flight += len(packed)
+        name = self.logs[taken.job].name if taken.job in self.logs else f"{taken.job:016x}"
+        return [Dispatched(h, p, name, key, int(pos), d)
+                for h, p, pos, d in zip(packed, taken.payloads, taken.positions.tolist(), deliveries)]
+
+    def _leased_by(self, worker: str, packed: list[int]) -> list[Lease]:
+        """The leases, all held by ``worker``; NotLeased (changing nothing) otherwise."""
+        leases = []
+        for h in packed:
+            lease = self.leases.by_handle.get(h)
+            if lease is None or lease.worker != worker:
+                raise NotLeased(f"item {Handle.unpack(h)} is not leased by worker {worker!r} "
+                                f"({'completed, reclaimed or never leased' if lease is None else 'another holder'})")
+            leases.append(lease)
+        return leases
+
+    def touch(self, worker: str, packed: list[int], now: float) -> None:
+        for lease in self._leased_by(worker, packed):
+            self.leases.extend(lease.handle, now + self.config.lease_s)
+
+    def release(self, worker: str, packed: list[int], delay: float, now: float) -> None:
+        """Give leased items back, now or after ``delay`` seconds."""
+        for lease in self._leased_by(worker, packed):
+            self.leases.remove(lease.handle)
+            if delay > 0:
+                self.leases.add(Lease(lease.handle, lease.segment, lease.offset, lease.job, None, now + delay))
+                counts = self.counts[lease.job]
+                counts.in_flight -= 1
+                counts.pending += 1
+            else:
+                self.reclaim(lease)
+
+    def reclaim(self, lease: Lease) -> None:
+        """A lease ended without a result: back to pending, or buried."""
+        segment = self.segments.get(lease.segment)
+        counts = self.counts.setdefault(lease.job, JobCounts())
+        if lease.worker is None:  # a delayed release: already counted pending
+            counts.pending -= 1
+        else:
+            counts.in_flight -= 1
+        if segment is None:
+            return
+        self.changes += 1
+        offsets = np.array([lease.offset], dtype=np.int64)
+        if self.leases.deliveries.get(lease.handle, 0) >= self.config.max_deliveries:
+            segment.journal.set_markers(offsets, Marker.BURIED)
+            segment.unhold(offsets)
+            counts.buried += 1
+        else:
+            segment.give_back(lease.job, offsets)
+            counts.pending += 1
+
+    def worker_gone(self, worker: str, now: float) -> None:
+        """The worker's connection dropped: its leases end after the grace period."""
+        deadline = now + self.config.disconnect_grace_s
+        for lease in self.leases.of_worker(worker):
+            if lease.deadline > deadline:
+                self.leases.extend(lease.handle, deadline)
+
+    def expire(self, now: float) -> int:
+        expired = self.leases.expired(now)
+        for lease in expired:
+            self.reclaim(lease)
+        return len(expired)
+
+    # ------------------------------------------------------- worker reports
+
+    def hello(self, worker: str, packed: list[int], now: float) -> list[int]:
+        """A (re)connecting worker reports what it holds. Items still
+        unfinished are leased to it (before it gets anything new); the rest
+        are returned: the worker should drop them."""
+        dropped = []
+        for h in packed:
+            lease = self.leases.by_handle.get(h)
+            if lease is not None:
+                if lease.worker == worker:
+                    self.leases.extend(h, now + self.config.lease_s)
+                else:
+                    dropped.append(h)  # someone else holds it now
+                continue
+            if not self._adopt(worker, h, now):
+                dropped.append(h)
+        return dropped
+
+    def _adopt(self, worker: str, h: int, now: float) -> bool:
+        """Lease a pending item to the worker that reports holding it."""
+        segment_id, offset = Handle.unpack(h)
+        segment = self.segments.get(segment_id)
+        if segment is None or h in self.completing or offset in segment.held:
+            return False
+        try:
+            jobs, _, markers = segment.heads_of(np.array([offset], dtype=np.int64))
+        except RecordNotFound:
+            return False
+        if markers[0] != Marker.LIVE:
+            return False
+        job = int(jobs[0])
+        offsets = np.array([offset], dtype=np.int64)
+        segment.hold(offsets)
+        cursor = segment.jobs.get(job)
+        if cursor is not None:
+            cursor.pending -= 1
+        counts = self.counts.setdefault(job, JobCounts())
+        counts.pending -= 1
+        counts.in_flight += 1
+        self.leases.deliveries[h] = max(1, self.leases.deliveries.get(h, 0))
+        self.leases.add(Lease(h, segment_id, offset, job, worker, now + self.config.lease_s))
+        return True
+
+    # ------------------------------------------------------------ consumers
+
+    def take_results(self, name: str, limit: int) -> tuple[JobLog, list[Outgoing]]:
+        """Plan and commit a delivery: the results are in delivery until
+        confirm_results (sent) or drop_results (not sent)."""
+        log = self.job(name)
+        batch = log.take(max(0, limit))
+        log.sending(batch)
+        return log, batch
+
+    def confirm_results(self, log: JobLog, batch: list[Outgoing]) -> None:
+        log.confirm(batch)
+
+    def drop_results(self, log: JobLog, batch: list[Outgoing]) -> None:
+        log.drop(batch)
+        self.changes += 1
+
+    # ------------------------------------------------------------- operator
+
+    def kick(self, name: str) -> int:
+        """Buried items of the job become pending again, delivery counts reset."""
+        log = self.job(name)
+        kicked = 0
+        for segment in self.segments.values():
+            if not segment.buried:
+                continue
+            for chunk in segment.journal.scan():
+                mask = chunk.markers == np.uint32(Marker.BURIED)
+                if not mask.any():
+                    continue
+                jobs = segment.journal.fields(chunk, 0, "<u8")
+                offsets = chunk.offsets[mask & (jobs == np.uint64(log.job))]
+                offsets = np.array([o for o in offsets.tolist() if o not in segment.held], dtype=np.int64)
+                if not len(offsets):
+                    continue
+                segment.journal.set_markers(offsets, Marker.LIVE, expect=Marker.BURIED)
+                segment.give_back(log.job, offsets)
+                self.leases.forget(handles.pack(segment.id, offsets).tolist())
+                kicked += len(offsets)
+        counts = self.counts.setdefault(log.job, JobCounts())
+        counts.buried -= kicked
+        counts.pending += kicked
+        self.changes += 1
+        return kicked
