@@ -101,6 +101,11 @@ class Request:
         return self._answered
 
     @property
+    def connection_open(self) -> bool:
+        """False once the connection the request came on has closed."""
+        return not getattr(self._responder, "closed", False)
+
+    @property
     def connection_id(self) -> int:
         """Identifies the connection the request came on (see Component.connection_closed)."""
         return id(self._responder)

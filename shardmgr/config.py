@@ -14,6 +14,7 @@ from typing import Any
 
 from common.config import MiB
 from common.framing import DEFAULT_MAX_FRAME_BYTES
+from workq.config import WorkqConfig
 
 DEFAULT_PORT = 7300
 SUGGESTED_METRICS_PORT = 7301
@@ -49,6 +50,8 @@ class ServerConfig:
     metrics_port: int | None = None
     #: Python logging level name.
     log_level: str = "INFO"
+    #: The work queue's settings (TOML table ``[workq]``).
+    workq: WorkqConfig = WorkqConfig()
 
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""
@@ -67,6 +70,7 @@ class ServerConfig:
             raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
+        self.workq.validate()
         return self
 
     @classmethod
@@ -83,4 +87,9 @@ class ServerConfig:
             raise ValueError(f"unknown configuration keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
         if "data_dir" in values:
             values["data_dir"] = Path(values["data_dir"])
+        if isinstance(values.get("workq"), dict):
+            try:
+                values["workq"] = WorkqConfig(**values["workq"])
+            except TypeError as exc:
+                raise ValueError(f"[workq]: {exc}") from None
         return cls(**values).validate()

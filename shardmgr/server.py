@@ -32,6 +32,8 @@ from common.component import Component, Request
 from common.errors import Internal, ServiceError, Unavailable, UnknownCommand
 from common.lockfile import LockFile
 
+from workq.service import WorkqService
+
 from .config import ServerConfig
 from .connection import Connection
 from .control import Control
@@ -42,9 +44,12 @@ log = logging.getLogger(__name__)
 class Server:
     """Build with a config and the components to host; then run() or start()."""
 
-    def __init__(self, config: ServerConfig, components: Iterable[Component] = ()) -> None:
+    def __init__(self, config: ServerConfig, components: Iterable[Component] | None = None) -> None:
+        """``components`` default to the product's: the work queue."""
         self.config = config.validate()
         self.flusher = Flusher(FlusherConfig(interval=config.flush_interval_ms / 1e3))
+        if components is None:
+            components = [WorkqService(config.data_dir, config.workq, self.flusher)]
         self.components: list[Component] = [Control(self), *components]
         self._routes: dict[str, Component] = {}
         for component in self.components:

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .broker import Broker, Item, Result
+from .client import Client
 from .config import WorkqConfig
 from .errors import DiskFull, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob, WorkqError
 from .handle import Handle, Key
+from .worker import Worker
 
 
 def open(data_dir: str | Path, **config: Any) -> Broker:  # noqa: A001 - the public name is fixed
@@ -27,7 +29,12 @@ def open(data_dir: str | Path, **config: Any) -> Broker:  # noqa: A001 - the pub
     return Broker(data_dir, WorkqConfig(**config)).open()
 
 
+def connect(address: str, **options: Any) -> Client:
+    """A producer/consumer client of a ``shardmgr serve`` process at ``host:port``."""
+    return Client(address, **options)
+
+
 __all__ = [
-    "open", "Broker", "WorkqConfig", "Item", "Result", "Handle", "Key",
+    "open", "connect", "Broker", "Client", "Worker", "WorkqConfig", "Item", "Result", "Handle", "Key",
     "WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
 ]

@@ -102,7 +102,14 @@ class Broker:
     # -------------------------------------------------------------- lifecycle
 
     def open(self) -> Broker:
-        """Lock, recover (on this thread), start the owner thread."""
+        """Recover, then start serving: :meth:`recover` and :meth:`start`."""
+        self.recover()
+        self.start()
+        return self
+
+    def recover(self) -> RecoveryReport:
+        """Lock the directory (embedded use) and rebuild the state from disk,
+        on the calling thread. Nothing is served yet."""
         self.state.root.mkdir(parents=True, exist_ok=True)
         if self._lock is not None:
             self._lock.acquire()
@@ -110,9 +117,14 @@ class Broker:
             self.flusher.start()
         self.flusher.add_listener(self._flushed)
         self.recovery = recover(self.state)
-        log.info("workq recovered %s", self.recovery)
+        log.info("workq: recovered %d segments, %d jobs (%d pending, %d buried, %d results; %d completions "
+                 "finished) in %.3f s", self.recovery.segments, self.recovery.jobs, self.recovery.pending,
+                 self.recovery.buried, self.recovery.results, self.recovery.finished, self.recovery.seconds)
+        return self.recovery
+
+    def start(self) -> None:
+        """Start the owner thread."""
         self._thread.start()
-        return self
 
     def close(self) -> None:
         """Fail waiting calls, flush, close every journal. Idempotent."""
@@ -120,7 +132,8 @@ class Broker:
             return
         self._closed = True
         self._inbox.put(_STOP)
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         if self._own_flusher:
             self.flusher.stop()
         if self._lock is not None:

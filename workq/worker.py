@@ -1,0 +1,105 @@
+"""The GPU worker's client: lease, complete, release, touch.
+
+A Worker remembers the handles it holds. On every (re)connect it first
+says ``workq.hello`` with those handles, so after a broker restart (or a
+dropped connection) the broker records them as in flight for this worker
+before handing it anything new, and tells it which ones to drop (already
+completed, or given to someone else). Completing is idempotent per handle,
+so a completion cut off by a dropped connection is simply sent again.
+
+Threads: a Worker is not thread-safe; use one per thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from common.client import Client as Rpc
+from common.client import ConnectionLost
+
+from .broker import Item
+from .client import handles_array
+from .handle import Handle, Key
+from .service import joined, split
+from .state import COMPLETED, DUPLICATE
+
+T = TypeVar("T")
+
+
+class Worker:
+    """A worker connection to a ``shardmgr serve`` process."""
+
+    def __init__(self, address: str | tuple[str, int], worker_id: str, models: Sequence[str] | None = None,
+                 shapes: Sequence[str] | None = None, lanes: Sequence[str | int] | None = None,
+                 **options: Any) -> None:
+        """``models``/``shapes``/``lanes`` restrict what it leases (None: any);
+        ``options`` go to common.client.Client (timeout, retry_for, ...)."""
+        self.worker_id = worker_id
+        self._profile = {"worker": worker_id, "models": _listed(models), "shapes": _listed(shapes),
+                         "lanes": _listed(lanes)}
+        self.held: set[int] = set()  # packed handles
+        self.rpc = Rpc(address, on_connect=self._hello, **options)
+
+    def _hello(self, rpc: Rpc) -> None:
+        reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
+                         {"held": np.array(sorted(self.held), dtype=np.uint64)})
+        self.held.difference_update(reply.parts["dropped"].tolist())
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """Run ``call``; if the connection drops, reconnect (saying hello) and run it once more."""
+        try:
+            return call()
+        except ConnectionLost:
+            return call()
+
+    def lease(self, max_items: int = 1, wait: float = 0.0) -> list[Item]:
+        """Lease up to ``max_items`` tasks, waiting up to ``wait`` s for the first."""
+        reply = self._retrying(lambda: self.rpc.call("workq.lease", {"max_items": max_items, "wait": float(wait)}))
+        parts, jobs = reply.parts, reply.result["jobs"]
+        keys = [Key(*k) for k in reply.result["keys"]]
+        payloads = split(parts["data"], parts["lengths"])
+        items = [Item(Handle.unpack(h), bytes(p), jobs[j], keys[k], pos, d) for h, p, j, k, pos, d in zip(
+            parts["handles"].tolist(), payloads, parts["job_index"].tolist(), parts["key_index"].tolist(),
+            parts["positions"].tolist(), parts["deliveries"].tolist())]
+        self.held.update(parts["handles"].tolist())
+        return items
+
+    def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes]) -> str | list[str]:
+        """Send results; returns 'completed' or 'duplicate' (the item already
+        had a result) per handle, once the results are durable."""
+        single = isinstance(handles, Handle)
+        handle_list = [handles] if single else list(handles)  # type: ignore[list-item]
+        result_list = [results] if single else list(results)  # type: ignore[list-item]
+        packed = handles_array(handle_list)
+        reply = self._retrying(lambda: self.rpc.call("workq.complete", None,
+                                                     {"handles": packed, **joined(result_list)}))
+        self.held.difference_update(packed.tolist())
+        statuses = [COMPLETED if s else DUPLICATE for s in reply.parts["status"].tolist()]
+        return statuses[0] if single else statuses
+
+    def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:
+        """Give items back (pending again after ``delay`` seconds)."""
+        packed = handles_array([handles] if isinstance(handles, Handle) else handles)
+        self._retrying(lambda: self.rpc.call("workq.release", {"delay": float(delay)}, {"handles": packed}))
+        self.held.difference_update(packed.tolist())
+
+    def touch(self, handles: Handle | Sequence[Handle]) -> None:
+        """Extend the leases (another full lease period from now)."""
+        packed = handles_array([handles] if isinstance(handles, Handle) else handles)
+        self._retrying(lambda: self.rpc.call("workq.touch", None, {"handles": packed}))
+
+    def close(self) -> None:
+        self.rpc.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _listed(values: Sequence[str | int] | None) -> list[str] | None:
+    return None if values is None else [str(v) for v in values]
