@@ -19,6 +19,22 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path) -> None:
+    """Create ``directory`` (and missing parents) durably: each new entry's
+    parent is fsynced, so the directory survives a power cut."""
+    directory = Path(directory)
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(path.parent)
+
+
 def create_atomically(path: Path, data: bytes | bytearray) -> None:
     """Create ``path`` holding ``data``, durably, or not at all.
 

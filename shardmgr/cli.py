@@ -99,6 +99,67 @@ def stats(host: str, port: int, as_json: bool, timeout: float) -> None:
 
 
 @main.group()
+def queue() -> None:
+    """Operate the work queue of a running server."""
+
+
+def _queue_client(host: str, port: int, timeout: float) -> Client:
+    return Client((host, port), retry_for=timeout, timeout=max(timeout, 30.0))
+
+
+@queue.command("stats")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to keep trying to connect.")
+def queue_stats(host: str, port: int, as_json: bool, timeout: float) -> None:
+    """Per key: pending, in flight, buried, oldest pending age, segments,
+    live/dead bytes, and the oldest item pinning the oldest segment."""
+    try:
+        with _queue_client(host, port, timeout) as client:
+            result = client.call("workq.stats").result
+    except CommonError as exc:
+        click.echo(f"shardmgr queue stats: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    console = Console()
+    totals = Table(title="work queue", show_header=False)
+    for name, value in result["totals"].items():
+        totals.add_row(name, f"{value:,}")
+    console.print(totals)
+    table = Table(title="keys")
+    for col in ("model", "shape", "lane", "pending", "in flight", "buried", "oldest pending", "segments",
+                "live bytes", "dead bytes", "pinned by"):
+        table.add_column(col, justify="left" if col in ("model", "shape", "lane", "pinned by") else "right")
+    for row in result["keys"]:
+        age = row["oldest_pending_age_s"]
+        pin = row["pinned_by"]
+        table.add_row(row["model"], row["shape"], row["lane"], f"{row['pending']:,}", f"{row['in_flight']:,}",
+                      f"{row['buried']:,}", "-" if age is None else f"{age:,.1f} s", str(row["segments"]),
+                      f"{row['live_bytes']:,}", f"{row['dead_bytes']:,}",
+                      "-" if pin is None else f"{pin['handle']} ({pin['job']}, {pin['state']}, {pin['age_s']:.0f} s)")
+    console.print(table)
+
+
+@queue.command("kick")
+@click.argument("job")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to keep trying to connect.")
+def queue_kick(job: str, host: str, port: int, timeout: float) -> None:
+    """Make JOB's buried items pending again (their delivery counts restart)."""
+    try:
+        with _queue_client(host, port, timeout) as client:
+            kicked = client.call("workq.kick", {"job": job}).result["kicked"]
+    except CommonError as exc:
+        click.echo(f"shardmgr queue kick: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    click.echo(f"kicked {kicked} buried item(s) of job {job!r}")
+
+
+@main.group()
 def journal() -> None:
     """Inspect journal files."""
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from common import Flusher, FlusherConfig, Ticket
 from common.errors import DurabilityLost, Unavailable
+from common.filesystem import make_dirs
 from common.lockfile import LockFile
 
 from . import collector, completion
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.25
 _WAKE = object()
 _STOP = object()
+_ABANDON = object()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +112,7 @@ class Broker:
     def recover(self) -> RecoveryReport:
         """Lock the directory (embedded use) and rebuild the state from disk,
         on the calling thread. Nothing is served yet."""
-        self.state.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.state.root)
         if self._lock is not None:
             self._lock.acquire()
         if self._own_flusher:
@@ -136,6 +138,25 @@ class Broker:
             self._thread.join()
         if self._own_flusher:
             self.flusher.stop()
+        if self._lock is not None:
+            self._lock.release()
+
+    def abandon(self) -> None:
+        """Stop at once, as a crash would: no further flush, files released
+        unsynced, waiting calls never answered (crash tests; see testing.py)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(_ABANDON)
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._own_flusher:
+            self.flusher.stop(flush=False)
+        for job_log in self.state.logs.values():
+            for journal in job_log.segments.values():
+                journal.abandon()
+        for segment in self.state.segments.values():
+            segment.journal.abandon()
         if self._lock is not None:
             self._lock.release()
 
@@ -186,6 +207,8 @@ class Broker:
             for message in batch:
                 if message is _STOP:
                     self._stop()
+                    return
+                if message is _ABANDON:
                     return
                 if message is not _WAKE:
                     self._guarded(message)
@@ -247,6 +270,10 @@ class Broker:
         collector.collect_segments(state)
         for job_log, seq, ticket in collector.start_logs(state):
             self.after_durable([ticket], lambda j=job_log, s=seq: collector.finish_log(j, s), self._log_failure)
+
+    def tick(self) -> None:
+        """Run the timers (expiry, sealing, collection) now and wait for them (tests, operators)."""
+        self.call(lambda f: (self._tick(time.monotonic()), f.set_result(None)))
 
     @staticmethod
     def _log_failure(exc: Exception) -> None:
@@ -321,16 +348,19 @@ class Broker:
 
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of the job (at most ``max_items``), waiting up
-        to ``wait`` seconds for the first. Returned results are delivered."""
+        to ``wait`` seconds for the first. Returns once they are durably
+        marked delivered, so a result returned here is never returned again,
+        even after a crash."""
 
         def run(future: Future) -> None:
             def attempt(final: bool) -> bool:
                 job_log, batch = self.state.take_results(job, max_items)
                 if not batch and not final:
                     return False
-                self.state.confirm_results(job_log, batch)
-                future.set_result([Result(Handle.unpack(h), bytes(p), pos) for out in batch for h, p, pos in
-                                   zip(out.handles.tolist(), out.payloads, out.positions.tolist())])
+                tickets = self.state.confirm_results(job_log, batch)
+                answer = [Result(Handle.unpack(h), bytes(p), pos) for out in batch for h, p, pos in
+                          zip(out.handles.tolist(), out.payloads, out.positions.tolist())]
+                self.after_durable(tickets, lambda: future.set_result(answer), future.set_exception)
                 return True
 
             self.state.job(job)  # unknown job: fail now, not after the wait

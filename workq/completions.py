@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 
 from common import Flusher, Journal, JournalConfig, Marker, Ticket
+from common.filesystem import make_dirs
 from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
@@ -78,7 +79,7 @@ class JobLog:
     @classmethod
     def create(cls, root: Path, name: str, job: int, flusher: Flusher, segment_bytes: int) -> JobLog:
         directory = root / f"{job:016x}"
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(directory)
         log = cls(directory, name, job, flusher, segment_bytes)
         log._new_segment(0)
         return log
@@ -197,12 +198,15 @@ class JobLog:
             self.in_delivery.setdefault(out.seq, set()).update(out.offsets.tolist())
             self.cursors[out.seq] = max(self.cursors.get(out.seq, HEADER_SIZE), out.cursor)
 
-    def confirm(self, batch: list[Outgoing]) -> None:
-        """The response was flushed to the socket: mark the results DELIVERED."""
+    def confirm(self, batch: list[Outgoing]) -> list[Ticket]:
+        """The results reached the consumer: mark them DELIVERED (durable
+        when the returned tickets are)."""
+        tickets = []
         for out in batch:
             if out.seq in self.segments:
-                self.segments[out.seq].set_markers(out.offsets, Marker.DELIVERED)
+                tickets.append(self.segments[out.seq].set_markers(out.offsets, Marker.DELIVERED))
                 self.in_delivery.get(out.seq, set()).difference_update(out.offsets.tolist())
+        return tickets
 
     def drop(self, batch: list[Outgoing]) -> None:
         """The response never left: the results are undelivered again."""

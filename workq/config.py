@@ -15,7 +15,8 @@ class WorkqConfig:
     segment_bytes: int = 256 * MiB
     #: ... or after this many seconds without an append.
     idle_seal_s: float = 60.0
-    #: Largest task payload accepted by enqueue, in bytes.
+    #: Largest task payload accepted by enqueue, in bytes (a payload must
+    #: also fit in one segment with its record overhead).
     max_payload_bytes: int = 16 * MiB
     #: Largest result payload accepted by complete, in bytes.
     max_result_bytes: int = 64 * MiB
@@ -45,8 +46,8 @@ class WorkqConfig:
         for name in ("disconnect_grace_s", "reconnect_window_s", "disk_floor_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 1 <= self.max_payload_bytes <= self.segment_bytes // 2:
-            raise ValueError(f"max_payload_bytes must be in 1..segment_bytes/2, got {self.max_payload_bytes}")
+        if self.max_payload_bytes < 1:
+            raise ValueError(f"max_payload_bytes must be >= 1, got {self.max_payload_bytes}")
         if not 0 <= self.max_result_bytes <= 2**28 - 64:
             raise ValueError(f"max_result_bytes must be below 256 MiB, got {self.max_result_bytes}")
         if self.max_deliveries < 1 or self.max_lease_items < 1:

@@ -28,7 +28,7 @@ import numpy as np
 
 from common import Journal, Marker
 from common.errors import RecordNotFound
-from common.filesystem import fsync_dir
+from common.filesystem import fsync_dir, make_dirs
 
 from . import handle as handles
 from .completions import SUFFIX as RESULTS_SUFFIX
@@ -57,6 +57,7 @@ class RecoveryReport:
 
 def recover(state: QueueState) -> RecoveryReport:
     started = time.monotonic()
+    make_dirs(state.root)
     report = RecoveryReport()
     with_results = _recover_logs(state, report)
     _recover_segments(state, report)

@@ -33,6 +33,7 @@ import numpy as np
 
 from common import Flusher, Marker, Ticket
 from common.errors import BadRequest, RecordNotFound
+from common.filesystem import make_dirs
 
 from . import dispatch, handle as handles
 from .completions import JobLog, Outgoing
@@ -45,6 +46,7 @@ from .segment import Segment
 
 DUPLICATE = "duplicate"
 COMPLETED = "completed"
+SEGMENT_OVERHEAD = 8192  # header and slack: what a segment cannot hold of payloads
 
 
 @dataclasses.dataclass(slots=True)
@@ -147,12 +149,12 @@ class QueueState:
         if not payloads:
             return np.zeros(0, dtype=np.uint64), None
         sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
-        too_big = np.flatnonzero(sizes > self.config.max_payload_bytes)
+        limit = min(self.config.max_payload_bytes, self.config.segment_bytes - SEGMENT_OVERHEAD)
+        too_big = np.flatnonzero(sizes > limit)
         if len(too_big):
-            raise PayloadTooLarge(f"payload {int(too_big[0])} has {int(sizes[too_big[0]])} bytes; the limit is "
-                                  f"{self.config.max_payload_bytes}")
+            raise PayloadTooLarge(f"payload {int(too_big[0])} has {int(sizes[too_big[0]])} bytes; the limit is {limit}")
         need = int(sizes.sum()) + len(payloads) * (HEAD_BYTES + 24)
-        if need > self.config.segment_bytes - 8192:
+        if need > self.config.segment_bytes - SEGMENT_OVERHEAD:
             raise BadRequest(f"this enqueue needs {need} bytes, more than one segment holds "
                              f"({self.config.segment_bytes}); split it")
         self._check_disk()
@@ -185,7 +187,7 @@ class QueueState:
             if last.journal.end + need <= self.config.segment_bytes:
                 return last
             last.journal.seal()
-        self.segment_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.segment_dir)
         segment = Segment.create(self.segment_dir, self.next_segment_id, key, self.flusher,
                                  self.config.segment_bytes)
         self.next_segment_id += 1
@@ -342,8 +344,8 @@ class QueueState:
         log.sending(batch)
         return log, batch
 
-    def confirm_results(self, log: JobLog, batch: list[Outgoing]) -> None:
-        log.confirm(batch)
+    def confirm_results(self, log: JobLog, batch: list[Outgoing]) -> list[Ticket]:
+        return log.confirm(batch)
 
     def drop_results(self, log: JobLog, batch: list[Outgoing]) -> None:
         log.drop(batch)

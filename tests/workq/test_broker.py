@@ -1,0 +1,218 @@
+"""The embedded broker: the queue's rules through its public methods."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from workq import Broker, DiskFull, Handle, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob
+
+
+def status(broker: Broker, job: str) -> tuple[int, ...]:
+    s = broker.job_status(job)
+    return s["enqueued"], s["pending"], s["in_flight"], s["completed"], s["delivered"], s["buried"]
+
+
+def test_round_trip_counts_and_positions(broker: Broker) -> None:
+    handles = broker.enqueue("j", "llama", "chat", 512, [b"p0", b"p1", b"p2"], durable=True)
+    assert status(broker, "j") == (3, 3, 0, 0, 0, 0)
+    items = broker.lease(2, models=["llama"])
+    assert [i.payload for i in items] == [b"p0", b"p1"] and [i.position for i in items] == [0, 1]
+    assert items[0].job == "j" and items[0].key == ("llama", "chat", "512") and items[0].deliveries == 1
+    assert status(broker, "j") == (3, 1, 2, 0, 0, 0)
+    assert broker.complete([i.handle for i in items], [b"r0", b"r1"]) == ["completed", "completed"]
+    assert status(broker, "j") == (3, 1, 0, 2, 0, 0)
+    results = broker.results("j")
+    assert [(r.handle, r.payload, r.position) for r in results] == [(handles[0], b"r0", 0), (handles[1], b"r1", 1)]
+    assert status(broker, "j") == (3, 1, 0, 2, 2, 0)
+    assert broker.results("j") == []
+    more = broker.enqueue("j", "llama", "chat", 512, [b"p3"])
+    assert broker.lease(10)[-1].position == 3 and more[0].segment == handles[0].segment
+
+
+def test_each_input_gets_one_result_first_wins(broker: Broker) -> None:
+    [h] = broker.enqueue("j", "m", "s", "l", [b"x"])
+    [item] = broker.lease(1)
+    assert broker.complete([h, h], [b"first", b"again"]) == ["completed", "duplicate"]
+    assert broker.complete([h], [b"late"]) == ["duplicate"]
+    assert [r.payload for r in broker.results("j")] == [b"first"]
+    assert status(broker, "j") == (1, 0, 0, 1, 1, 0)
+    del item
+
+
+def test_a_late_result_for_a_pending_item_is_accepted_once(broker: Broker) -> None:
+    [h] = broker.enqueue("j", "m", "s", "l", [b"x"])
+    [item] = broker.lease(1)
+    broker.release([item.handle])  # back to pending
+    assert broker.complete([h], [b"late but first"]) == ["completed"]
+    assert broker.lease(5) == []  # retired: never dispatched again
+    assert status(broker, "j") == (1, 0, 0, 1, 0, 0)
+
+
+def test_unknown_and_forged_handles_are_refused_and_change_nothing(broker: Broker) -> None:
+    [h] = broker.enqueue("j", "m", "s", "l", [b"x" * 100])
+    [item] = broker.lease(1)
+    before = status(broker, "j")
+    for bad in (Handle(h.segment, h.offset + 8), Handle(h.segment, 10**8), Handle(999, 4096)):
+        with pytest.raises(UnknownHandle):
+            broker.complete([item.handle, bad], [b"r", b"r"])
+    assert status(broker, "j") == before
+    with pytest.raises(NotLeased):
+        broker.touch([Handle(h.segment, h.offset + 8)])
+    with pytest.raises(UnknownJob):
+        broker.job_status("never")
+    with pytest.raises(UnknownJob):
+        broker.results("never")
+
+
+def test_bad_enqueue_input(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker(max_payload_bytes=100)
+    with pytest.raises(PayloadTooLarge, match="payload 1 has 101 bytes"):
+        broker.enqueue("j", "m", "s", "l", [b"ok", b"x" * 101])
+    with pytest.raises(ValueError, match="model must be"):
+        broker.enqueue("j", "", "s", "l", [b"ok"])
+    with pytest.raises(ValueError, match="job must be"):
+        broker.enqueue("", "m", "s", "l", [b"ok"])
+    assert broker.enqueue("j", "m", "s", "l", []) == []
+    with pytest.raises(UnknownJob):
+        broker.job_status("j")  # nothing was written
+
+
+def test_lease_expiry_redelivers_then_buries_and_kick(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker(lease_s=0.3, max_deliveries=2)
+    [h] = broker.enqueue("j", "m", "s", "l", [b"poison"])
+    first = broker.lease(1)
+    assert first[0].deliveries == 1
+    second = broker.lease(1, wait=5)  # waits for the expiry
+    assert second and second[0].handle == h and second[0].deliveries == 2
+    deadline = time.monotonic() + 5
+    while status(broker, "j")[5] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status(broker, "j") == (1, 0, 0, 0, 0, 1)  # buried after 2 deliveries
+    assert broker.lease(1) == []
+    assert broker.kick("j") == 1
+    again = broker.lease(1)
+    assert again[0].handle == h and again[0].deliveries == 1
+
+
+def test_release_with_delay_and_touch(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker(lease_s=0.5)
+    broker.enqueue("j", "m", "s", "l", [b"a", b"b"])
+    items = broker.lease(2)
+    broker.release([items[0].handle], delay=0.4)
+    assert status(broker, "j")[1:3] == (1, 1)
+    assert broker.lease(1) == []  # delayed, not yet pending
+    for _ in range(4):
+        time.sleep(0.2)
+        broker.touch([items[1].handle])  # kept alive past its 0.5 s lease
+    got = broker.lease(5)
+    assert [i.handle for i in got] == [items[0].handle]
+    assert broker.complete([items[1].handle], [b"done"]) == ["completed"]
+
+
+def test_lease_waits_for_new_work(broker: Broker) -> None:
+    threading.Timer(0.3, lambda: broker.enqueue("j", "m", "s", "l", [b"late"])).start()
+    started = time.monotonic()
+    items = broker.lease(1, wait=10)
+    assert [i.payload for i in items] == [b"late"] and time.monotonic() - started < 5
+
+
+def test_results_wait_for_completion(broker: Broker) -> None:
+    [h] = broker.enqueue("j", "m", "s", "l", [b"x"])
+    broker.lease(1)
+    threading.Timer(0.3, lambda: broker.complete([h], [b"r"])).start()
+    assert [r.payload for r in broker.results("j", wait=10)] == [b"r"]
+
+
+def test_fair_across_jobs_and_keys(broker: Broker) -> None:
+    broker.enqueue("big", "m", "s", "l", [b"B"] * 100)
+    broker.enqueue("small", "m", "s", "l", [b"S"] * 5)
+    first = broker.lease(10)
+    assert sum(i.job == "small" for i in first) == 5  # water-filling: small gets its share at once
+    broker.enqueue("other", "m", "s2", "l", [b"O"] * 50)
+    keys = [broker.lease(1)[0].key.shape for _ in range(4)]
+    assert set(keys) == {"s", "s2"}  # successive leases rotate over keys
+    assert [i.key for i in broker.lease(3, models=["nope"])] == []
+    assert {i.key.shape for i in broker.lease(200, shapes=["s2"])} == {"s2"}
+
+
+def test_rotation_collection_and_handles_never_reused(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
+    broker = open_broker(segment_bytes=64 * 1024, max_payload_bytes=16 * 1024)
+    handles = []
+    for _ in range(12):
+        handles += broker.enqueue("j", "m", "s", "l", [b"z" * 10_000])
+    assert len({h.segment for h in handles}) >= 2
+    items = broker.lease(100)
+    broker.complete([i.handle for i in items], [b"ok"] * len(items))
+    broker.tick()
+    files = sorted(p.name for p in (tmp_path / "data" / "workq" / "segments").iterdir())
+    assert len(files) == 1  # only the newest segment is kept
+    [fresh] = broker.enqueue("j", "m", "s", "l", [b"new"])
+    assert fresh not in handles
+    assert broker.complete([handles[0]], [b"late"]) == ["duplicate"]  # its segment is gone: already done
+
+
+def test_disk_floor_refuses_enqueue_but_not_completion(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker()
+    [h] = broker.enqueue("j", "m", "s", "l", [b"x"])
+    broker.lease(1)
+    broker.close()
+    broker = open_broker(disk_floor_bytes=2**62)
+    with pytest.raises(DiskFull, match="below the floor"):
+        broker.enqueue("j", "m", "s", "l", [b"y"])
+    [item] = broker.lease(1)
+    assert broker.complete([item.handle], [b"r"]) == ["completed"] and item.handle == h
+
+
+def test_restart_keeps_pending_and_buried_and_counts(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker(max_deliveries=1, lease_s=0.2)
+    handles = broker.enqueue("j", "m", "s", "l", [b"a", b"b", b"c", b"d"], durable=True)
+    items = broker.lease(2)
+    broker.complete([items[0].handle], [b"ra"])
+    time.sleep(0.5)
+    broker.tick()  # items[1] expires after its only delivery: buried
+    assert status(broker, "j") == (4, 2, 0, 1, 0, 1)
+    broker.close()
+    broker = open_broker(max_deliveries=1)
+    assert broker.recovery.segments == 1
+    assert status(broker, "j") == (4, 2, 0, 1, 0, 1)
+    assert {i.handle for i in broker.lease(10)} == set(handles[2:])
+    assert [r.payload for r in broker.results("j")] == [b"ra"]
+
+
+def test_reconnect_window_holds_back_recovered_items(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker()
+    broker.enqueue("j", "m", "s", "l", [b"old"], durable=True)
+    broker.close()
+    broker = open_broker(reconnect_window_s=0.6)
+    [new] = broker.enqueue("j", "m", "s", "l", [b"new"])
+    assert [i.handle for i in broker.lease(10)] == [new]  # only items enqueued since the start
+    started = time.monotonic()
+    late = broker.lease(10, wait=5)
+    assert [i.payload for i in late] == [b"old"] and time.monotonic() - started >= 0.3
+
+
+def test_completion_logs_rotate_and_collect_with_counts_kept(open_broker: Callable[..., Broker],
+                                                            tmp_path: Path) -> None:
+    broker = open_broker(segment_bytes=64 * 1024, max_payload_bytes=16 * 1024)
+    for _ in range(10):
+        broker.enqueue("j", "m", "s", "l", [b"t"])
+    for item in broker.lease(10):
+        broker.complete([item.handle], [b"R" * 12_000])
+    results_dir = next((tmp_path / "data" / "workq" / "results").iterdir())
+    assert len(list(results_dir.iterdir())) >= 2
+    assert len(broker.results("j", max_items=100)) == 10
+    for _ in range(3):
+        broker.tick()
+        time.sleep(0.05)
+    assert len(list(results_dir.iterdir())) == 1  # all delivered, sealed ones collected
+    assert status(broker, "j") == (10, 0, 0, 10, 10, 0)
+    broker.close()
+    broker = open_broker(segment_bytes=64 * 1024, max_payload_bytes=16 * 1024)
+    assert status(broker, "j") == (10, 0, 0, 10, 10, 0)  # the ledger carries the collected results
+    broker.enqueue("j", "m", "s", "l", [b"u"])
+    assert broker.lease(1)[0].position == 10
