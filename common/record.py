@@ -92,7 +92,7 @@ def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignme
     np.cumsum(sizes[:-1], out=offsets[1:])
     data = bytearray(int(sizes.sum()))
     raw = np.frombuffer(data, dtype=np.uint8)
-    if front:
+    if prefix is not None and front:
         raw[(offsets + RECORD_HEADER_SIZE)[:, None] + np.arange(front)] = prefix
     _copy_bodies(data, raw, bodies, offsets + RECORD_HEADER_SIZE + front, lengths - front)
     words = raw.view("<u4")

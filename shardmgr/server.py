@@ -31,7 +31,6 @@ from common import Flusher, FlusherConfig
 from common.component import Component, Request
 from common.errors import Internal, ServiceError, Unavailable, UnknownCommand
 from common.lockfile import LockFile
-
 from workq.service import WorkqService
 
 from .config import ServerConfig

@@ -16,6 +16,7 @@ network service (service.py) submits the same operations with callbacks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import queue
 import threading
@@ -214,7 +215,7 @@ class Broker:
                     self._guarded(message)
             self._after()
 
-    def _guarded(self, fn: Callable[[], None]) -> None:
+    def _guarded(self, fn: Callable[[], object]) -> None:
         try:
             fn()
         except Exception:
@@ -240,7 +241,8 @@ class Broker:
         self._continuations = [c for c in self._continuations if all(c is not r for r, _ in ready)]
         for cont, failed in ready:
             if failed is not None:
-                self._guarded(lambda c=cont, f=failed: c.failed(DurabilityLost(str(f))))
+                error = DurabilityLost(str(failed))
+                self._guarded(functools.partial(cont.failed, error))
             else:
                 self._guarded(cont.done)
 
@@ -261,19 +263,24 @@ class Broker:
             if not active.journal.sealed and now - active.last_append > self.config.idle_seal_s:
                 active.journal.seal()
         for job_log in state.logs.values():
-            active = job_log.active
-            if not active.sealed and active.count and now - job_log.last_append > self.config.idle_seal_s:
-                active.seal()
+            journal = job_log.active
+            if not journal.sealed and journal.count and now - job_log.last_append > self.config.idle_seal_s:
+                journal.seal()
         if state.window_ends and now >= state.window_ends:
             state.window_ends = 0.0
             log.info("workq: reconnect window over; recovered items are dispatched again")
         collector.collect_segments(state)
         for job_log, seq, ticket in collector.start_logs(state):
-            self.after_durable([ticket], lambda j=job_log, s=seq: collector.finish_log(j, s), self._log_failure)
+            self.after_durable([ticket], functools.partial(collector.finish_log, job_log, seq), self._log_failure)
 
     def tick(self) -> None:
         """Run the timers (expiry, sealing, collection) now and wait for them (tests, operators)."""
-        self.call(lambda f: (self._tick(time.monotonic()), f.set_result(None)))
+
+        def run(future: Future) -> None:
+            self._tick(time.monotonic())
+            future.set_result(None)
+
+        self.call(run)
 
     @staticmethod
     def _log_failure(exc: Exception) -> None:
@@ -312,12 +319,13 @@ class Broker:
 
     def _stop(self) -> None:
         for waiter in self._waiters:
-            self._guarded(lambda w=waiter: w.attempt(True))
+            self._guarded(functools.partial(waiter.attempt, True))
         self._waiters = []
         self.flusher.flush_now()
         self._run_continuations()
+        closed = Unavailable("the work queue closed before the write was durable")
         for cont in self._continuations:
-            self._guarded(lambda c=cont: c.failed(Unavailable("the work queue closed before the write was durable")))
+            self._guarded(functools.partial(cont.failed, closed))
         for job_log in self.state.logs.values():
             for journal in job_log.segments.values():
                 journal.close()
@@ -368,8 +376,9 @@ class Broker:
 
         return self.call(run)
 
-    def lease(self, max_items: int = 1, wait: float = 0.0, *, worker: str = "embedded", models: Sequence[str] | None = None,
-              shapes: Sequence[str] | None = None, lanes: Sequence[str | int] | None = None) -> list[Item]:
+    def lease(self, max_items: int = 1, wait: float = 0.0, *, worker: str = "embedded",
+              models: Sequence[str] | None = None, shapes: Sequence[str] | None = None,
+              lanes: Sequence[str | int] | None = None) -> list[Item]:
         """Lease up to ``max_items`` tasks, waiting up to ``wait`` seconds for the first."""
         filters = Filters.of(models, shapes, lanes)
 
@@ -398,7 +407,7 @@ class Broker:
         return self.call(run)
 
     def complete_async(self, packed: np.ndarray, results: list, answer: Callable[[list[str]], None],
-                       fail: Callable[[Exception], None]) -> None:
+                       fail: Callable[[Any], None]) -> None:
         """Owner thread: plan, start and, once durable, finish a completion."""
         plan = completion.start(self.state, completion.plan(self.state, packed, results))
 
@@ -412,12 +421,24 @@ class Broker:
         self.after_durable(plan.tickets, done, failed)
 
     def release(self, handles: Sequence[Handle], delay: float = 0.0, *, worker: str = "embedded") -> None:
+        """Give leased items back (pending again after ``delay`` seconds)."""
         packed = [Handle(*h).packed for h in handles]
-        self.call(lambda f: f.set_result(self.state.release(worker, packed, delay, time.monotonic())))
+
+        def run(future: Future) -> None:
+            self.state.release(worker, packed, delay, time.monotonic())
+            future.set_result(None)
+
+        self.call(run)
 
     def touch(self, handles: Sequence[Handle], *, worker: str = "embedded") -> None:
+        """Extend leases by a full lease period from now."""
         packed = [Handle(*h).packed for h in handles]
-        self.call(lambda f: f.set_result(self.state.touch(worker, packed, time.monotonic())))
+
+        def run(future: Future) -> None:
+            self.state.touch(worker, packed, time.monotonic())
+            future.set_result(None)
+
+        self.call(run)
 
     def kick(self, job: str) -> int:
         """Make the job's buried items pending again; returns how many."""

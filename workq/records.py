@@ -49,7 +49,7 @@ def check_job(name: object) -> str:
     return name
 
 
-def heads(first: np.ndarray | int, second: np.ndarray | int, times_ns: int, n: int) -> np.ndarray:
+def heads(first: np.ndarray | np.integer | int, second: np.ndarray | int, times_ns: int, n: int) -> np.ndarray:
     """``n`` 24-byte record heads (uint8 [n, 24]) from three uint64 columns."""
     out = np.empty((n, 3), dtype="<u8")
     out[:, 0] = first

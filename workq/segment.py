@@ -108,7 +108,8 @@ class Segment:
 
     # ---------------------------------------------------------------- writes
 
-    def append(self, job: int, first_position: int, payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket]:
+    def append(self, job: int, first_position: int,
+               payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket]:
         """Append one job's tasks as one batch; they become pending."""
         n = len(payloads)
         head = heads(job, first_position + np.arange(n, dtype=np.uint64), time.time_ns(), n)

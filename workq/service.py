@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,12 @@ def split(data: np.ndarray, lengths: np.ndarray) -> list[memoryview]:
     """Byte strings sent as one concatenated part plus their lengths."""
     if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != data.nbytes:
         raise BadRequest(f"lengths must be non-negative and sum to the {data.nbytes} data bytes")
-    view = memoryview(data).cast("B")
+    view = data.data.cast("B")
     ends = np.cumsum(lengths).tolist()
     return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
-def joined(payloads: list[memoryview] | list[bytes]) -> dict[str, np.ndarray]:
+def joined(payloads: Sequence[memoryview | bytes]) -> dict[str, np.ndarray]:
     """The inverse of split: the parts for a list of byte strings."""
     lengths = np.fromiter((len(p) for p in payloads), dtype=np.uint32, count=len(payloads))
     return {"data": np.frombuffer(b"".join(payloads), dtype=np.uint8), "lengths": lengths}
@@ -123,7 +123,7 @@ class WorkqService(Component):
 
     # ---------------------------------------------------------------- helpers
 
-    def _on_owner(self, request: Request | None, fn: Callable[[], None]) -> None:
+    def _on_owner(self, request: Request | None, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the owner thread; errors become the request's answer."""
 
         def run() -> None:
@@ -291,14 +291,20 @@ class WorkqService(Component):
         delay = request.arg("delay", float, 0.0)
         if delay < 0:
             raise BadRequest("workq.release: delay must be >= 0")
-        self._on_owner(request, lambda: (self.broker.state.release(worker, packed, delay, time.monotonic()),
-                                         request.reply())[1])
+        def run() -> None:
+            self.broker.state.release(worker, packed, delay, time.monotonic())
+            request.reply()
+
+        self._on_owner(request, run)
 
     def _touch(self, request: Request) -> None:
         worker = self._worker(request)
         packed = self._handles(request).tolist()
-        self._on_owner(request, lambda: (self.broker.state.touch(worker, packed, time.monotonic()),
-                                         request.reply())[1])
+        def run() -> None:
+            self.broker.state.touch(worker, packed, time.monotonic())
+            request.reply()
+
+        self._on_owner(request, run)
 
     # ---------------------------------------------------------------- operator
 
@@ -324,7 +330,7 @@ def _lease_reply(items: list[Dispatched]) -> tuple[dict[str, Any], dict[str, np.
     job_index = {j: i for i, j in enumerate(jobs)}
     key_index = {k: i for i, k in enumerate(keys)}
     n = len(items)
-    parts = {
+    parts: dict[str, np.ndarray] = {
         "handles": np.fromiter((d.handle for d in items), dtype=np.uint64, count=n),
         "positions": np.fromiter((d.position for d in items), dtype=np.uint64, count=n),
         "deliveries": np.fromiter((d.deliveries for d in items), dtype=np.uint32, count=n),

@@ -35,10 +35,11 @@ from common import Flusher, Marker, Ticket
 from common.errors import BadRequest, RecordNotFound
 from common.filesystem import make_dirs
 
-from . import dispatch, handle as handles
+from . import dispatch
+from . import handle as handles
 from .completions import JobLog, Outgoing
 from .config import WorkqConfig
-from .errors import DiskFull, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob
+from .errors import DiskFull, NotLeased, PayloadTooLarge, UnknownJob
 from .handle import Handle, Key
 from .leases import Lease, Leases
 from .records import HEAD_BYTES, check_job, job_id
@@ -142,7 +143,8 @@ class QueueState:
 
     # ------------------------------------------------------------- enqueue
 
-    def enqueue(self, name: str, key: Key, payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket | None]:
+    def enqueue(self, name: str, key: Key,
+                payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket | None]:
         """Append one job's tasks for one key; they are pending at once and
         durable when the returned ticket is."""
         check_job(name)

@@ -66,8 +66,8 @@ def _oldest_pending_age(segments: list[Segment], now_ns: int) -> float | None:
         starts = [c.cursor for c in segment.jobs.values() if c.pending > 0]
         if starts:
             for chunk in segment.journal.scan(start=min(starts)):
-                live = np.flatnonzero(chunk.markers == np.uint32(Marker.LIVE))
-                live = [i for i in live.tolist() if int(chunk.offsets[i]) not in segment.held]
+                live = [i for i in np.flatnonzero(chunk.markers == np.uint32(Marker.LIVE)).tolist()
+                        if int(chunk.offsets[i]) not in segment.held]
                 if live:
                     first = chunk[live[0]:live[0] + 1]
                     return round((now_ns - int(segment.journal.fields(first, TIME_AT, "<u8")[0])) / 1e9, 3)

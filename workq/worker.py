@@ -71,8 +71,8 @@ class Worker:
         """Send results; returns 'completed' or 'duplicate' (the item already
         had a result) per handle, once the results are durable."""
         single = isinstance(handles, Handle)
-        handle_list = [handles] if single else list(handles)  # type: ignore[list-item]
-        result_list = [results] if single else list(results)  # type: ignore[list-item]
+        handle_list: list[Handle] = [handles] if single else list(handles)  # type: ignore[list-item, arg-type]
+        result_list: list[bytes] = [results] if single else list(results)  # type: ignore[list-item, arg-type]
         packed = handles_array(handle_list)
         reply = self._retrying(lambda: self.rpc.call("workq.complete", None,
                                                      {"handles": packed, **joined(result_list)}))

@@ -69,8 +69,8 @@ def tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != "LOCK"}
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1500")), suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-          deadline=None)
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1500")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(payload=st.lists(malformed, min_size=1, max_size=3))
 def test_malformed_frames_never_hurt_the_server(fuzz_server: tuple[ServerProcess, Client],
                                                 payload: list[bytes]) -> None:

@@ -216,3 +216,33 @@ def test_completion_logs_rotate_and_collect_with_counts_kept(open_broker: Callab
     assert status(broker, "j") == (10, 0, 0, 10, 10, 0)  # the ledger carries the collected results
     broker.enqueue("j", "m", "s", "l", [b"u"])
     assert broker.lease(1)[0].position == 10
+
+
+def test_results_sent_but_not_confirmed_come_back_and_pin_their_segment(open_broker: Callable[..., Broker]) -> None:
+    broker = open_broker()
+    [h] = broker.enqueue("j", "m", "s", "l", [b"x"])
+    broker.complete([broker.lease(1)[0].handle], [b"r"])
+    on_owner = lambda fn: broker.call(lambda f: f.set_result(fn()))  # noqa: E731
+    log, batch = on_owner(lambda: broker.state.take_results("j", 10))
+    assert len(batch) == 1
+    assert on_owner(lambda: log.take(10)) == []  # in delivery: not handed out twice
+    on_owner(lambda: broker.state.drop_results(log, batch))  # the connection closed before the send
+    assert [r.payload for r in broker.results("j")] == [b"r"]
+    assert h.segment == 1
+
+
+def test_collection_never_pulls_a_segment_from_under_a_reader(open_broker: Callable[..., Broker],
+                                                             tmp_path: Path) -> None:
+    from common import Journal
+
+    broker = open_broker(segment_bytes=64 * 1024, max_payload_bytes=30_000)
+    for _ in range(4):
+        broker.enqueue("j", "m", "s", "l", [b"q" * 25_000])
+    segments = sorted((tmp_path / "data" / "workq" / "segments").iterdir())
+    reader = Journal.open(segments[0], writable=False)  # e.g. `shardmgr verify` in another process
+    items = broker.lease(10)
+    broker.complete([i.handle for i in items], [b"ok"] * len(items))
+    broker.tick()
+    assert not segments[0].exists()  # collected ...
+    assert [len(r.body) for r in reader.records()] == [25_024] * reader.count  # ... and still fully readable
+    reader.close()

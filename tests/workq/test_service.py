@@ -1,0 +1,130 @@
+"""workq through a real ``shardmgr serve`` process: wire errors, workers
+that vanish, workers that outlive a server restart, the operator CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.errors import BadRequest, NotFound
+from workq import Client, Handle, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob, Worker
+
+from ..shardmgr.serverproc import ServerProcess
+
+CONFIG = ("[workq]\nlease_s = 30.0\ndisconnect_grace_s = 0.5\nreconnect_window_s = 2.0\n"
+          "max_payload_bytes = 1000\nmax_deliveries = 2\n")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    config = tmp_path / "server.toml"
+    config.write_text(CONFIG)
+    proc = ServerProcess(tmp_path / "data", "--config", str(config)).start()
+    yield proc
+    proc.kill()
+
+
+def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
+    with Client(server.address) as client:
+        with pytest.raises(BadRequest, match="argument 'job' must be str, got int"):
+            client.rpc.call("workq.enqueue", {"job": 5, "model": "m", "shape": "s", "lane": 1},
+                            {"data": np.zeros(1, np.uint8), "lengths": np.ones(1, np.uint32)})
+        with pytest.raises(BadRequest, match="sum to the 3 data bytes"):
+            client.rpc.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 1},
+                            {"data": np.zeros(3, np.uint8), "lengths": np.array([1, 1], np.uint32)})
+        with pytest.raises(BadRequest, match="part 'lengths' must have dtype"):
+            client.rpc.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 1},
+                            {"data": np.zeros(1, np.uint8), "lengths": np.ones(1, np.float32)})
+        with pytest.raises(BadRequest, match="model must be a non-empty string"):
+            client.enqueue("j", "", "s", 1, [b"x"])
+        with pytest.raises(PayloadTooLarge, match="payload 0 has 1001 bytes"):
+            client.enqueue("j", "m", "s", 1, [b"x" * 1001])
+        with pytest.raises(UnknownJob):
+            client.job_status("j")  # nothing was written by the refused calls
+        with pytest.raises(BadRequest, match="send workq.hello first"):
+            client.rpc.call("workq.lease", {"max_items": 1})
+        [h] = client.enqueue("j", "m", "s", 1, [b"ok"])
+    with Worker(server.address, "w", models=["m"]) as worker:
+        [item] = worker.lease(1)
+        with pytest.raises(UnknownHandle):
+            worker.complete(Handle(h.segment, h.offset + 8), b"r")
+        with pytest.raises(NotFound):  # UnknownHandle is a NotFound for generic handlers
+            worker.complete(Handle(h.segment + 7, h.offset), b"r")
+        with pytest.raises(NotLeased):
+            worker.touch(Handle(h.segment, h.offset + 8))
+        assert worker.complete(item.handle, b"r") == "completed"
+        assert worker.complete(item.handle, b"again") == "duplicate"
+        with pytest.raises(NotLeased, match="not leased by worker 'w'"):
+            worker.release(item.handle)
+
+
+def test_vanished_worker_loses_its_leases_after_the_grace(server: ServerProcess) -> None:
+    with Client(server.address) as client:
+        client.enqueue("j", "m", "s", 1, [b"a", b"b"])
+    first = Worker(server.address, "gone", models=["m"])
+    assert len(first.lease(2)) == 2
+    first.close()  # no goodbye
+    with Worker(server.address, "other", models=["m"]) as other:
+        items = other.lease(2, wait=10)
+        assert {i.payload for i in items} == {b"a", b"b"} and all(i.deliveries == 2 for i in items)
+
+
+def test_workers_keep_their_items_across_a_server_restart(server: ServerProcess) -> None:
+    with Client(server.address) as client:
+        client.enqueue("j", "m", "s", 1, [b"x", b"y", b"z"], durable=True)
+    holder = Worker(server.address, "holder", models=["m"], retry_for=60)
+    held = holder.lease(2)
+    server.signal(signal.SIGKILL)
+    server.wait()
+    server.start()
+    with Worker(server.address, "rival", models=["m"]) as rival:
+        assert rival.lease(10) == []  # the reconnect window: recovered items wait for their holders
+        statuses = holder.complete([i.handle for i in held], [b"r1", b"r2"])  # reconnects, reports, completes
+        assert statuses == ["completed", "completed"]
+        rest = rival.lease(10, wait=10)
+        assert [i.payload for i in rest] == [b"z"]  # after the window: only the item nobody held
+        rival.complete(rest[0].handle, b"r3")
+    with Client(server.address) as client:
+        results = client.results("j", wait=5)
+        assert sorted(r.payload for r in results) == [b"r1", b"r2", b"r3"]
+        assert client.job_status("j") == {"enqueued": 3, "pending": 0, "in_flight": 0, "completed": 3,
+                                          "delivered": 3, "buried": 0}
+    holder.close()
+
+
+def test_queue_stats_and_kick_commands(server: ServerProcess) -> None:
+    with Client(server.address) as client:
+        client.enqueue("poison-job", "m", "s", 1, [b"p"])
+    for name in ("a", "b"):  # two deliveries that never finish: buried (max_deliveries = 2)
+        worker = Worker(server.address, name, models=["m"])
+        assert len(worker.lease(1, wait=10)) == 1
+        worker.close()
+        time.sleep(0.8)
+    cli = [sys.executable, "-m", "shardmgr", "queue"]
+    deadline = time.monotonic() + 10
+    while True:
+        out = subprocess.run([*cli, "stats", "--port", str(server.port), "--json"], capture_output=True, text=True)
+        stats = json.loads(out.stdout)
+        if stats["totals"]["buried"] == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert stats["totals"]["buried"] == 1
+    key = stats["keys"][0]
+    assert (key["model"], key["buried"], key["segments"]) == ("m", 1, 1)
+    assert key["pinned_by"]["job"] == "poison-job" and key["pinned_by"]["state"] == "buried"
+    table = subprocess.run([*cli, "stats", "--port", str(server.port)], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "250"})
+    assert table.returncode == 0 and "pinned by" in table.stdout and "poison-job, buried" in table.stdout
+    kicked = subprocess.run([*cli, "kick", "poison-job", "--port", str(server.port)], capture_output=True, text=True)
+    assert kicked.returncode == 0 and "kicked 1" in kicked.stdout
+    with Worker(server.address, "c", models=["m"]) as worker:
+        assert [i.payload for i in worker.lease(1)] == [b"p"]
