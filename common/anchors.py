@@ -17,6 +17,7 @@ Threads: owned by the journal and guarded by its lock.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from .header import HEADER_SIZE
 from .scan import END, Walk
 
 ANCHOR_BYTES = 64 * 1024
+PROVEN_REGIONS = 256
+"""Walked regions whose record starts are remembered (at most ~2 KiB each)."""
 
 
 class Anchors:
@@ -36,6 +39,7 @@ class Anchors:
         self._offsets = np.empty(64, dtype=np.int64)
         self._seqs = np.empty(64, dtype=np.int64)
         self._n = 0
+        self._proven: collections.OrderedDict[tuple[int, int], np.ndarray] = collections.OrderedDict()
 
     @classmethod
     def build(cls, buf: np.ndarray, end: int, alignment: int, max_record_bytes: int, path: Path) -> Anchors:
@@ -72,8 +76,9 @@ class Anchors:
         self._n = need
 
     def truncate(self, end: int) -> None:
-        """Forget anchors at or past ``end``."""
+        """Forget anchors at or past ``end`` (and every walked region)."""
         self._n = int(np.searchsorted(self._offsets[:self._n], end, side="left"))
+        self._proven.clear()
 
     def regions(self, offsets: np.ndarray, end: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
         """For the ascending ``offsets`` (all below ``end``), yield per anchor
@@ -92,14 +97,26 @@ class Anchors:
     def prove(self, buf: np.ndarray, offsets: np.ndarray, end: int, alignment: int, max_record_bytes: int,
               path: Path) -> None:
         """Raise RecordNotFound unless every offset (sorted, unique, below
-        ``end``) is on the record chain; CorruptJournal if the chain breaks."""
+        ``end``) is on the record chain; CorruptJournal if the chain breaks.
+
+        The record starts of the most recently walked regions are kept (a
+        small LRU, :data:`PROVEN_REGIONS`): records never move, so a region
+        walked once need not be walked again while it is unchanged."""
         for start, seq, stop, members in self.regions(offsets, end):
-            walk = Walk(buf, start=start, stop=stop, alignment=alignment, first_seq=seq,
-                        max_record_bytes=max_record_bytes)
-            found = [chunk.offsets for chunk in walk]
-            if walk.reason != END:
-                raise CorruptJournal(path, walk.position, f"record chain broken ({walk.reason})")
-            missing = members[~np.isin(members, np.concatenate(found) if found else members[:0])]
+            found = self._proven.get((start, stop))
+            if found is None:
+                walk = Walk(buf, start=start, stop=stop, alignment=alignment, first_seq=seq,
+                            max_record_bytes=max_record_bytes)
+                chunks = [chunk.offsets for chunk in walk]
+                if walk.reason != END:
+                    raise CorruptJournal(path, walk.position, f"record chain broken ({walk.reason})")
+                found = np.concatenate(chunks) if chunks else members[:0]
+                self._proven[(start, stop)] = found
+                if len(self._proven) > PROVEN_REGIONS:
+                    self._proven.popitem(last=False)
+            else:
+                self._proven.move_to_end((start, stop))
+            missing = members[~np.isin(members, found, assume_unique=True)]
             if len(missing):
                 raise RecordNotFound(f"{path}: no record starts at offset {int(missing[0])}; "
                                      f"it lies inside another record")

@@ -58,7 +58,7 @@ from .header import (
     read_checkpoints,
 )
 from .mapping import MappedFile
-from .marker import Marker, marker_index
+from .marker import MARKER_INDEX, Marker, marker_index
 from .reader import RecordReader
 from .record import Body, encode_batch
 from .recovery import RecoveryReport, recover
@@ -210,6 +210,10 @@ class Journal(RecordReader):
         """Records per marker state (maintained in memory, recounted on open)."""
         return {m: int(c) for m, c in zip(Marker, self._counters)}
 
+    def count_of(self, marker: Marker) -> int:
+        """Records carrying ``marker`` now (a cheap single counter)."""
+        return int(self._counters[MARKER_INDEX[marker]])
+
     def __repr__(self) -> str:
         state = "sealed" if self._sealed else "open"
         return f"<Journal {self.path} kind={self.kind!r} records={self._count} end={self._end} {state}>"
@@ -243,7 +247,7 @@ class Journal(RecordReader):
             self._ensure_anchors().extend(batch.offsets + start, self._count)
             self._end = start + len(batch.data)
             self._count += len(batch.offsets)
-            self._counters[list(Marker).index(marker)] += len(batch.offsets)
+            self._counters[MARKER_INDEX[marker]] += len(batch.offsets)
             self._seq += 1
             return Appended(batch.offsets + start, Ticket(self, self._seq))
 
@@ -294,7 +298,7 @@ class Journal(RecordReader):
                                      offs[wrong].tolist(), current[wrong].tolist())
             self._file.words[offs // 4] = np.uint32(marker)
             self._counters -= np.bincount(marker_index(current), minlength=len(Marker))
-            self._counters[list(Marker).index(marker)] += len(offs)
+            self._counters[MARKER_INDEX[marker]] += len(offs)
             self._seq += 1
             return Ticket(self, self._seq)
 

@@ -39,6 +39,9 @@ class Marker(enum.IntEnum):
 MARKER_VALUES = np.array([m.value for m in Marker], dtype=np.uint32)
 """All valid marker words, in :class:`Marker` order (the counters' order)."""
 
+MARKER_INDEX: dict[int, int] = {int(m): i for i, m in enumerate(Marker)}
+"""Marker word -> its position in :class:`Marker` (the counters' order)."""
+
 
 def marker_index(words: np.ndarray) -> np.ndarray:
     """Map marker words to their position in :class:`Marker`, -1 if invalid."""

@@ -32,6 +32,8 @@ from .errors import PayloadTooLarge, UnknownHandle
 from .handle import Handle
 from .state import COMPLETED, DUPLICATE, CompletionGroup, CompletionPlan, JobCounts
 
+RETIRED = np.uint32(Marker.RETIRED)
+
 if TYPE_CHECKING:
     from .state import QueueState
 
@@ -44,10 +46,14 @@ def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | lis
     for i, size in enumerate(sizes):
         if size > state.config.max_result_bytes:
             raise PayloadTooLarge(f"result {i} has {size} bytes; the limit is {state.config.max_result_bytes}")
-    statuses = [DUPLICATE] * len(packed)
+    packed = np.asarray(packed, dtype=np.uint64)
+    accept = np.zeros(len(packed), dtype=bool)
+    first = np.zeros(len(packed), dtype=bool)
+    first[np.unique(packed, return_index=True)[1]] = True  # the first of repeated handles counts
+    if state.completing:
+        first &= ~np.isin(packed, np.fromiter(state.completing, dtype=np.uint64, count=len(state.completing)))
     groups: list[CompletionGroup] = []
     segment_ids, offsets = handles.unpack(packed)
-    seen: set[int] = set()
     for segment_id in np.unique(segment_ids).tolist():
         rows = np.flatnonzero(segment_ids == segment_id)
         segment = state.segments.get(segment_id)
@@ -59,19 +65,14 @@ def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | lis
             jobs, positions, markers = segment.heads_of(offsets[rows])
         except RecordNotFound as exc:
             raise UnknownHandle(f"segment {segment_id}: {exc}") from None
-        accepted: dict[int, list[int]] = {}
-        for j, row in enumerate(rows.tolist()):
-            h = int(packed[row])
-            if h in seen or h in state.completing or markers[j] == Marker.RETIRED:
-                continue
-            seen.add(h)
-            accepted.setdefault(int(jobs[j]), []).append(j)
-            statuses[row] = COMPLETED
-        for job, picks in accepted.items():
+        ok = first[rows] & (markers != RETIRED)
+        accept[rows[ok]] = True
+        for job in np.unique(jobs[ok]).tolist():
+            picks = ok & (jobs == np.uint64(job))
             chosen = rows[picks]
-            groups.append(CompletionGroup(job, segment, offsets[chosen], packed[chosen].astype(np.uint64),
-                                          positions[picks], [payloads[r] for r in chosen.tolist()]))
-    return CompletionPlan(statuses, groups)
+            groups.append(CompletionGroup(job, segment, offsets[chosen], packed[chosen], positions[picks],
+                                          [payloads[r] for r in chosen.tolist()]))
+    return CompletionPlan([COMPLETED if a else DUPLICATE for a in accept.tolist()], groups)
 
 
 def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:

@@ -31,8 +31,10 @@ from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
 from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, heads
+from .segment import scan_window
 
 SUFFIX = ".wqcl"
+LIVE = np.uint32(Marker.LIVE)
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,7 +106,7 @@ class JobLog:
 
     @property
     def delivered(self) -> int:
-        return self.ledger.results + sum(j.counters[Marker.DELIVERED] - self.ledger_entries.get(s, 0)
+        return self.ledger.results + sum(j.count_of(Marker.DELIVERED) - self.ledger_entries.get(s, 0)
                                          for s, j in self._uncollected())
 
     def _uncollected(self) -> list[tuple[int, Journal]]:
@@ -112,7 +114,7 @@ class JobLog:
 
     @property
     def undelivered(self) -> int:
-        return sum(j.counters[Marker.LIVE] for j in self.segments.values())
+        return sum(j.count_of(Marker.LIVE) for j in self.segments.values())
 
     # ---------------------------------------------------------------- writes
 
@@ -148,7 +150,7 @@ class JobLog:
         """The oldest segment, if it is sealed, not active, and fully delivered."""
         seq = min(self.segments)
         journal = self.segments[seq]
-        if (seq != max(self.segments) and journal.sealed and journal.counters[Marker.LIVE] == 0
+        if (seq != max(self.segments) and journal.sealed and journal.count_of(Marker.LIVE) == 0
                 and not self.in_delivery.get(seq)):
             return seq
         return None
@@ -168,12 +170,12 @@ class JobLog:
         got = 0
         for seq in sorted(self.segments):
             journal = self.segments[seq]
-            if journal.counters[Marker.LIVE] <= len(self.in_delivery.get(seq, ())):
+            if journal.count_of(Marker.LIVE) <= len(self.in_delivery.get(seq, ())):
                 continue
             skip = np.fromiter(self.in_delivery.get(seq, ()), dtype=np.int64)
-            for chunk in journal.scan(start=self.cursors.get(seq, HEADER_SIZE)):
+            for chunk in journal.scan(start=self.cursors.get(seq, HEADER_SIZE), window=scan_window(journal, limit)):
                 handles = journal.fields(chunk, HANDLE_AT, "<u8")
-                mask = (chunk.markers == np.uint32(Marker.LIVE)) & (handles != LEDGER)
+                mask = (chunk.markers == LIVE) & (handles != LEDGER)
                 if len(skip):
                     mask &= ~np.isin(chunk.offsets, skip)
                 picked = np.flatnonzero(mask)[: limit - got]

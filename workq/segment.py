@@ -25,12 +25,22 @@ import msgpack
 import numpy as np
 
 from common import Flusher, Journal, JournalConfig, Marker, Ticket
+from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
 from .handle import Key
 from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, TIME_AT, heads
 
 SUFFIX = ".wqsg"
+LIVE = np.uint32(Marker.LIVE)
+RETIRED = np.uint32(Marker.RETIRED)
+
+
+def scan_window(journal: Journal, records: int) -> int:
+    """Bytes to scan per step to find about ``records`` records (twice the
+    average record size each, at least 64 KiB): small steps for small takes."""
+    average = (journal.end - HEADER_SIZE) // max(1, journal.count)
+    return max(64 * 1024, 2 * records * average)
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,11 +101,11 @@ class Segment:
 
     @property
     def retired(self) -> int:
-        return self.journal.counters[Marker.RETIRED]
+        return self.journal.count_of(Marker.RETIRED)
 
     @property
     def buried(self) -> int:
-        return self.journal.counters[Marker.BURIED]
+        return self.journal.count_of(Marker.BURIED)
 
     @property
     def pending(self) -> int:
@@ -133,9 +143,9 @@ class Segment:
         held = self._held_array()
         pieces: list[tuple[RecordChunk, np.ndarray]] = []
         got, cursor = 0, self.journal.end
-        for chunk in self.journal.scan(start=state.cursor):
+        for chunk in self.journal.scan(start=state.cursor, window=scan_window(self.journal, limit)):
             jobs = self.journal.fields(chunk, JOB_AT, "<u8")
-            mask = (chunk.markers == np.uint32(Marker.LIVE)) & (jobs == np.uint64(job))
+            mask = (chunk.markers == LIVE) & (jobs == np.uint64(job))
             if len(held):
                 mask &= ~np.isin(chunk.offsets, held)
             picked = np.flatnonzero(mask)[: limit - got]
@@ -191,7 +201,8 @@ class Segment:
     # ------------------------------------------------------------- inspection
 
     def heads_of(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(job ids, positions, current markers) of proven item offsets."""
+        """(job ids, positions, current markers) of item offsets, proven
+        record starts (RecordNotFound otherwise)."""
         markers = self.journal.markers(offsets)
         chunk = RecordChunk(offsets, markers, np.full(len(offsets), HEAD_BYTES, dtype=np.int64),
                             np.zeros(len(offsets), dtype=bool), 0)
@@ -200,7 +211,7 @@ class Segment:
     def oldest_unfinished(self) -> tuple[int, int, int, int] | None:
         """(offset, job, enqueued_ns, marker) of the first item not retired, if any."""
         for chunk in self.journal.scan():
-            alive = np.flatnonzero(chunk.markers != np.uint32(Marker.RETIRED))
+            alive = np.flatnonzero(chunk.markers != RETIRED)
             if len(alive):
                 first = chunk[int(alive[0]):int(alive[0]) + 1]
                 return (int(first.offsets[0]), int(self.journal.fields(first, JOB_AT, "<u8")[0]),
