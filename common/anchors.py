@@ -32,6 +32,15 @@ PROVEN_REGIONS = 256
 """Walked regions whose record starts are remembered (at most ~2 KiB each)."""
 
 
+def contains(sorted_values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Mask: which ``queries`` occur in ``sorted_values`` (ascending). A
+    binary search each: cheaper than np.isin when the values are sorted."""
+    if not len(sorted_values):
+        return np.zeros(len(queries), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_values, queries), len(sorted_values) - 1)
+    return sorted_values[at] == queries
+
+
 class Anchors:
     """Sorted (offset, seq) pairs of bucket-first records, grown in place."""
 
@@ -116,7 +125,7 @@ class Anchors:
                     self._proven.popitem(last=False)
             else:
                 self._proven.move_to_end((start, stop))
-            missing = members[~np.isin(members, found, assume_unique=True)]
+            missing = members[~contains(found, members)]
             if len(missing):
                 raise RecordNotFound(f"{path}: no record starts at offset {int(missing[0])}; "
                                      f"it lies inside another record")

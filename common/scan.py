@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .marker import MARKER_TAG, MARKER_VALUES
+from .marker import MARKER_TAG, is_marker
 from .record import (
     BATCH_CONTINUES,
     LENGTH_MASK,
@@ -167,7 +167,7 @@ class Walk:
         offsets = pos + size * np.arange(count, dtype=np.int64)
         idx = offsets // 4
         markers, length_words, seqs = self._words[idx], self._words[idx + 2], self._words[idx + 3]
-        good = (np.isin(markers, MARKER_VALUES)
+        good = (is_marker(markers)
                 & ((length_words & (LENGTH_MASK | RESERVED_FLAGS)) == length)
                 & (seqs == (self.seq + np.arange(count, dtype=np.int64)) % SEQ_MODULUS))
         n = count if good.all() else int(np.argmin(good))
@@ -183,7 +183,7 @@ class Walk:
         length_words = self._words[idx + 2]
         lengths = (length_words & LENGTH_MASK).astype(np.int64)
         padded = (lengths + RECORD_HEADER_SIZE + self._align - 1) & ~(self._align - 1)
-        keep = (np.isin(markers, MARKER_VALUES)
+        keep = (is_marker(markers)
                 & ((length_words & RESERVED_FLAGS) == 0)
                 & (lengths <= self._max)
                 & (cand + padded <= self._stop))

@@ -33,12 +33,12 @@ from common.errors import DurabilityLost, Unavailable
 from common.filesystem import make_dirs
 from common.lockfile import LockFile
 
-from . import collector, completion
+from . import collector, completion, leasing
 from .config import WorkqConfig
 from .dispatch import Filters
 from .handle import Handle, Key
 from .recovery import RecoveryReport, recover
-from .state import Dispatched, QueueState
+from .state import Leased, QueueState
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class Broker:
 
     def _tick(self, now: float) -> None:
         state = self.state
-        state.expire(now)
+        leasing.expire(state, now)
         for segments in state.keys.values():
             active = segments[-1]
             if not active.journal.sealed and now - active.last_append > self.config.idle_seal_s:
@@ -384,16 +384,18 @@ class Broker:
 
         def run(future: Future) -> None:
             self.park(time.monotonic() + max(0.0, wait),
-                      lambda final: self._try_lease(worker, filters, max_items, final, future.set_result))
+                      lambda final: self.try_lease(worker, filters, max_items, final, future.set_result))
 
-        items: list[Dispatched] = self.call(run)
-        return [Item(Handle.unpack(d.handle), bytes(d.payload), d.job, d.key, d.position, d.deliveries) for d in items]
+        batches: list[Leased] = self.call(run)
+        return [Item(Handle.unpack(h), bytes(p), b.job, b.key, pos, d) for b in batches for h, p, pos, d in
+                zip(b.handles.tolist(), b.payloads, b.positions.tolist(), b.deliveries.tolist())]
 
-    def _try_lease(self, worker: str, filters: Filters, limit: int, final: bool,
-                   answer: Callable[[list[Dispatched]], None]) -> bool:
-        items = self.state.lease(worker, filters, limit, time.monotonic())
-        if items or final:
-            answer(items)
+    def try_lease(self, worker: str, filters: Filters, limit: int, final: bool,
+                  answer: Callable[[list[Leased]], None]) -> bool:
+        """Owner thread: lease now if anything is available (or ``final``)."""
+        batches = leasing.lease(self.state, worker, filters, limit, time.monotonic())
+        if batches or final:
+            answer(batches)
             return True
         return False
 
@@ -425,7 +427,7 @@ class Broker:
         packed = [Handle(*h).packed for h in handles]
 
         def run(future: Future) -> None:
-            self.state.release(worker, packed, delay, time.monotonic())
+            leasing.release(self.state, worker, packed, delay, time.monotonic())
             future.set_result(None)
 
         self.call(run)
@@ -435,7 +437,7 @@ class Broker:
         packed = [Handle(*h).packed for h in handles]
 
         def run(future: Future) -> None:
-            self.state.touch(worker, packed, time.monotonic())
+            leasing.touch(self.state, worker, packed, time.monotonic())
             future.set_result(None)
 
         self.call(run)

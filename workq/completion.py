@@ -33,6 +33,7 @@ from .handle import Handle
 from .state import COMPLETED, DUPLICATE, CompletionGroup, CompletionPlan, JobCounts
 
 RETIRED = np.uint32(Marker.RETIRED)
+BURIED = np.uint32(Marker.BURIED)
 
 if TYPE_CHECKING:
     from .state import QueueState
@@ -51,7 +52,8 @@ def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | lis
     first = np.zeros(len(packed), dtype=bool)
     first[np.unique(packed, return_index=True)[1]] = True  # the first of repeated handles counts
     if state.completing:
-        first &= ~np.isin(packed, np.fromiter(state.completing, dtype=np.uint64, count=len(state.completing)))
+        completing = state.completing
+        first &= np.fromiter((h not in completing for h in packed.tolist()), dtype=bool, count=len(packed))
     groups: list[CompletionGroup] = []
     segment_ids, offsets = handles.unpack(packed)
     for segment_id in np.unique(segment_ids).tolist():
@@ -71,7 +73,7 @@ def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | lis
             picks = ok & (jobs == np.uint64(job))
             chosen = rows[picks]
             groups.append(CompletionGroup(job, segment, offsets[chosen], packed[chosen], positions[picks],
-                                          [payloads[r] for r in chosen.tolist()]))
+                                          markers[picks], [payloads[r] for r in chosen.tolist()]))
     return CompletionPlan([COMPLETED if a else DUPLICATE for a in accept.tolist()], groups)
 
 
@@ -94,25 +96,21 @@ def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
 def _mark_completing(state: QueueState, group: CompletionGroup) -> None:
     """Each item leaves its current state (leased, delayed, pending, buried)."""
     counts = state.counts.setdefault(group.job, JobCounts())
-    segment = group.segment
-    markers = segment.journal.markers(group.offsets)
-    for h, offset, marker in zip(group.handles.tolist(), group.offsets.tolist(), markers.tolist()):
-        lease = state.leases.remove(h)
-        if lease is not None:
-            if lease.worker is None:  # delayed release: counted pending
-                counts.pending -= 1
-                counts.in_flight += 1
-        elif marker == Marker.BURIED:
-            counts.buried -= 1
-            counts.in_flight += 1
-        else:  # pending: take it out of its job's pending count
-            cursor = segment.jobs.get(group.job)
-            if cursor is not None and offset not in segment.held:
-                cursor.pending -= 1
-            counts.pending -= 1
-            counts.in_flight += 1
-        state.completing.add(h)
-    segment.hold(group.offsets)
+    listed = group.handles.tolist()
+    ended = state.leases.remove(listed)
+    delayed = sum(batch.worker is None for _, batch in ended)
+    leased = {h for h, _ in ended}
+    loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
+    buried = int((loose & (group.markers == BURIED)).sum())
+    pending = int(loose.sum()) - buried
+    counts.pending -= delayed + pending
+    counts.buried -= buried
+    counts.in_flight += delayed + pending + buried
+    cursor = group.segment.jobs.get(group.job)
+    if cursor is not None:
+        cursor.pending -= pending
+    state.completing.update(listed)
+    group.segment.hold(group.offsets)
 
 
 def finish(state: QueueState, plan: CompletionPlan) -> list[str]:

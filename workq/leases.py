@@ -1,10 +1,16 @@
-"""Items in flight: who holds each one, until when, and its delivery count.
+"""Items in flight: who holds them, until when, and their delivery counts.
 
-A lease is created when an item is dispatched (or reported by a worker that
-reconnects) and ends when the item is completed, released, reclaimed
-after its deadline, or reclaimed after its worker disconnected for longer
-than the grace period. A release with a delay is kept here too, with no
-holder, until the delay ends.
+Leases are kept in batches: one batch per dispatched group of items (one
+segment, one job, one holder, one deadline), since items are leased,
+extended and given back in batches. ``by_handle`` maps each item to its
+batch (dict updates run in C), and the expiry heap holds one entry per
+batch, not per item. Touching some items of a batch moves them to a new
+batch with the new deadline.
+
+A lease ends when its item is completed, released, reclaimed after its
+deadline, or reclaimed after its worker disconnected for longer than the
+grace period. A release with a delay is a batch with no holder that
+expires when the delay ends.
 
 Delivery counts live in memory only: after a broker restart they start
 again at 0 (1 for items a worker reports back). An item that comes back
@@ -15,29 +21,33 @@ Threads: owned by the broker's owner thread.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Iterable
 
 
-@dataclasses.dataclass(slots=True)
-class Lease:
-    handle: int  # packed
+@dataclasses.dataclass(eq=False, slots=True)
+class LeaseBatch:
+    """Items of one segment and one job, held by one worker until one deadline."""
+
     segment: int
-    offset: int
     job: int
-    worker: str | None  # None: released with a delay, not held by anyone
+    worker: str | None  # None: released with a delay, held by no one
     deadline: float  # monotonic seconds
+    handles: set[int]  # packed
 
 
 class Leases:
-    """The lease table with an expiry heap (lazy deletion)."""
+    """The lease table."""
 
     def __init__(self) -> None:
-        self.by_handle: dict[int, Lease] = {}
-        self.by_worker: dict[str, set[int]] = {}
-        self.deliveries: dict[int, int] = {}  # packed handle -> times dispatched (until retired)
-        self._heap: list[tuple[float, int]] = []
+        self.by_handle: dict[int, LeaseBatch] = {}
+        self.by_worker: dict[str, set[LeaseBatch]] = {}
+        self.deliveries: collections.Counter[int] = collections.Counter()  # packed handle -> dispatches
+        self._heap: list[tuple[float, int, LeaseBatch]] = []
+        self._order = itertools.count()
 
     def __len__(self) -> int:
         return len(self.by_handle)
@@ -45,62 +55,72 @@ class Leases:
     def __contains__(self, handle: int) -> bool:
         return handle in self.by_handle
 
-    def add(self, lease: Lease) -> None:
-        self.remove(lease.handle)
-        self.by_handle[lease.handle] = lease
-        if lease.worker is not None:
-            self.by_worker.setdefault(lease.worker, set()).add(lease.handle)
-        heapq.heappush(self._heap, (lease.deadline, lease.handle))
+    def add(self, segment: int, job: int, worker: str | None, deadline: float, handles: Iterable[int]) -> LeaseBatch:
+        """Lease ``handles`` (none may be leased already) as one batch."""
+        batch = LeaseBatch(segment, job, worker, deadline, set(handles))
+        self.by_handle.update(dict.fromkeys(batch.handles, batch))
+        if worker is not None:
+            self.by_worker.setdefault(worker, set()).add(batch)
+        heapq.heappush(self._heap, (deadline, next(self._order), batch))
+        return batch
 
-    def remove(self, handle: int) -> Lease | None:
-        lease = self.by_handle.pop(handle, None)
-        if lease is not None and lease.worker is not None:
-            held = self.by_worker.get(lease.worker)
-            if held is not None:
-                held.discard(handle)
-                if not held:
-                    del self.by_worker[lease.worker]
-        return lease
+    def remove(self, handles: Iterable[int]) -> list[tuple[int, LeaseBatch]]:
+        """End the leases of those of ``handles`` that are leased; returns
+        (handle, batch it was in) for each."""
+        ended = []
+        for handle in handles:
+            batch = self.by_handle.pop(handle, None)
+            if batch is not None:
+                batch.handles.discard(handle)
+                ended.append((handle, batch))
+                if not batch.handles:
+                    self._drop_batch(batch)
+        return ended
 
-    def extend(self, handle: int, deadline: float) -> None:
-        lease = self.by_handle[handle]
-        lease.deadline = deadline
-        heapq.heappush(self._heap, (deadline, handle))
+    def _drop_batch(self, batch: LeaseBatch) -> None:
+        if batch.worker is not None:
+            mine = self.by_worker.get(batch.worker)
+            if mine is not None:
+                mine.discard(batch)
+                if not mine:
+                    del self.by_worker[batch.worker]
 
-    def of_worker(self, worker: str) -> list[Lease]:
-        return [self.by_handle[h] for h in self.by_worker.get(worker, ())]
+    def extend(self, handles: Iterable[int], deadline: float) -> None:
+        """Give leased ``handles`` a new deadline (moving them to a new batch)."""
+        moved: dict[int, tuple[LeaseBatch, list[int]]] = {}
+        for handle, batch in self.remove(handles):
+            moved.setdefault(id(batch), (batch, []))[1].append(handle)
+        for batch, hs in moved.values():
+            self.add(batch.segment, batch.job, batch.worker, deadline, hs)
 
-    def expired(self, now: float) -> list[Lease]:
-        """Remove and return every lease whose deadline has passed."""
+    def of_worker(self, worker: str) -> list[LeaseBatch]:
+        return list(self.by_worker.get(worker, ()))
+
+    def expired(self, now: float) -> list[tuple[LeaseBatch, list[int]]]:
+        """End every lease whose deadline has passed: (batch, its handles)."""
         out = []
         while self._heap and self._heap[0][0] <= now:
-            deadline, handle = heapq.heappop(self._heap)
-            lease = self.by_handle.get(handle)
-            if lease is not None and lease.deadline == deadline:
-                self.remove(handle)
-                out.append(lease)
-        if len(self._heap) > 4 * len(self.by_handle) + 1024:  # drop stale heap entries now and then
-            self._heap = [(lease.deadline, h) for h, lease in self.by_handle.items()]
-            heapq.heapify(self._heap)
+            _, _, batch = heapq.heappop(self._heap)
+            if not batch.handles:
+                continue
+            handles = list(batch.handles)
+            for handle in handles:
+                del self.by_handle[handle]
+            batch.handles = set()
+            self._drop_batch(batch)
+            out.append((batch, handles))
         return out
 
     def next_deadline(self) -> float | None:
-        while self._heap:
-            deadline, handle = self._heap[0]
-            lease = self.by_handle.get(handle)
-            if lease is not None and lease.deadline == deadline:
-                return deadline
+        while self._heap and not self._heap[0][2].handles:
             heapq.heappop(self._heap)
-        return None
+        return self._heap[0][0] if self._heap else None
 
-    def delivered(self, handles: Iterable[int]) -> list[int]:
+    def delivered(self, handles: list[int]) -> list[int]:
         """Count one more delivery for each handle; return the new counts."""
-        counts = []
-        for handle in handles:
-            count = self.deliveries.get(handle, 0) + 1
-            self.deliveries[handle] = count
-            counts.append(count)
-        return counts
+        self.deliveries.update(handles)
+        counts = self.deliveries
+        return [counts[h] for h in handles]
 
     def forget(self, handles: Iterable[int]) -> None:
         """The items retired: drop their delivery counts."""

@@ -25,6 +25,7 @@ import msgpack
 import numpy as np
 
 from common import Flusher, Journal, JournalConfig, Marker, Ticket
+from common.anchors import contains
 from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
@@ -147,7 +148,7 @@ class Segment:
             jobs = self.journal.fields(chunk, JOB_AT, "<u8")
             mask = (chunk.markers == LIVE) & (jobs == np.uint64(job))
             if len(held):
-                mask &= ~np.isin(chunk.offsets, held)
+                mask &= ~contains(held, chunk.offsets)
             picked = np.flatnonzero(mask)[: limit - got]
             if len(picked):
                 pieces.append((chunk, picked))

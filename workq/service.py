@@ -29,12 +29,13 @@ from common import Flusher
 from common.component import Component, Request
 from common.errors import BadRequest, Internal, ServiceError
 
+from . import leasing
 from .broker import Broker
 from .completions import JobLog, Outgoing
 from .config import WorkqConfig
 from .dispatch import Filters
 from .handle import Key
-from .state import COMPLETED, Dispatched
+from .state import COMPLETED, Leased
 from .stats import key_stats, totals
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class WorkqService(Component):
 
     def _closed(self, worker: str | None, dropped: list[_Delivery]) -> None:
         if worker is not None:
-            self.broker.state.worker_gone(worker, time.monotonic())
+            leasing.worker_gone(self.broker.state, worker, time.monotonic())
         for delivery in dropped:
             self.broker.state.drop_results(delivery.job_log, delivery.batch)
 
@@ -247,7 +248,7 @@ class WorkqService(Component):
             self._filters[request.connection_id] = filters
 
         def run() -> None:
-            dropped = self.broker.state.hello(worker, held.tolist(), time.monotonic())
+            dropped = leasing.hello(self.broker.state, worker, held.tolist(), time.monotonic())
             request.reply({"kept": len(held) - len(dropped)}, {"dropped": np.array(dropped, dtype=np.uint64)})
 
         self._on_owner(request, run)
@@ -264,11 +265,7 @@ class WorkqService(Component):
         def attempt(final: bool) -> bool:
             if not request.connection_open:
                 return True
-            items = self.broker.state.lease(worker, filters, limit, time.monotonic())
-            if not items and not final:
-                return False
-            request.reply(*_lease_reply(items))
-            return True
+            return self.broker.try_lease(worker, filters, limit, final, lambda b: request.reply(*_lease_reply(b)))
 
         self._on_owner(request, lambda: self.broker.park(time.monotonic() + wait, attempt))
 
@@ -292,7 +289,7 @@ class WorkqService(Component):
         if delay < 0:
             raise BadRequest("workq.release: delay must be >= 0")
         def run() -> None:
-            self.broker.state.release(worker, packed, delay, time.monotonic())
+            leasing.release(self.broker.state, worker, packed, delay, time.monotonic())
             request.reply()
 
         self._on_owner(request, run)
@@ -301,7 +298,7 @@ class WorkqService(Component):
         worker = self._worker(request)
         packed = self._handles(request).tolist()
         def run() -> None:
-            self.broker.state.touch(worker, packed, time.monotonic())
+            leasing.touch(self.broker.state, worker, packed, time.monotonic())
             request.reply()
 
         self._on_owner(request, run)
@@ -324,18 +321,20 @@ def _key(request: Request) -> Key:
         raise BadRequest(f"{request.cmd}: {exc}") from None
 
 
-def _lease_reply(items: list[Dispatched]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    jobs = sorted({d.job for d in items})
-    keys = sorted({d.key for d in items})
+def _lease_reply(batches: list[Leased]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Arrays for a lease response: per item, its batch's job and key by index."""
+    jobs = sorted({b.job for b in batches})
+    keys = sorted({b.key for b in batches})
     job_index = {j: i for i, j in enumerate(jobs)}
     key_index = {k: i for i, k in enumerate(keys)}
-    n = len(items)
+    sizes = [len(b.handles) for b in batches]
+    empty = np.zeros(0, dtype=np.uint64)
     parts: dict[str, np.ndarray] = {
-        "handles": np.fromiter((d.handle for d in items), dtype=np.uint64, count=n),
-        "positions": np.fromiter((d.position for d in items), dtype=np.uint64, count=n),
-        "deliveries": np.fromiter((d.deliveries for d in items), dtype=np.uint32, count=n),
-        "job_index": np.fromiter((job_index[d.job] for d in items), dtype=np.uint32, count=n),
-        "key_index": np.fromiter((key_index[d.key] for d in items), dtype=np.uint32, count=n),
-        **joined([d.payload for d in items]),
+        "handles": np.concatenate([b.handles for b in batches]) if batches else empty,
+        "positions": np.concatenate([b.positions for b in batches]).astype(np.uint64) if batches else empty,
+        "deliveries": np.concatenate([b.deliveries for b in batches]) if batches else empty.astype(np.uint32),
+        "job_index": np.repeat(np.array([job_index[b.job] for b in batches], dtype=np.uint32), sizes),
+        "key_index": np.repeat(np.array([key_index[b.key] for b in batches], dtype=np.uint32), sizes),
+        **joined([p for b in batches for p in b.payloads]),
     }
     return {"jobs": jobs, "keys": [list(k) for k in keys]}, parts

@@ -32,16 +32,15 @@ from pathlib import Path
 import numpy as np
 
 from common import Flusher, Marker, Ticket
-from common.errors import BadRequest, RecordNotFound
+from common.errors import BadRequest
 from common.filesystem import make_dirs
 
-from . import dispatch
 from . import handle as handles
 from .completions import JobLog, Outgoing
 from .config import WorkqConfig
-from .errors import DiskFull, NotLeased, PayloadTooLarge, UnknownJob
-from .handle import Handle, Key
-from .leases import Lease, Leases
+from .errors import DiskFull, PayloadTooLarge, UnknownJob
+from .handle import Key
+from .leases import Leases
 from .records import HEAD_BYTES, check_job, job_id
 from .segment import Segment
 
@@ -60,15 +59,15 @@ class JobCounts:
 
 
 @dataclasses.dataclass(slots=True)
-class Dispatched:
-    """One leased item, as handed to a worker."""
+class Leased:
+    """Items one lease took from one segment for one job, as handed out."""
 
-    handle: int  # packed
-    payload: memoryview
-    job: str
     key: Key
-    position: int
-    deliveries: int
+    job: str
+    handles: np.ndarray  # packed, uint64
+    positions: np.ndarray  # uint64
+    deliveries: np.ndarray  # uint32
+    payloads: list[memoryview]
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +79,7 @@ class CompletionGroup:
     offsets: np.ndarray
     handles: np.ndarray  # packed, uint64
     positions: np.ndarray
+    markers: np.ndarray  # uint32, when planned
     payloads: list[memoryview]
 
 
@@ -108,8 +108,8 @@ class QueueState:
         self.completing: set[int] = set()
         self.next_segment_id = 1
         self.window_ends = 0.0  # monotonic: recovered segments are not dispatched before it
-        self._key_turn = 0
-        self._job_turn = 0
+        self.key_turn = 0
+        self.job_turn = 0
         self.changes = 0  # bumped whenever items or results may have become available
         self._disk_checked = (0.0, True)
 
@@ -121,6 +121,10 @@ class QueueState:
         if log is None:
             raise UnknownJob(f"no items were ever enqueued for job {name!r}")
         return log
+
+    def job_name(self, job: int) -> str:
+        log = self.logs.get(job)
+        return log.name if log is not None else f"{job:016x}"
 
     def _job_for_enqueue(self, name: str) -> JobLog:
         job = job_id(name)
@@ -201,140 +205,6 @@ class QueueState:
 
     def dispatchable(self, segment: Segment, now: float) -> bool:
         return not (segment.recovered and now < self.window_ends)
-
-    def lease(self, worker: str, filters: dispatch.Filters, limit: int, now: float) -> list[Dispatched]:
-        """Plan, then commit, a lease of up to ``limit`` items."""
-        limit = max(0, min(limit, self.config.max_lease_items))
-        keys = dispatch.rotated(sorted(k for k in self.keys if filters.match(k)), self._key_turn)
-        self._key_turn += 1
-        self._job_turn += 1
-        plan: list[tuple[Key, dispatch.Taken]] = []
-        for key in keys:
-            got = sum(len(t.offsets) for _, t in plan)
-            if got >= limit:
-                break
-            ready = [s for s in self.keys[key] if self.dispatchable(s, now)]
-            plan += [(key, t) for t in dispatch.plan_key(ready, limit - got, self._job_turn)]
-        return [item for key, taken in plan for item in self._commit_take(worker, key, taken, now)]
-
-    def _commit_take(self, worker: str, key: Key, taken: dispatch.Taken, now: float) -> list[Dispatched]:
-        segment = taken.segment
-        segment.commit_take(taken)
-        packed = handles.pack(segment.id, taken.offsets).tolist()
-        deliveries = self.leases.delivered(packed)
-        deadline = now + self.config.lease_s
-        for h, off in zip(packed, taken.offsets.tolist()):
-            self.leases.add(Lease(h, segment.id, off, taken.job, worker, deadline))
-        counts = self.counts.setdefault(taken.job, JobCounts())
-        counts.pending -= len(packed)
-        counts.in_flight += len(packed)
-        name = self.logs[taken.job].name if taken.job in self.logs else f"{taken.job:016x}"
-        return [Dispatched(h, p, name, key, int(pos), d)
-                for h, p, pos, d in zip(packed, taken.payloads, taken.positions.tolist(), deliveries)]
-
-    def _leased_by(self, worker: str, packed: list[int]) -> list[Lease]:
-        """The leases, all held by ``worker``; NotLeased (changing nothing) otherwise."""
-        leases = []
-        for h in packed:
-            lease = self.leases.by_handle.get(h)
-            if lease is None or lease.worker != worker:
-                raise NotLeased(f"item {Handle.unpack(h)} is not leased by worker {worker!r} "
-                                f"({'completed, reclaimed or never leased' if lease is None else 'another holder'})")
-            leases.append(lease)
-        return leases
-
-    def touch(self, worker: str, packed: list[int], now: float) -> None:
-        for lease in self._leased_by(worker, packed):
-            self.leases.extend(lease.handle, now + self.config.lease_s)
-
-    def release(self, worker: str, packed: list[int], delay: float, now: float) -> None:
-        """Give leased items back, now or after ``delay`` seconds."""
-        for lease in self._leased_by(worker, packed):
-            self.leases.remove(lease.handle)
-            if delay > 0:
-                self.leases.add(Lease(lease.handle, lease.segment, lease.offset, lease.job, None, now + delay))
-                counts = self.counts[lease.job]
-                counts.in_flight -= 1
-                counts.pending += 1
-            else:
-                self.reclaim(lease)
-
-    def reclaim(self, lease: Lease) -> None:
-        """A lease ended without a result: back to pending, or buried."""
-        segment = self.segments.get(lease.segment)
-        counts = self.counts.setdefault(lease.job, JobCounts())
-        if lease.worker is None:  # a delayed release: already counted pending
-            counts.pending -= 1
-        else:
-            counts.in_flight -= 1
-        if segment is None:
-            return
-        self.changes += 1
-        offsets = np.array([lease.offset], dtype=np.int64)
-        if self.leases.deliveries.get(lease.handle, 0) >= self.config.max_deliveries:
-            segment.journal.set_markers(offsets, Marker.BURIED)
-            segment.unhold(offsets)
-            counts.buried += 1
-        else:
-            segment.give_back(lease.job, offsets)
-            counts.pending += 1
-
-    def worker_gone(self, worker: str, now: float) -> None:
-        """The worker's connection dropped: its leases end after the grace period."""
-        deadline = now + self.config.disconnect_grace_s
-        for lease in self.leases.of_worker(worker):
-            if lease.deadline > deadline:
-                self.leases.extend(lease.handle, deadline)
-
-    def expire(self, now: float) -> int:
-        expired = self.leases.expired(now)
-        for lease in expired:
-            self.reclaim(lease)
-        return len(expired)
-
-    # ------------------------------------------------------- worker reports
-
-    def hello(self, worker: str, packed: list[int], now: float) -> list[int]:
-        """A (re)connecting worker reports what it holds. Items still
-        unfinished are leased to it (before it gets anything new); the rest
-        are returned: the worker should drop them."""
-        dropped = []
-        for h in packed:
-            lease = self.leases.by_handle.get(h)
-            if lease is not None:
-                if lease.worker == worker:
-                    self.leases.extend(h, now + self.config.lease_s)
-                else:
-                    dropped.append(h)  # someone else holds it now
-                continue
-            if not self._adopt(worker, h, now):
-                dropped.append(h)
-        return dropped
-
-    def _adopt(self, worker: str, h: int, now: float) -> bool:
-        """Lease a pending item to the worker that reports holding it."""
-        segment_id, offset = Handle.unpack(h)
-        segment = self.segments.get(segment_id)
-        if segment is None or h in self.completing or offset in segment.held:
-            return False
-        try:
-            jobs, _, markers = segment.heads_of(np.array([offset], dtype=np.int64))
-        except RecordNotFound:
-            return False
-        if markers[0] != Marker.LIVE:
-            return False
-        job = int(jobs[0])
-        offsets = np.array([offset], dtype=np.int64)
-        segment.hold(offsets)
-        cursor = segment.jobs.get(job)
-        if cursor is not None:
-            cursor.pending -= 1
-        counts = self.counts.setdefault(job, JobCounts())
-        counts.pending -= 1
-        counts.in_flight += 1
-        self.leases.deliveries[h] = max(1, self.leases.deliveries.get(h, 0))
-        self.leases.add(Lease(h, segment_id, offset, job, worker, now + self.config.lease_s))
-        return True
 
     # ------------------------------------------------------------ consumers
 

@@ -42,8 +42,9 @@ def key_stats(state: QueueState) -> list[dict[str, Any]]:
     """Per key: pending, in flight, buried, oldest pending age, segments,
     live and dead bytes, and the oldest item pinning its oldest segment."""
     in_flight: dict[int, int] = {}
-    for lease in state.leases.by_handle.values():
-        in_flight[lease.segment] = in_flight.get(lease.segment, 0) + (lease.worker is not None)
+    for batches in state.leases.by_worker.values():
+        for batch in batches:
+            in_flight[batch.segment] = in_flight.get(batch.segment, 0) + len(batch.handles)
     now_ns = time.time_ns()
     out = []
     for key, segments in sorted(state.keys.items()):

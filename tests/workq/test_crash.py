@@ -99,9 +99,10 @@ def test_recovery_finishes_a_completion_cut_between_result_and_tombstone(tmp_pat
         state = QueueState(tmp_path / "workq", config, flusher)
         recover(state)
         packed, ticket = state.enqueue("job", workq.Key("m", "s", "1"), [b"a", b"b", b"c"])
+        from workq import leasing
         from workq.dispatch import Filters
 
-        items = state.lease("w", Filters(), 3, 0.0)
+        items = [h for batch in leasing.lease(state, "w", Filters(), 3, 0.0) for h in batch.handles]
         plan = completion.start(state, completion.plan(state, packed, [b"ra", b"rb", b"rc"]))
         flusher.flush_now()  # (1) results durable ... and the crash comes before (2) the tombstones
         assert all(t.durable for t in plan.tickets) and len(items) == 3
