@@ -289,7 +289,7 @@ class Journal(RecordReader):
         marker = Marker(marker)
         self._check_writable()
         with self._lock:
-            offs, current = self._locate(np.unique(np.asarray(offsets, dtype=np.int64)))
+            offs, current = self._locate(offsets, unique=True)
             if expect is not None and (current != expect).any():
                 wrong = np.flatnonzero(current != expect)
                 raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "

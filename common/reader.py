@@ -29,6 +29,14 @@ from .record import LENGTH_MASK, RECORD_HEADER_SIZE, RecordHeader, check_record,
 from .scan import END, WINDOW_BYTES, RecordChunk, Walk
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``values`` ascending without repeats (no work if they already are)."""
+    if len(values) < 2 or bool((values[1:] > values[:-1]).all()):
+        return values
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]
+
+
 class Record(NamedTuple):
     """One record: where it is, its state and its body."""
 
@@ -178,17 +186,21 @@ class RecordReader:
             for off, mark, body in zip(chunk.offsets.tolist(), chunk.markers.tolist(), bodies):
                 yield Record(off, Marker(mark), bytes(body))
 
-    def _locate(self, offsets: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Prove ``offsets`` are record starts; return them and their markers.
-        Caller holds _lock."""
+    def _locate(self, offsets: Sequence[int] | np.ndarray, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Prove ``offsets`` are record starts; return them (sorted without
+        repeats if ``unique``) and their markers. Caller holds _lock."""
+        offs = sorted_unique(np.asarray(offsets, dtype=np.int64).ravel())
         try:
-            offs, current = locate_records(self._file.words, offsets, self._end, self.alignment)
+            offs_checked, current = locate_records(self._file.words, offs, self._end, self.alignment)
         except RecordNotFound as exc:
             raise RecordNotFound(f"{self.path}: {exc}") from None
         if len(offs):
-            self._ensure_anchors().prove(self._file.bytes, np.unique(offs), self._end, self.alignment,
+            self._ensure_anchors().prove(self._file.bytes, offs_checked, self._end, self.alignment,
                                          self.identity.max_record_bytes, self.path)
-        return offs, current
+        if unique:
+            return offs_checked, current
+        asked = np.asarray(offsets, dtype=np.int64).ravel()
+        return asked, self._file.words[asked // 4]
 
     def _ensure_anchors(self) -> Anchors:
         """The anchors, built by one walk if this open skipped recovery."""

@@ -80,6 +80,7 @@ class _Continuation:
 class _Waiter:
     deadline: float
     attempt: Callable[[bool], bool]  # (final) -> answered?
+    wants: str  # "items" or "results": which changes are worth a retry
 
 
 class Broker:
@@ -98,7 +99,7 @@ class Broker:
         self._waiters: list[_Waiter] = []
         self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
         self._next_tick = 0.0
-        self._seen_changes = -1
+        self._seen = (-1, -1)  # (item_changes, result_changes) at the last retry of waiters
         self._closed = False
         self.recovery: RecoveryReport | None = None
 
@@ -268,6 +269,7 @@ class Broker:
                 journal.seal()
         if state.window_ends and now >= state.window_ends:
             state.window_ends = 0.0
+            state.item_changes += 1
             log.info("workq: reconnect window over; recovered items are dispatched again")
         collector.collect_segments(state)
         for job_log, seq, ticket in collector.start_logs(state):
@@ -286,11 +288,12 @@ class Broker:
     def _log_failure(exc: Exception) -> None:
         log.error("workq: a ledger entry could not be made durable: %s", exc)
 
-    def park(self, deadline: float, attempt: Callable[[bool], bool]) -> None:
-        """Owner thread: retry ``attempt(False)`` after each batch until it
-        answers; at ``deadline`` call ``attempt(True)``, which must answer."""
+    def park(self, deadline: float, attempt: Callable[[bool], bool], wants: str = "items") -> None:
+        """Owner thread: call ``attempt(False)`` now and again whenever what it
+        ``wants`` ("items" or "results") may have changed, until it answers;
+        at ``deadline`` call ``attempt(True)``, which must answer."""
         if not attempt(deadline <= time.monotonic()):
-            self._waiters.append(_Waiter(deadline, attempt))
+            self._waiters.append(_Waiter(deadline, attempt, wants))
 
     def _next_waiter(self) -> float:
         return min((w.deadline for w in self._waiters), default=float("inf"))
@@ -300,13 +303,14 @@ class Broker:
         answer those whose deadline passed."""
         if not self._waiters:
             return
-        changed = self.state.changes != self._seen_changes
-        self._seen_changes = self.state.changes
+        changed = {"items": self.state.item_changes != self._seen[0],
+                   "results": self.state.result_changes != self._seen[1]}
+        self._seen = (self.state.item_changes, self.state.result_changes)
         waiting = self._waiters
         self._waiters = []
         for waiter in waiting:
             final = now >= waiter.deadline
-            if not (changed or final):
+            if not (changed[waiter.wants] or final):
                 self._waiters.append(waiter)
                 continue
             try:
@@ -372,7 +376,7 @@ class Broker:
                 return True
 
             self.state.job(job)  # unknown job: fail now, not after the wait
-            self.park(time.monotonic() + max(0.0, wait), attempt)
+            self.park(time.monotonic() + max(0.0, wait), attempt, "results")
 
         return self.call(run)
 

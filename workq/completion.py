@@ -122,7 +122,7 @@ def finish(state: QueueState, plan: CompletionPlan) -> list[str]:
         state.completing.difference_update(group.handles.tolist())
         state.leases.forget(group.handles.tolist())
         state.counts.setdefault(group.job, JobCounts()).in_flight -= len(group.offsets)
-    state.changes += 1  # new results to deliver
+    state.result_changes += 1
     return plan.statuses
 
 
@@ -139,4 +139,4 @@ def abort(state: QueueState, plan: CompletionPlan) -> None:
         if (~live).any():  # buried items stay buried: not dispatchable
             group.segment.jobs[group.job].pending -= int((~live).sum())
             group.segment.hold(group.offsets[~live])
-    state.changes += 1
+    state.item_changes += 1

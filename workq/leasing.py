@@ -104,7 +104,7 @@ def reclaim(state: QueueState, batch: LeaseBatch, packed: list[int]) -> None:
     segment = state.segments.get(batch.segment)
     if segment is None:
         return
-    state.changes += 1
+    state.item_changes += 1
     offsets = handles.unpack(np.array(packed, dtype=np.uint64))[1]
     worn = np.array([state.leases.deliveries.get(h, 0) >= state.config.max_deliveries for h in packed], dtype=bool)
     if worn.any():

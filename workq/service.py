@@ -198,7 +198,7 @@ class WorkqService(Component):
 
         def run() -> None:
             self.broker.state.job(job)
-            self.broker.park(time.monotonic() + wait, attempt)
+            self.broker.park(time.monotonic() + wait, attempt, "results")
 
         self._on_owner(request, run)
 

@@ -110,7 +110,8 @@ class QueueState:
         self.window_ends = 0.0  # monotonic: recovered segments are not dispatched before it
         self.key_turn = 0
         self.job_turn = 0
-        self.changes = 0  # bumped whenever items or results may have become available
+        self.item_changes = 0  # bumped whenever items may have become pending
+        self.result_changes = 0  # bumped whenever results may have become deliverable
         self._disk_checked = (0.0, True)
 
     # ------------------------------------------------------------------ jobs
@@ -170,7 +171,7 @@ class QueueState:
         offsets, ticket = segment.append(log.job, first, payloads)
         self.next_position[log.job] = first + len(payloads)
         self.counts[log.job].pending += len(payloads)
-        self.changes += 1
+        self.item_changes += 1
         return handles.pack(segment.id, offsets), ticket
 
     def _check_disk(self) -> None:
@@ -221,7 +222,7 @@ class QueueState:
 
     def drop_results(self, log: JobLog, batch: list[Outgoing]) -> None:
         log.drop(batch)
-        self.changes += 1
+        self.result_changes += 1
 
     # ------------------------------------------------------------- operator
 
@@ -248,5 +249,5 @@ class QueueState:
         counts = self.counts.setdefault(log.job, JobCounts())
         counts.buried -= kicked
         counts.pending += kicked
-        self.changes += 1
+        self.item_changes += 1
         return kicked

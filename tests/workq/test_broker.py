@@ -100,15 +100,15 @@ def test_lease_expiry_redelivers_then_buries_and_kick(open_broker: Callable[...,
 
 
 def test_release_with_delay_and_touch(open_broker: Callable[..., Broker]) -> None:
-    broker = open_broker(lease_s=0.5)
+    broker = open_broker(lease_s=1.5)
     broker.enqueue("j", "m", "s", "l", [b"a", b"b"])
     items = broker.lease(2)
-    broker.release([items[0].handle], delay=0.4)
+    broker.release([items[0].handle], delay=0.8)
     assert status(broker, "j")[1:3] == (1, 1)
     assert broker.lease(1) == []  # delayed, not yet pending
-    for _ in range(4):
-        time.sleep(0.2)
-        broker.touch([items[1].handle])  # kept alive past its 0.5 s lease
+    for _ in range(5):
+        time.sleep(0.4)
+        broker.touch([items[1].handle])  # kept alive past its 1.5 s lease
     got = broker.lease(5)
     assert [i.handle for i in got] == [items[0].handle]
     assert broker.complete([items[1].handle], [b"done"]) == ["completed"]
