@@ -103,6 +103,29 @@ class Anchors:
             stop = int(anchors[i + 1]) if i + 1 < self._n else end
             yield int(anchors[i]), int(self._seqs[i]), stop, offsets[group]
 
+    def learn(self, offsets: np.ndarray, stop: int, end: int) -> None:
+        """A walk found the record starts ``offsets`` in [offsets[0], stop):
+        remember every anchor region it covered whole, so proving offsets
+        there later needs no walk (``end`` is the journal's end)."""
+        if not len(offsets):
+            return
+        anchors = self._offsets[:self._n]
+        lo = int(np.searchsorted(anchors, offsets[0], side="left"))
+        hi = int(np.searchsorted(anchors, stop, side="right"))
+        for i in range(lo, hi):
+            start = int(anchors[i])
+            region_stop = int(anchors[i + 1]) if i + 1 < self._n else end
+            if region_stop > stop:
+                break
+            a, b = np.searchsorted(offsets, [start, region_stop])
+            self._remember((start, region_stop), offsets[a:b].copy())
+
+    def _remember(self, region: tuple[int, int], starts: np.ndarray) -> None:
+        self._proven[region] = starts
+        self._proven.move_to_end(region)
+        if len(self._proven) > PROVEN_REGIONS:
+            self._proven.popitem(last=False)
+
     def prove(self, buf: np.ndarray, offsets: np.ndarray, end: int, alignment: int, max_record_bytes: int,
               path: Path) -> None:
         """Raise RecordNotFound unless every offset (sorted, unique, below
@@ -120,9 +143,7 @@ class Anchors:
                 if walk.reason != END:
                     raise CorruptJournal(path, walk.position, f"record chain broken ({walk.reason})")
                 found = np.concatenate(chunks) if chunks else members[:0]
-                self._proven[(start, stop)] = found
-                if len(self._proven) > PROVEN_REGIONS:
-                    self._proven.popitem(last=False)
+                self._remember((start, stop), found)
             else:
                 self._proven.move_to_end((start, stop))
             missing = members[~contains(found, members)]

@@ -174,7 +174,10 @@ class RecordReader:
                 first_seq = RecordHeader.unpack(self._file.mm, start).seq  # type: ignore[arg-type]
         walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
                     max_record_bytes=self.identity.max_record_bytes, window=window)
-        yield from walk
+        for chunk in walk:
+            with self._lock:
+                self._ensure_anchors().learn(chunk.offsets, walk.position, self._end)
+            yield chunk
         if walk.reason != END:
             raise CorruptJournal(self.path, walk.position,
                                  f"record chain broken below the end ({walk.reason}); verify the journal")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,8 +48,7 @@ _STOP = object()
 _ABANDON = object()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Item:
+class Item(NamedTuple):
     """A leased task."""
 
     handle: Handle
@@ -60,8 +59,7 @@ class Item:
     deliveries: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Result:
+class Result(NamedTuple):
     """A completed task's result."""
 
     handle: Handle

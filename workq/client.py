@@ -18,7 +18,7 @@ import numpy as np
 from common.client import Client as Rpc
 
 from .broker import Result
-from .handle import Handle
+from .handle import OFFSET_UNIT, Handle
 from .service import joined, split
 
 REMEMBERED_RESULTS = 1_000_000
@@ -89,4 +89,8 @@ class Client:
 
 
 def handles_array(handles: Sequence[Handle]) -> np.ndarray:
-    return np.array([Handle(*h).packed for h in handles], dtype=np.uint64)
+    """Packed handles (uint64) for a sequence of (segment, offset) pairs."""
+    if not len(handles):
+        return np.zeros(0, dtype=np.uint64)
+    pairs = np.array(handles, dtype=np.int64).reshape(-1, 2)
+    return (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | (pairs[:, 1].astype(np.uint64) // np.uint64(OFFSET_UNIT))
