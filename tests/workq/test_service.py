@@ -96,6 +96,10 @@ def test_workers_keep_their_items_across_a_server_restart(server: ServerProcess)
     with Client(server.address) as client:
         results = client.results("j", wait=5)
         assert sorted(r.payload for r in results) == [b"r1", b"r2", b"r3"]
+        # "delivered" is recorded just after the response is written: a status query may race it
+        deadline = time.monotonic() + 5
+        while client.job_status("j")["delivered"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert client.job_status("j") == {"enqueued": 3, "pending": 0, "in_flight": 0, "completed": 3,
                                           "delivered": 3, "buried": 0}
     holder.close()
