@@ -75,9 +75,10 @@ class RecordReader:
             mm, end = self._file.mm, self._end
             return [self._body(mm, int(off), end) for off in offs]
 
-    def bodies(self, chunk: RecordChunk) -> list[memoryview]:
+    def bodies(self, chunk: RecordChunk, skip: int = 0) -> list[memoryview]:
         """Bodies of the records of a chunk from this journal's scan(),
-        checksum verified (no chain proof needed: the walk found them).
+        checksum verified (no chain proof needed: the walk found them),
+        without their first ``skip`` bytes (an owner's fixed head).
 
         The bodies are read-only views into one copy of the span they
         occupy when the records lie close together (one memcpy), else into
@@ -92,24 +93,27 @@ class RecordReader:
             stored = words[offsets // 4 + 1]
             lo, hi = int(offsets[0]), int(offsets[-1] + RECORD_HEADER_SIZE + lengths[-1])
             if hi - lo <= 2 * int((lengths + RECORD_HEADER_SIZE).sum()) + 4096:
-                span = memoryview(mm[lo:hi])
-                starts = (offsets - lo).tolist()
-            else:
-                span = None
-                copies = [memoryview(mm[o:o + RECORD_HEADER_SIZE + n])
-                          for o, n in zip(offsets.tolist(), lengths.tolist())]
+                span, starts = memoryview(mm[lo:hi]), (offsets - lo).tolist()
+            else:  # scattered records: one copy each, laid end to end
+                span, starts = self._copy_scattered(mm, offsets, lengths)
+        ends = (np.array(starts, dtype=np.int64) + RECORD_HEADER_SIZE + lengths).tolist()
         crc = crc32c.crc32c
-        if span is not None:
-            views = [span[s:s + RECORD_HEADER_SIZE + n] for s, n in zip(starts, lengths.tolist())]
-        else:
-            views = copies
-        computed = np.fromiter((crc(v[8:]) for v in views), dtype=np.uint32, count=len(views))
+        computed = np.fromiter((crc(span[s + 8:e]) for s, e in zip(starts, ends)), dtype=np.uint32, count=len(ends))
         bad = np.flatnonzero(computed != stored)
         if len(bad):
             i = int(bad[0])
             raise CorruptJournal(self.path, int(offsets[i]), f"record damaged since it was written: checksum "
                                  f"stored {int(stored[i]):#010x}, computed {int(computed[i]):#010x}")
-        return [v[RECORD_HEADER_SIZE:] for v in views]
+        head = RECORD_HEADER_SIZE + skip
+        return [span[s + head:e] for s, e in zip(starts, ends)]
+
+    @staticmethod
+    def _copy_scattered(mm: mmap.mmap, offsets: np.ndarray, lengths: np.ndarray) -> tuple[memoryview, list[int]]:
+        sizes = (lengths + RECORD_HEADER_SIZE).tolist()
+        span = memoryview(b"".join(mm[o:o + n] for o, n in zip(offsets.tolist(), sizes)))
+        starts = np.zeros(len(sizes), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        return span, starts.tolist()
 
     def sizes(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
         """Bytes each record at ``offsets`` occupies on disk (header, body, padding)."""

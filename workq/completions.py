@@ -190,7 +190,7 @@ class JobLog:
                   handles: np.ndarray) -> Outgoing:
         sub = RecordChunk(chunk.offsets[picked], chunk.markers[picked], chunk.lengths[picked],
                           chunk.continues[picked], 0)
-        payloads = [memoryview(b)[HEAD_BYTES:] for b in journal.bodies(sub)]
+        payloads = journal.bodies(sub, skip=HEAD_BYTES)
         return Outgoing(seq, sub.offsets, handles[picked], journal.fields(sub, POSITION_AT, "<u8"), payloads,
                         int(sub.ends(journal.alignment)[-1]))
 

@@ -33,7 +33,7 @@ from common.filesystem import fsync_dir, make_dirs
 from . import handle as handles
 from .completions import SUFFIX as RESULTS_SUFFIX
 from .completions import JobLog, Ledger
-from .records import HANDLE_AT, JOB_AT, LEDGER, POSITION_AT, RESULTS_KIND, SEGMENT_KIND
+from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, POSITION_AT, RESULTS_KIND, SEGMENT_KIND
 from .segment import SUFFIX as SEGMENT_SUFFIX
 from .segment import JobCursor, Segment
 from .state import JobCounts
@@ -108,8 +108,9 @@ def _scan_log(job_log: JobLog, seq: int, journal: Journal) -> np.ndarray:
             job_log.max_position = max(job_log.max_position, int(positions.max()))
         if ledger.any():
             job_log.ledger_entries[seq] = job_log.ledger_entries.get(seq, 0) + int(ledger.sum())
-            for body in journal.bodies(chunk[int(np.flatnonzero(ledger)[-1]):int(np.flatnonzero(ledger)[-1]) + 1]):
-                entry = Ledger(**msgpack.unpackb(body[24:]))
+            last = int(np.flatnonzero(ledger)[-1])
+            for body in journal.bodies(chunk[last:last + 1], skip=HEAD_BYTES):
+                entry = Ledger(**msgpack.unpackb(body))
                 if entry.collected_below >= job_log.ledger.collected_below:
                     job_log.ledger = entry
     return np.concatenate(results) if results else np.zeros(0, dtype=np.uint64)

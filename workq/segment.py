@@ -168,7 +168,7 @@ class Segment:
                               chunk.continues[picked], 0)
             offsets.append(sub.offsets)
             positions.append(self.journal.fields(sub, POSITION_AT, "<u8"))
-            payloads += [memoryview(body)[HEAD_BYTES:] for body in self.journal.bodies(sub)]
+            payloads += self.journal.bodies(sub, skip=HEAD_BYTES)
         return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor)
 
     def commit_take(self, taken: Taken) -> None:
