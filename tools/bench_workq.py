@@ -49,20 +49,23 @@ WORKERS = 2
 
 
 class RssSampler(threading.Thread):
-    """Peak RSS of a process, sampled every 50 ms."""
+    """Peak RSS of a process, and peak anonymous RSS (RSS less file-backed
+    pages, e.g. mapped segments the kernel can drop), sampled every 50 ms."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.process = psutil.Process(pid)
-        self.peak = 0
+        self.peak = self.peak_anon = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
             try:
-                self.peak = max(self.peak, self.process.memory_info().rss)
+                info = self.process.memory_info()
             except psutil.Error:
                 return
+            self.peak = max(self.peak, info.rss)
+            self.peak_anon = max(self.peak_anon, info.rss - info.shared)
 
 
 def dir_bytes(path: Path) -> int:
@@ -95,6 +98,7 @@ def run_peer(peer: Peer, items: int) -> dict[str, Any]:
         return {"peer": peer.name, "enqueue_per_s": items / (enqueued - started),
                 "work_per_s": items / (done - enqueued), "end_to_end_per_s": items / (done - started),
                 "rss_after_enqueue_MB": backlog_rss / 1e6, "rss_peak_MB": sampler.peak / 1e6,
+                "anon_peak_MB": sampler.peak_anon / 1e6,
                 "disk_after_enqueue_MB": backlog_bytes / 1e6}
     finally:
         peer.stop()
@@ -103,12 +107,14 @@ def run_peer(peer: Peer, items: int) -> dict[str, Any]:
 
 def show(rows: list[dict[str, Any]], items: int) -> None:
     table = Table(title=f"{items:,} items of {PAYLOAD} B, batches of {BATCH}, {WORKERS} workers, results of {RESULT} B")
-    for col in ("system", "enqueue/s", "work/s", "end-to-end/s", "RSS after enqueue", "RSS peak", "disk"):
+    for col in ("system", "enqueue/s", "work/s", "end-to-end/s", "RSS after enqueue", "RSS peak", "anon peak",
+                "disk"):
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(row["peer"], f"{row['enqueue_per_s']:,.0f}", f"{row['work_per_s']:,.0f}",
                       f"{row['end_to_end_per_s']:,.0f}", f"{row['rss_after_enqueue_MB']:,.0f} MB",
-                      f"{row['rss_peak_MB']:,.0f} MB", f"{row['disk_after_enqueue_MB']:,.0f} MB")
+                      f"{row['rss_peak_MB']:,.0f} MB", f"{row['anon_peak_MB']:,.0f} MB",
+                      f"{row['disk_after_enqueue_MB']:,.0f} MB")
     console = Console()
     console.print(table)
     ours = {r["peer"]: r for r in rows if r["peer"].startswith("workq")}

@@ -373,6 +373,11 @@ PEERS: dict[str, type[Peer]] = {
 }
 
 
+def _memory(process: psutil.Process, queued: int) -> dict[str, Any]:
+    info = process.memory_info()
+    return {"queued": queued, "rss_MB": round(info.rss / 1e6, 1), "anon_MB": round((info.rss - info.shared) / 1e6, 1)}
+
+
 def backlog_rss(items: int, batch: int, size: int) -> dict[str, Any]:
     """workq's server RSS as a backlog of ``items`` builds up (sampled each 10%)."""
     import tempfile
@@ -391,8 +396,8 @@ def backlog_rss(items: int, batch: int, size: int) -> dict[str, Any]:
             for start in range(0, items, batch):
                 client.enqueue("job", "m", "s", 1, payloads)
                 if (start // batch) % max(1, items // batch // 10) == 0:
-                    samples.append({"queued": start + batch, "rss_MB": round(process.memory_info().rss / 1e6, 1)})
-            samples.append({"queued": items, "rss_MB": round(process.memory_info().rss / 1e6, 1)})
+                    samples.append(_memory(process, start + batch))
+            samples.append(_memory(process, items))
             status = client.job_status("job")
         elapsed = time.perf_counter() - started
         disk = sum(f.stat().st_size for f in base.rglob("*") if f.is_file())
