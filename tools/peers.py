@@ -401,8 +401,13 @@ def backlog_rss(items: int, batch: int, size: int) -> dict[str, Any]:
             status = client.job_status("job")
         elapsed = time.perf_counter() - started
         disk = sum(f.stat().st_size for f in base.rglob("*") if f.is_file())
+        peer.stop()
+        restarted = time.perf_counter()
+        peer.start(base)  # recovers the whole backlog before it listens
+        restart_s = time.perf_counter() - restarted
         return {"items": items, "enqueue_per_s": round(items / elapsed), "disk_GB": round(disk / 1e9, 2),
-                "pending": status["pending"], "rss": samples}
+                "pending": status["pending"], "restart_to_ready_s": round(restart_s, 2),
+                "rss_after_restart": _memory(psutil.Process(peer.pid), items), "rss": samples}
     finally:
         peer.stop()
         import shutil
