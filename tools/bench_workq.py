@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from peers import PEERS, Peer  # noqa: E402  (tools/peers.py, beside this file)
 from rich.console import Console
 from rich.table import Table
-
-from peers import PEERS, Peer  # noqa: E402  (tools/peers.py, beside this file)
 
 PAYLOAD = 512
 RESULT = 256

@@ -329,7 +329,7 @@ class Nats(Peer):
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=0.2)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 msgs = []
             if not msgs:
                 if stop.is_set():
@@ -352,7 +352,7 @@ class Nats(Peer):
         while got < items:
             try:
                 msgs = await sub.fetch(min(5000, items - got), timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             await asyncio.gather(*(m.ack() for m in msgs))
             got += len(msgs)
