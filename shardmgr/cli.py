@@ -6,7 +6,9 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -72,19 +74,31 @@ def serve(config_file: Path | None, **options: object) -> None:
     raise SystemExit(code)
 
 
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to keep trying to connect.")
-def stats(host: str, port: int, as_json: bool, timeout: float) -> None:
-    """Print a running server's counters, per component."""
+def server_options(command: Callable[..., None]) -> Callable[..., None]:
+    """--host, --port and --timeout, for commands that talk to a running server."""
+    command = click.option("--timeout", type=float, default=5.0, show_default=True,
+                           help="Seconds to keep trying to connect.")(command)
+    command = click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)(command)
+    return click.option("--host", default="127.0.0.1", show_default=True)(command)
+
+
+def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
+                args: dict[str, object] | None = None) -> dict[str, Any]:
+    """Call ``cmd`` on the server; on failure print why and exit EXIT_FAILED."""
     try:
-        with Client((host, port), retry_for=timeout, timeout=timeout) as client:
-            result = client.call("stats").result
+        with Client((host, port), retry_for=timeout, timeout=max(timeout, 30.0)) as client:
+            return client.call(cmd, args).result
     except CommonError as exc:
-        click.echo(f"shardmgr stats: {exc}", err=True)
+        click.echo(f"shardmgr {what}: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
+
+
+@main.command()
+@server_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def stats(host: str, port: int, timeout: float, as_json: bool) -> None:
+    """Print a running server's counters, per component."""
+    result = remote_call("stats", host, port, timeout, "stats")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
@@ -103,24 +117,13 @@ def queue() -> None:
     """Operate the work queue of a running server."""
 
 
-def _queue_client(host: str, port: int, timeout: float) -> Client:
-    return Client((host, port), retry_for=timeout, timeout=max(timeout, 30.0))
-
-
 @queue.command("stats")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to keep trying to connect.")
-def queue_stats(host: str, port: int, as_json: bool, timeout: float) -> None:
+def queue_stats(host: str, port: int, timeout: float, as_json: bool) -> None:
     """Per key: pending, in flight, buried, oldest pending age, segments,
     live/dead bytes, and the oldest item pinning the oldest segment."""
-    try:
-        with _queue_client(host, port, timeout) as client:
-            result = client.call("workq.stats").result
-    except CommonError as exc:
-        click.echo(f"shardmgr queue stats: {exc}", err=True)
-        raise SystemExit(EXIT_FAILED) from None
+    result = remote_call("queue stats", host, port, timeout, "workq.stats")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
@@ -145,17 +148,10 @@ def queue_stats(host: str, port: int, as_json: bool, timeout: float) -> None:
 
 @queue.command("kick")
 @click.argument("job")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
-@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to keep trying to connect.")
+@server_options
 def queue_kick(job: str, host: str, port: int, timeout: float) -> None:
     """Make JOB's buried items pending again (their delivery counts restart)."""
-    try:
-        with _queue_client(host, port, timeout) as client:
-            kicked = client.call("workq.kick", {"job": job}).result["kicked"]
-    except CommonError as exc:
-        click.echo(f"shardmgr queue kick: {exc}", err=True)
-        raise SystemExit(EXIT_FAILED) from None
+    kicked = remote_call("queue kick", host, port, timeout, "workq.kick", {"job": job})["kicked"]
     click.echo(f"kicked {kicked} buried item(s) of job {job!r}")
 
 
