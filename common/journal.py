@@ -302,6 +302,45 @@ class Journal(RecordReader):
             self._seq += 1
             return Ticket(self, self._seq)
 
+    def add_companion(self, fd: int) -> None:
+        """Sync the data file ``fd`` with this journal, before it, in every flush.
+
+        An owner that keeps bulk data beside the journal (a shard's vectors)
+        writes the data first and the journal record that describes it
+        second; each flush notes the journal's newest write, syncs the
+        companions, then the journal. So when a journal write's ticket is
+        durable, every companion write made before it is durable too, and a
+        checkpointed record never describes data that is not on disk. The
+        owner keeps ``fd`` open while the journal is.
+        """
+        self._check_writable()
+        with self._syncer.lock:
+            self._syncer.companions.append(fd)
+
+    def truncate(self, end: int) -> None:
+        """Drop every record from byte ``end`` on (a record boundary) and make
+        that durable. For owners that find, on recovery, records whose
+        companion data never reached the disk; a record that a checkpoint
+        declared durable cannot be dropped (CorruptJournal)."""
+        self._check_writable()
+        with self._syncer.lock:
+            with self._lock:
+                if end == self._end:
+                    return
+                if end < self._syncer.checkpoint.end:
+                    raise CorruptJournal(self.path, end, f"cannot drop records below byte "
+                                         f"{self._syncer.checkpoint.end}: a checkpoint declared them durable")
+                dropped = [chunk for chunk in self.scan_locked(end)]
+                self._file.truncate(end)
+                self._end = end
+                self._count -= sum(len(c) for c in dropped)
+                for chunk in dropped:
+                    self._counters -= np.bincount(marker_index(chunk.markers), minlength=len(Marker))
+                self._ensure_anchors().truncate(end)
+                self._seq += 1
+            self._sync_fully(locked=True)
+        self.raise_if_failed()
+
     def seal(self) -> None:
         """Refuse further appends, trim preallocated space, and make the
         sealed state and every earlier write durable before returning (so

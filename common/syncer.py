@@ -1,8 +1,9 @@
 """Making one journal file durable: fdatasync, then a checkpoint.
 
 A sync notes the newest write (its sequence number) and the state to record
-(end, count, counters, sealed), calls fdatasync, and only then advances the
-durable watermark to that write. If the state differs from the newest
+(end, count, counters, sealed), calls fdatasync on the journal's companion
+data files and then on the journal, and only then advances the durable
+watermark to that write. If the state differs from the newest
 checkpoint, it writes a new checkpoint into the *other* slot; the next sync
 makes that checkpoint durable in turn. So a checkpoint never describes
 anything that is not already durable, and a torn checkpoint write always
@@ -46,6 +47,7 @@ class Syncer:
         self._slot = slot  # the slot holding it
         self._unsynced = False  # it was written but not yet fdatasync'd
         self._on_change = on_change  # wakes durable waiters
+        self.companions: list[int] = []  # data files synced before the journal (see Journal.add_companion)
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -60,6 +62,8 @@ class Syncer:
         if seq == self.durable_seq and not self._unsynced and not changed:
             return False
         try:
+            for fd in self.companions:
+                os.fdatasync(fd)
             os.fdatasync(self._fd)
         except OSError as exc:
             self.fail(exc, "fdatasync")

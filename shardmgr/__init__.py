@@ -1,3 +1,40 @@
-"""shardmgr: append-only vector shards and the service that hosts them with workq."""
+"""shardmgr: append-only vector shards searched with faiss, and the service
+that hosts them with the work queue.
+
+Embedded::
+
+    store = shardmgr.open("data")
+    store.create_collection("docs", dim=768, metric="ip")
+    refs = store.append("docs", vectors, ids, durable=True)
+    scores, ids, refs = store.search("docs", queries, k=10)
+
+Over the network (``shardmgr serve``)::
+
+    client = shardmgr.connect("127.0.0.1:7300")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .store import Store
+
+
+def open(data_dir: str | Path, **config: Any) -> Store:  # noqa: A001 - the public name is fixed
+    """Open (and recover) the vector store in ``data_dir``; ``config`` are StoreConfig fields."""
+    from .config import StoreConfig
+    from .store import Store
+
+    return Store(data_dir, StoreConfig(**config)).open()
+
+
+def connect(address: str, **options: Any) -> Client:
+    """A client of a ``shardmgr serve`` process at ``host:port``."""
+    from .client import Client
+
+    return Client(address, **options)

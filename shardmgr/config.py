@@ -18,6 +18,37 @@ from workq.config import WorkqConfig
 
 DEFAULT_PORT = 7300
 SUGGESTED_METRICS_PORT = 7301
+INDEX_TYPES = ("flat", "hnsw")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Settings of the vector store. ``validate()`` checks them."""
+
+    #: A shard is sealed once its vectors reach this many bytes.
+    seal_bytes: int = 1 << 30
+    #: ... or after this many seconds without an append.
+    idle_seal_s: float = 300.0
+    #: Largest k a search may ask for.
+    max_k: int = 10_000
+    #: Largest number of queries in one search call.
+    max_queries: int = 100_000
+    #: Largest batch one append may carry, in rows.
+    max_batch_rows: int = 1_000_000
+    #: HNSW build parameter M and search breadth efSearch (index = "hnsw").
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+
+    def validate(self) -> StoreConfig:
+        if self.seal_bytes < 4096:
+            raise ValueError(f"seal_bytes must be at least 4096, got {self.seal_bytes}")
+        for name in ("idle_seal_s",):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        return self
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +83,8 @@ class ServerConfig:
     log_level: str = "INFO"
     #: The work queue's settings (TOML table ``[workq]``).
     workq: WorkqConfig = WorkqConfig()
+    #: The vector store's settings (TOML table ``[store]``).
+    store: StoreConfig = StoreConfig()
 
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""
@@ -71,6 +104,7 @@ class ServerConfig:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
         self.workq.validate()
+        self.store.validate()
         return self
 
     @classmethod
@@ -87,9 +121,10 @@ class ServerConfig:
             raise ValueError(f"unknown configuration keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
         if "data_dir" in values:
             values["data_dir"] = Path(values["data_dir"])
-        if isinstance(values.get("workq"), dict):
-            try:
-                values["workq"] = WorkqConfig(**values["workq"])
-            except TypeError as exc:
-                raise ValueError(f"[workq]: {exc}") from None
+        for table, kind in (("workq", WorkqConfig), ("store", StoreConfig)):
+            if isinstance(values.get(table), dict):
+                try:
+                    values[table] = kind(**values[table])
+                except TypeError as exc:
+                    raise ValueError(f"[{table}]: {exc}") from None
         return cls(**values).validate()

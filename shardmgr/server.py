@@ -36,6 +36,7 @@ from workq.service import WorkqService
 from .config import ServerConfig
 from .connection import Connection
 from .control import Control
+from .service import StoreService
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,12 @@ class Server:
     """Build with a config and the components to host; then run() or start()."""
 
     def __init__(self, config: ServerConfig, components: Iterable[Component] | None = None) -> None:
-        """``components`` default to the product's: the work queue."""
+        """``components`` default to the product's: the work queue and the vector store."""
         self.config = config.validate()
         self.flusher = Flusher(FlusherConfig(interval=config.flush_interval_ms / 1e3))
         if components is None:
-            components = [WorkqService(config.data_dir, config.workq, self.flusher)]
+            components = [WorkqService(config.data_dir, config.workq, self.flusher),
+                          StoreService(config.data_dir, config.store, self.flusher)]
         self.components: list[Component] = [Control(self), *components]
         self._routes: dict[str, Component] = {}
         for component in self.components:

@@ -413,3 +413,43 @@ def test_prefix_fields_and_flusher_listener(tmp_path: Path, flusher: Flusher, jo
     assert journal.fields(chunk, 16, "|u1").tolist() == [ord("x"), 0, ord("y")]  # 0 where too short
     assert journal.read(int(offsets[2])) == bytes(prefix[2]) + b"yy"
     assert rounds, "the listener was not called after a round that synced"
+
+
+def test_truncate_drops_unconfirmed_tail_records_only(tmp_path: Path) -> None:
+    from common import FlusherConfig
+
+    flusher = Flusher(FlusherConfig(interval=3600)).start()
+    j = Journal.create(tmp_path / "t", kind=b"TEST", flusher=flusher)
+    first, _ = j.append_batch([b"a", b"b"])
+    j.flush(timeout=5)
+    second, _ = j.append_batch([b"c", b"d"], marker=Marker.BURIED)
+    with pytest.raises(CorruptJournal, match="declared them durable"):
+        j.truncate(int(first[1]))
+    j.truncate(int(second[0]))
+    assert j.count == 2 and j.counters[Marker.BURIED] == 0 and j.end == int(second[0])
+    third, _ = j.append_batch([b"e"])
+    assert third[0] == second[0]
+    j.close()
+    with Journal.open(tmp_path / "t", writable=False) as again:
+        assert [r.body for r in again.records()] == [b"a", b"b", b"e"]
+    flusher.stop()
+
+
+def test_companion_files_are_synced_before_the_journal(tmp_path: Path, flusher: Flusher) -> None:
+    j = Journal.create(tmp_path / "j2", kind=b"TEST", flusher=flusher)
+    data_fd = os.open(tmp_path / "data", os.O_RDWR | os.O_CREAT, 0o644)
+    j.add_companion(data_fd)
+    order: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        order.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    os.pwrite(data_fd, b"payload", 0)
+    _, ticket = j.append(b"describes the payload")
+    with mock.patch("os.fdatasync", spy):
+        j.wait_durable(ticket, timeout=5)
+    assert order[:2] == ["data", "j2"]
+    j.close()
+    os.close(data_fd)

@@ -1,0 +1,39 @@
+"""The vector store's exceptions: one root, :class:`ShardmgrError`.
+
+Each carries a stable ``shardmgr.*`` code that crosses the wire (see
+docs/shardmgr.md); clients raise the same classes.
+"""
+
+from __future__ import annotations
+
+from common.errors import BadRequest, Conflict, NotFound, ServiceError
+
+
+class ShardmgrError(ServiceError):
+    """Root of every vector-store error."""
+
+    code = "shardmgr.error"
+
+
+class UnknownCollection(ShardmgrError, NotFound):
+    """No collection has this name."""
+
+    code = "shardmgr.unknown_collection"
+
+
+class CollectionConflict(ShardmgrError, Conflict):
+    """The collection exists with a different dimension, metric or index."""
+
+    code = "shardmgr.collection_conflict"
+
+
+class BadVectors(ShardmgrError, BadRequest):
+    """Vectors, ids, queries or k are malformed; the message says how. Nothing was written."""
+
+    code = "shardmgr.bad_vectors"
+
+
+class UnknownRef(ShardmgrError, NotFound):
+    """A ref names no stored row (never returned by append, or its shard is quarantined)."""
+
+    code = "shardmgr.unknown_ref"

@@ -1,0 +1,273 @@
+"""A shard: one directory of three files, appended in batches.
+
+* ``vectors``: float32 rows of the collection's dimension (rows.py)
+* ``ids``: one int64 per row (rows.py)
+* ``journal``: a ``SMSJ`` journal with one record per appended batch; its
+  metadata is ``{collection, shard, dim, uuid}`` and each body is::
+
+      0   8   first_row
+      8   8   count
+      16  4   crc32c of the batch's vector bytes
+      20  4   crc32c of the batch's id bytes
+
+An append writes the rows of both files (one pwrite each), then the batch's
+journal record. The row files are the journal's companions, synced before it
+in every flush, so a record a flush confirmed (or a checkpoint declared
+durable) always has its rows on disk.
+
+Opening a *sealed* shard is O(1) in its data: headers, the sealed checkpoint,
+the last batch record and three file sizes. Opening a *mid-build* shard
+replays its journal: every batch's rows are checked against its checksums,
+the first batch that fails (and those after) is dropped if no flush had
+confirmed it, the row files are cut to the last complete batch, and the shard
+is sealed (it is never appended to again, so a ref handed out for a batch
+that a crash lost can never name another vector later). A shard whose
+structure or durable data is wrong raises :class:`ShardDamaged`; the
+collection quarantines it.
+
+Threads: the collection's writer appends and seals (holding the store's
+write lock); readers use :meth:`view`, a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+import crc32c
+import msgpack
+import numpy as np
+
+from common import Flusher, Journal, JournalConfig, Ticket
+from common.errors import CommonError, FormatError
+from common.filesystem import fsync_dir, make_dirs
+
+from .rows import IDS, VECTORS, RowFile, RowHeader
+
+log = logging.getLogger(__name__)
+
+JOURNAL_KIND = b"SMSJ"
+BATCH = struct.Struct("<QQII")
+ROW_BITS = 40
+"""A ref is ``shard << ROW_BITS | row``: 2**40 rows per shard, 2**23 shards."""
+MAX_SHARD = 2 ** (63 - ROW_BITS) - 1
+
+
+class ShardDamaged(CommonError):
+    """A shard failed its checks on open; ``reason`` says which."""
+
+    def __init__(self, directory: Path, reason: str) -> None:
+        super().__init__(f"{directory}: {reason}")
+        self.directory = directory
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class View:
+    """A consistent snapshot of a shard for readers."""
+
+    shard: int
+    rows: int
+    vectors: np.ndarray  # [rows, dim] float32, read-only, in place
+    ids: np.ndarray  # [rows] int64, read-only, in place
+
+
+class Shard:
+    """One shard's files and row count."""
+
+    def __init__(self, directory: Path, shard_id: int, dim: int, journal: Journal, vectors: RowFile,
+                 ids: RowFile, rows: int) -> None:
+        self.directory = directory
+        self.id = shard_id
+        self.dim = dim
+        self.journal = journal
+        self.vectors = vectors
+        self.ids = ids
+        self.rows = rows
+        self.last_append = time.monotonic()
+
+    # -------------------------------------------------------------- creation
+
+    @classmethod
+    def create(cls, directory: Path, shard_id: int, dim: int, collection: str, flusher: Flusher) -> Shard:
+        make_dirs(directory)
+        uid = uuidlib.uuid4().bytes
+        vectors = RowFile.create(directory / "vectors", RowHeader(VECTORS, "<f4", dim, uid))
+        ids = RowFile.create(directory / "ids", RowHeader(IDS, "<i8", 1, uid))
+        meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid})
+        journal = Journal.create(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, metadata=meta,
+                                 config=JournalConfig(extent_bytes=1 << 20))
+        journal.add_companion(vectors.fd)
+        journal.add_companion(ids.fd)
+        return cls(directory, shard_id, dim, journal, vectors, ids, 0)
+
+    @property
+    def sealed(self) -> bool:
+        return self.journal.sealed
+
+    @property
+    def vector_bytes(self) -> int:
+        return self.rows * self.dim * 4
+
+    # ---------------------------------------------------------------- writes
+
+    def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[int, Ticket]:
+        """Write one batch (float32 [n, dim] and int64 [n], already checked)."""
+        first = self.rows
+        self.vectors.write(first, vectors)
+        self.ids.write(first, ids)
+        record = BATCH.pack(first, len(ids), crc32c.crc32c(vectors.data.cast("B")), crc32c.crc32c(ids.data.cast("B")))
+        _, ticket = self.journal.append(record)
+        self.rows = first + len(ids)
+        self.last_append = time.monotonic()
+        return first, ticket
+
+    def seal(self) -> None:
+        """Make everything durable, cut the row files to size, seal the journal."""
+        self.journal.flush()
+        for column in (self.vectors, self.ids):
+            column.truncate(self.rows)
+        self.journal.seal()  # its flush syncs the truncated companions first
+
+    def view(self) -> View:
+        rows = self.rows
+        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows))
+
+    def close(self) -> None:
+        self.journal.close()
+        self.vectors.close()
+        self.ids.close()
+
+    # --------------------------------------------------------------- opening
+
+    @classmethod
+    def open(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
+        """Open a shard, recovering (and then sealing) it if it was mid-build.
+        ShardDamaged if any check fails; nothing is changed then."""
+        try:
+            probe = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
+        except (OSError, CommonError) as exc:
+            raise ShardDamaged(directory, f"journal: {exc}") from exc
+        sealed = probe.sealed
+        probe.close()
+        try:
+            if sealed:
+                return cls._open_sealed(directory, shard_id, dim)
+            return cls._recover(directory, shard_id, dim, flusher)
+        except ShardDamaged:
+            raise
+        except (OSError, CommonError, ValueError, KeyError) as exc:
+            raise ShardDamaged(directory, f"{type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _open_sealed(cls, directory: Path, shard_id: int, dim: int) -> Shard:
+        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
+        try:
+            uid = _check_meta(journal, directory, shard_id, dim)
+            rows = 0
+            if journal.count:
+                first, count, _, _ = BATCH.unpack(journal.read(journal.end - _record_size(journal)))
+                rows = first + count
+            vectors, ids = _open_rows(directory, uid, dim, writable=False)
+        except BaseException:
+            journal.close()
+            raise
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
+        for column in (vectors, ids):
+            expect = 4096 + rows * column.header.row_bytes
+            if column.size != expect:
+                shard.close()
+                raise ShardDamaged(directory, f"{column.path.name} has {column.size} bytes; {rows} sealed rows "
+                                   f"need exactly {expect}")
+        return shard
+
+    @classmethod
+    def _recover(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
+        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher)
+        try:
+            uid = _check_meta(journal, directory, shard_id, dim)
+            vectors, ids = _open_rows(directory, uid, dim, writable=True)
+        except BaseException:
+            journal.close()
+            raise
+        journal.add_companion(vectors.fd)
+        journal.add_companion(ids.fd)
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, 0)
+        try:
+            shard.rows = shard._replay()
+        except BaseException:
+            shard.close()
+            raise
+        for column in (vectors, ids):
+            column.truncate(shard.rows)
+        journal.seal()
+        fsync_dir(directory)
+        log.info("shard %s: replayed and sealed with %d rows", directory, shard.rows)
+        return shard
+
+    def _replay(self) -> int:
+        """Rows of the complete batches; drops a torn tail no flush confirmed."""
+        rows = 0
+        durable_end = self.journal.recovery.checkpoint.end if self.journal.recovery else 0
+        for record in self.journal.records():
+            first, count, vectors_crc, ids_crc = BATCH.unpack(record.body)
+            if first != rows:
+                raise ShardDamaged(self.directory, f"batch at journal offset {record.offset} starts at row {first}, "
+                                   f"expected {rows}")
+            if not self._batch_intact(first, count, vectors_crc, ids_crc):
+                if record.offset < durable_end:
+                    raise ShardDamaged(self.directory, f"rows {first}..{first + count} of a durable batch fail "
+                                       f"their checksums")
+                log.warning("shard %s: dropping rows %d.. (a batch whose rows never reached the disk)",
+                            self.directory, first)
+                self.journal.truncate(record.offset)
+                break
+            rows = first + count
+        return rows
+
+    def _batch_intact(self, first: int, count: int, vectors_crc: int, ids_crc: int) -> bool:
+        if min(self.vectors.rows_fitting(), self.ids.rows_fitting()) < first + count:
+            return False
+        vectors = self.vectors.rows(first + count)[first:]
+        ids = self.ids.rows(first + count)[first:]
+        return (crc32c.crc32c(vectors.data.cast("B")) == vectors_crc
+                and crc32c.crc32c(ids.data.cast("B")) == ids_crc)
+
+
+def _record_size(journal: Journal) -> int:
+    return (16 + BATCH.size + journal.alignment - 1) // journal.alignment * journal.alignment
+
+
+def _check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> bytes:
+    meta = msgpack.unpackb(journal.metadata)
+    if meta.get("shard") != shard_id or meta.get("dim") != dim:
+        raise ShardDamaged(directory, f"journal says shard {meta.get('shard')} of dim {meta.get('dim')}; "
+                           f"expected shard {shard_id} of dim {dim}")
+    return bytes(meta["uuid"])
+
+
+def _open_rows(directory: Path, uid: bytes, dim: int, writable: bool) -> tuple[RowFile, RowFile]:
+    try:
+        vectors = RowFile.open(directory / "vectors", writable)
+        ids = RowFile.open(directory / "ids", writable)
+    except (OSError, FormatError) as exc:
+        raise ShardDamaged(directory, f"row file: {exc}") from exc
+    for column, want in ((vectors, (VECTORS, "<f4", dim)), (ids, (IDS, "<i8", 1))):
+        header = column.header
+        if (header.column, header.dtype, header.width) != want or header.uuid != uid:
+            raise ShardDamaged(directory, f"{column.path.name}: header {header} does not belong to this shard")
+    return vectors, ids
+
+
+def ref_of(shard: int, rows: np.ndarray) -> np.ndarray:
+    return (np.int64(shard) << np.int64(ROW_BITS)) | rows.astype(np.int64)
+
+
+def split_refs(refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    refs = np.asarray(refs, dtype=np.int64)
+    return refs >> np.int64(ROW_BITS), refs & np.int64((1 << ROW_BITS) - 1)
+
