@@ -121,14 +121,19 @@ class Journal(RecordReader):
 
     @classmethod
     def open(cls, path: str | Path, *, kind: bytes | None = None, flusher: Flusher | None = None,
-             writable: bool = True, recount: bool = True, config: JournalConfig | None = None) -> Journal:
+             writable: bool = True, recount: bool = True, config: JournalConfig | None = None,
+             limit: int | None = None) -> Journal:
         """Open and recover a journal.
 
         ``recount=False`` opens a sealed journal read-only in O(1) (its
         counters come from the seal's checkpoint); every other open recovers
         the journal. Writable journals need a running ``flusher``; recovery
         truncates a torn tail and makes the recovered state durable before
-        returning (FlushFailed if it cannot).
+        returning (FlushFailed if it cannot). ``limit`` (a record boundary)
+        drops every record from that byte on: an owner that found, with a
+        read-only open, records whose companion data never reached the disk
+        drops them so; records a checkpoint declared durable cannot be
+        dropped (CorruptJournal).
         Read-only opens change nothing on disk. Raises FormatError for a
         file that is not a (matching) journal and CorruptJournal for damaged
         durable data; the file is untouched in both cases.
@@ -143,7 +148,7 @@ class Journal(RecordReader):
                           config=config or JournalConfig())
             if kind is not None and journal.kind != kind:
                 raise FormatError(path, 12, f"journal kind is {journal.kind!r}, expected {kind!r}")
-            journal._load(recount or writable)
+            journal._load(recount or writable, limit)
         except BaseException:
             if journal is not None:
                 journal._file.close()
@@ -154,10 +159,12 @@ class Journal(RecordReader):
             flusher.register(journal)  # type: ignore[union-attr]
         return journal
 
-    def _load(self, recount: bool) -> None:
+    def _load(self, recount: bool, limit: int | None = None) -> None:
         """Recover (or, sealed and not recounting, trust the checkpoint)."""
         ckpt, size = self._syncer.checkpoint, self._file.size
-        if ckpt.sealed and not recount:
+        if limit is not None:
+            size = min(size, limit)
+        if ckpt.sealed and not recount and limit is None:
             if size < ckpt.end:
                 raise CorruptJournal(self.path, size, f"sealed journal ends at byte {ckpt.end} but the file has {size}")
             self._end, self._count, self._sealed = ckpt.end, ckpt.count, True
@@ -175,7 +182,7 @@ class Journal(RecordReader):
                      "walk stopped at byte %d (%s)", self.path, report.count, report.end,
                      report.dropped_records, report.stop_offset, report.stop_reason)
         if self._writable:
-            if not report.clean:
+            if not report.clean or self._file.size > report.end and limit is not None:
                 self._file.truncate(report.end)
             self._seq = 1  # whatever recovery kept must be flushed and checkpointed
             self._sync_fully()
@@ -316,30 +323,6 @@ class Journal(RecordReader):
         self._check_writable()
         with self._syncer.lock:
             self._syncer.companions.append(fd)
-
-    def truncate(self, end: int) -> None:
-        """Drop every record from byte ``end`` on (a record boundary) and make
-        that durable. For owners that find, on recovery, records whose
-        companion data never reached the disk; a record that a checkpoint
-        declared durable cannot be dropped (CorruptJournal)."""
-        self._check_writable()
-        with self._syncer.lock:
-            with self._lock:
-                if end == self._end:
-                    return
-                if end < self._syncer.checkpoint.end:
-                    raise CorruptJournal(self.path, end, f"cannot drop records below byte "
-                                         f"{self._syncer.checkpoint.end}: a checkpoint declared them durable")
-                dropped = [chunk for chunk in self.scan_locked(end)]
-                self._file.truncate(end)
-                self._end = end
-                self._count -= sum(len(c) for c in dropped)
-                for chunk in dropped:
-                    self._counters -= np.bincount(marker_index(chunk.markers), minlength=len(Marker))
-                self._ensure_anchors().truncate(end)
-                self._seq += 1
-            self._sync_fully(locked=True)
-        self.raise_if_failed()
 
     def seal(self) -> None:
         """Refuse further appends, trim preallocated space, and make the

@@ -186,20 +186,6 @@ class RecordReader:
             raise CorruptJournal(self.path, walk.position,
                                  f"record chain broken below the end ({walk.reason}); verify the journal")
 
-    def scan_locked(self, start: int) -> list[RecordChunk]:
-        """The records from ``start`` (a record start) to the end; the
-        caller holds _lock."""
-        if start >= self._end:
-            return []
-        self._locate([start])
-        first_seq = RecordHeader.unpack(self._file.mm, start).seq  # type: ignore[arg-type]
-        walk = Walk(self._file.bytes, start=start, stop=self._end, alignment=self.alignment, first_seq=first_seq,
-                    max_record_bytes=self.identity.max_record_bytes)
-        chunks = list(walk)
-        if walk.reason != END:
-            raise CorruptJournal(self.path, walk.position, f"record chain broken ({walk.reason})")
-        return chunks
-
     def records(self, start: int | None = None) -> Iterator[Record]:
         """Each record with its marker and body (a convenience over scan())."""
         for chunk in self.scan(start):

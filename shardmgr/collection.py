@@ -146,7 +146,7 @@ class Collection:
             if self.next_shard > MAX_SHARD:
                 raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
             shard = Shard.create(self.directory / f"{self.next_shard:08d}", self.next_shard, self.dim, self.name,
-                                 self.flusher)
+                                 self.flusher, self.config.extent_bytes)
             self.shards[shard.id] = shard
             self.next_shard += 1
         first, ticket = shard.append(vectors, ids)

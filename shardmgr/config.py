@@ -27,6 +27,8 @@ class StoreConfig:
 
     #: A shard is sealed once its vectors reach this many bytes.
     seal_bytes: int = 1 << 30
+    #: Row files grow in steps of this many bytes (preallocated with fallocate).
+    extent_bytes: int = 64 << 20
     #: ... or after this many seconds without an append.
     idle_seal_s: float = 300.0
     #: Largest k a search may ask for.
@@ -40,8 +42,9 @@ class StoreConfig:
     hnsw_ef_search: int = 128
 
     def validate(self) -> StoreConfig:
-        if self.seal_bytes < 4096:
-            raise ValueError(f"seal_bytes must be at least 4096, got {self.seal_bytes}")
+        if self.seal_bytes < 4096 or self.extent_bytes < 4096 or self.extent_bytes % 4096:
+            raise ValueError(f"seal_bytes must be >= 4096 and extent_bytes a positive multiple of 4096, got "
+                             f"{self.seal_bytes} and {self.extent_bytes}")
         for name in ("idle_seal_s",):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -87,8 +87,9 @@ class RowHeader:
 class RowFile:
     """One column of a shard, appended by pwrite and read through a mapping."""
 
-    def __init__(self, path: Path, header: RowHeader, fd: int, writable: bool) -> None:
+    def __init__(self, path: Path, header: RowHeader, fd: int, writable: bool, extent: int = EXTENT) -> None:
         self.path = path
+        self.extent = extent
         self.header = header
         self.fd = fd
         self.writable = writable
@@ -97,9 +98,12 @@ class RowFile:
         self._remap()
 
     @classmethod
-    def create(cls, path: Path, header: RowHeader) -> RowFile:
+    def create(cls, path: Path, header: RowHeader, extent: int = EXTENT) -> RowFile:
+        """Create the file durably; it grows in ``extent``-byte steps."""
         filesystem.create_atomically(path, header.encode())
-        return cls.open(path, writable=True)
+        row_file = cls.open(path, writable=True)
+        row_file.extent = extent
+        return row_file
 
     @classmethod
     def open(cls, path: Path, writable: bool) -> RowFile:
@@ -126,7 +130,7 @@ class RowFile:
         need = start + len(raw)
         try:
             if need > self.size:
-                size = -(-need // EXTENT) * EXTENT
+                size = -(-need // self.extent) * self.extent
                 filesystem.grow(self.fd, self.size, size, "fallocate")
                 self.size = size
                 self._remap()

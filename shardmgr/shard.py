@@ -93,11 +93,12 @@ class Shard:
     # -------------------------------------------------------------- creation
 
     @classmethod
-    def create(cls, directory: Path, shard_id: int, dim: int, collection: str, flusher: Flusher) -> Shard:
+    def create(cls, directory: Path, shard_id: int, dim: int, collection: str, flusher: Flusher,
+               extent: int) -> Shard:
         make_dirs(directory)
         uid = uuidlib.uuid4().bytes
-        vectors = RowFile.create(directory / "vectors", RowHeader(VECTORS, "<f4", dim, uid))
-        ids = RowFile.create(directory / "ids", RowHeader(IDS, "<i8", 1, uid))
+        vectors = RowFile.create(directory / "vectors", RowHeader(VECTORS, "<f4", dim, uid), extent)
+        ids = RowFile.create(directory / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim))
         meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid})
         journal = Journal.create(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, metadata=meta,
                                  config=JournalConfig(extent_bytes=1 << 20))
@@ -187,7 +188,11 @@ class Shard:
 
     @classmethod
     def _recover(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
-        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher)
+        """Replay a mid-build shard: find the complete batches with a
+        read-only look, reopen the journal dropping the rest, cut the row
+        files to the same rows, and seal."""
+        rows, cut = cls._replay(directory, shard_id, dim)
+        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, limit=cut)
         try:
             uid = _check_meta(journal, directory, shard_id, dim)
             vectors, ids = _open_rows(directory, uid, dim, writable=True)
@@ -196,46 +201,49 @@ class Shard:
             raise
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
-        shard = cls(directory, shard_id, dim, journal, vectors, ids, 0)
-        try:
-            shard.rows = shard._replay()
-        except BaseException:
-            shard.close()
-            raise
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
         for column in (vectors, ids):
-            column.truncate(shard.rows)
-        journal.seal()
+            column.truncate(rows)
+        journal.seal()  # syncs the cut row files (its companions) first
         fsync_dir(directory)
-        log.info("shard %s: replayed and sealed with %d rows", directory, shard.rows)
+        log.info("shard %s: replayed and sealed with %d rows", directory, rows)
         return shard
 
-    def _replay(self) -> int:
-        """Rows of the complete batches; drops a torn tail no flush confirmed."""
-        rows = 0
-        durable_end = self.journal.recovery.checkpoint.end if self.journal.recovery else 0
-        for record in self.journal.records():
-            first, count, vectors_crc, ids_crc = BATCH.unpack(record.body)
-            if first != rows:
-                raise ShardDamaged(self.directory, f"batch at journal offset {record.offset} starts at row {first}, "
-                                   f"expected {rows}")
-            if not self._batch_intact(first, count, vectors_crc, ids_crc):
-                if record.offset < durable_end:
-                    raise ShardDamaged(self.directory, f"rows {first}..{first + count} of a durable batch fail "
-                                       f"their checksums")
-                log.warning("shard %s: dropping rows %d.. (a batch whose rows never reached the disk)",
-                            self.directory, first)
-                self.journal.truncate(record.offset)
-                break
-            rows = first + count
-        return rows
+    @classmethod
+    def _replay(cls, directory: Path, shard_id: int, dim: int) -> tuple[int, int | None]:
+        """(rows of the complete batches, journal offset of the first batch
+        to drop or None). Reads only. ShardDamaged if a batch that a flush
+        had confirmed fails its checksums."""
+        with Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False) as journal:
+            uid = _check_meta(journal, directory, shard_id, dim)
+            durable_end = journal.recovery.checkpoint.end if journal.recovery else 0
+            vectors, ids = _open_rows(directory, uid, dim, writable=False)
+            try:
+                rows = 0
+                for record in journal.records():
+                    first, count, vectors_crc, ids_crc = BATCH.unpack(record.body)
+                    if first != rows:
+                        raise ShardDamaged(directory, f"batch at journal offset {record.offset} starts at row "
+                                           f"{first}, expected {rows}")
+                    if not _batch_intact(vectors, ids, first, count, vectors_crc, ids_crc):
+                        if record.offset < durable_end:
+                            raise ShardDamaged(directory, f"rows {first}..{first + count} of a durable batch fail "
+                                               f"their checksums")
+                        log.warning("shard %s: dropping rows %d.. (a batch whose rows never reached the disk)",
+                                    directory, first)
+                        return rows, record.offset
+                    rows = first + count
+                return rows, None
+            finally:
+                vectors.close()
+                ids.close()
 
-    def _batch_intact(self, first: int, count: int, vectors_crc: int, ids_crc: int) -> bool:
-        if min(self.vectors.rows_fitting(), self.ids.rows_fitting()) < first + count:
-            return False
-        vectors = self.vectors.rows(first + count)[first:]
-        ids = self.ids.rows(first + count)[first:]
-        return (crc32c.crc32c(vectors.data.cast("B")) == vectors_crc
-                and crc32c.crc32c(ids.data.cast("B")) == ids_crc)
+
+def _batch_intact(vectors: RowFile, ids: RowFile, first: int, count: int, vectors_crc: int, ids_crc: int) -> bool:
+    if min(vectors.rows_fitting(), ids.rows_fitting()) < first + count:
+        return False
+    return (crc32c.crc32c(vectors.rows(first + count)[first:].data.cast("B")) == vectors_crc
+            and crc32c.crc32c(ids.rows(first + count)[first:].data.cast("B")) == ids_crc)
 
 
 def _record_size(journal: Journal) -> int:

@@ -93,6 +93,24 @@ class Store:
         if self._lock_file is not None:
             self._lock_file.release()
 
+    def abandon(self) -> None:
+        """Stop at once, as a crash would: no further flush, files released
+        unsynced (crash tests)."""
+        self._stop.set()
+        if self._maintenance.is_alive():
+            self._maintenance.join()
+        if self._own_flusher:
+            self.flusher.stop(flush=False)
+        with self._write:
+            for collection in self._collections.values():
+                for shard in collection.shards.values():
+                    shard.journal.abandon()
+                    shard.vectors.close()
+                    shard.ids.close()
+            self._collections.clear()
+        if self._lock_file is not None:
+            self._lock_file.release()
+
     def __enter__(self) -> Store:
         return self
 

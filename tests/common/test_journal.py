@@ -415,7 +415,7 @@ def test_prefix_fields_and_flusher_listener(tmp_path: Path, flusher: Flusher, jo
     assert rounds, "the listener was not called after a round that synced"
 
 
-def test_truncate_drops_unconfirmed_tail_records_only(tmp_path: Path) -> None:
+def test_open_with_a_limit_drops_unconfirmed_tail_records_only(tmp_path: Path) -> None:
     from common import FlusherConfig
 
     flusher = Flusher(FlusherConfig(interval=3600)).start()
@@ -423,10 +423,12 @@ def test_truncate_drops_unconfirmed_tail_records_only(tmp_path: Path) -> None:
     first, _ = j.append_batch([b"a", b"b"])
     j.flush(timeout=5)
     second, _ = j.append_batch([b"c", b"d"], marker=Marker.BURIED)
-    with pytest.raises(CorruptJournal, match="declared them durable"):
-        j.truncate(int(first[1]))
-    j.truncate(int(second[0]))
+    j.abandon()  # the second batch was never flushed
+    with pytest.raises(CorruptJournal, match="flushed durable"):
+        Journal.open(tmp_path / "t", flusher=flusher, limit=int(first[1]))
+    j = Journal.open(tmp_path / "t", flusher=flusher, limit=int(second[0]))
     assert j.count == 2 and j.counters[Marker.BURIED] == 0 and j.end == int(second[0])
+    assert os.path.getsize(tmp_path / "t") == j.end
     third, _ = j.append_batch([b"e"])
     assert third[0] == second[0]
     j.close()
