@@ -113,11 +113,18 @@ class Journal(RecordReader):
         this returns, so the journal exists after a crash or not at all.
         """
         config = (config or JournalConfig()).validate()
+        path = Path(path)
+        cls.write_empty(path, kind=kind, metadata=metadata, config=config)
+        return cls.open(path, kind=kind, flusher=flusher, config=config)
+
+    @staticmethod
+    def write_empty(path: str | Path, *, kind: bytes, metadata: bytes = b"", config: JournalConfig | None = None) -> None:
+        """Create a journal with no records, durably, without opening it:
+        a checksummed, versioned home for small metadata (its header)."""
+        config = (config or JournalConfig()).validate()
         identity = Identity(kind=kind, alignment=config.alignment, max_record_bytes=config.max_record_bytes,
                             metadata=bytes(metadata), created_ns=time.time_ns(), uuid=uuid.uuid4().bytes)
-        path = Path(path)
-        filesystem.create_atomically(path, initial_header(identity))
-        return cls.open(path, kind=kind, flusher=flusher, config=config)
+        filesystem.create_atomically(Path(path), initial_header(identity))
 
     @classmethod
     def open(cls, path: str | Path, *, kind: bytes | None = None, flusher: Flusher | None = None,

@@ -33,6 +33,7 @@ import numpy as np
 from common import Flusher, Journal, Ticket
 from common.filesystem import fsync_dir, make_dirs
 
+from . import index
 from .config import INDEX_TYPES, StoreConfig
 from .errors import BadVectors, CollectionConflict, UnknownRef
 from .search import Hits, merge, search_rows, shard_part
@@ -82,8 +83,7 @@ class Collection:
         directory = root / name
         make_dirs(directory)
         meta = msgpack.packb({"name": name, "dim": dim, "metric": metric, "index": index})
-        journal = Journal.create(directory / "collection", kind=META_KIND, flusher=flusher, metadata=meta)
-        journal.close()
+        Journal.write_empty(directory / "collection", kind=META_KIND, metadata=meta)
         return cls(directory, name, dim, metric, index, flusher, config)
 
     @classmethod
@@ -102,9 +102,13 @@ class Collection:
             shard_id = int(path.name)
             seen.append(shard_id)
             try:
-                self.shards[shard_id] = Shard.open(path, shard_id, self.dim, self.flusher)
+                shard = Shard.open(path, shard_id, self.dim, self.flusher)
             except ShardDamaged as exc:
                 self._quarantine(path, exc.reason)
+                continue
+            if self.index != "flat":
+                shard.index = index.load(path, shard.rows)
+            self.shards[shard_id] = shard
         self.next_shard = max(seen, default=0) + 1
         self._publish()
 
@@ -173,9 +177,27 @@ class Collection:
     def search(self, queries: np.ndarray, k: int) -> Hits:
         parts = []
         for view in self.views():
-            scores, rows = search_rows(queries, view.vectors, k, self.metric)
+            if view.index is not None:
+                view.index.hnsw.efSearch = max(self.config.hnsw_ef_search, k)
+                scores, rows = view.index.search(queries, min(k, view.rows))
+            else:
+                scores, rows = search_rows(queries, view.vectors, k, self.metric)
             parts.append(shard_part(view.shard, scores, rows, view.ids))
         return merge(parts, len(queries), k, self.metric)
+
+    # --------------------------------------------------------------- indexes
+
+    def unindexed(self) -> list[Shard]:
+        """Sealed shards that should have an approximate index and lack one."""
+        if self.index == "flat":
+            return []
+        return [s for s in self.shards.values() if s.sealed and s.index is None and s.rows]
+
+    def install_index(self, shard: Shard, built: Any) -> None:
+        """Caller holds the write lock."""
+        if self.shards.get(shard.id) is shard:
+            shard.index = built
+            self._publish()
 
     def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first bad one."""

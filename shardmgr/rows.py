@@ -27,6 +27,7 @@ count it got from the shard (rows are never rewritten).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -158,8 +159,6 @@ class RowFile:
         self._remap()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):  # a reader still holds rows; the mapping dies with them
             self._mm.close()  # type: ignore[union-attr]
-        except BufferError:  # a reader still holds rows; the mapping dies with them
-            pass
         os.close(self.fd)

@@ -37,6 +37,7 @@ import struct
 import time
 import uuid as uuidlib
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import msgpack
@@ -74,6 +75,7 @@ class View:
     rows: int
     vectors: np.ndarray  # [rows, dim] float32, read-only, in place
     ids: np.ndarray  # [rows] int64, read-only, in place
+    index: Any = None  # an approximate faiss index over the rows, if built (index.py)
 
 
 class Shard:
@@ -89,6 +91,7 @@ class Shard:
         self.ids = ids
         self.rows = rows
         self.last_append = time.monotonic()
+        self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
 
     # -------------------------------------------------------------- creation
 
@@ -136,7 +139,7 @@ class Shard:
 
     def view(self) -> View:
         rows = self.rows
-        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows))
+        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index)
 
     def close(self) -> None:
         self.journal.close()

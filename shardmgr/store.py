@@ -29,7 +29,7 @@ from common import Flusher, FlusherConfig, Ticket
 from common.filesystem import make_dirs
 from common.lockfile import LockFile
 
-from . import batch
+from . import batch, index
 from .collection import Collection, check_name
 from .config import StoreConfig
 from .errors import UnknownCollection
@@ -52,6 +52,7 @@ class Store:
         self._collections: dict[str, Collection] = {}
         self._stop = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="shardmgr-maintenance", daemon=True)
+        self._indexer = threading.Thread(target=self._index, name="shardmgr-index", daemon=True)
 
     # -------------------------------------------------------------- lifecycle
 
@@ -79,11 +80,13 @@ class Store:
 
     def start(self) -> None:
         self._maintenance.start()
+        self._indexer.start()
 
     def close(self) -> None:
         self._stop.set()
-        if self._maintenance.is_alive():
-            self._maintenance.join()
+        for thread in (self._maintenance, self._indexer):
+            if thread.is_alive():
+                thread.join()
         with self._write:
             for collection in self._collections.values():
                 collection.close()
@@ -126,6 +129,30 @@ class Store:
                         collection.seal_idle(idle_since)
                     except Exception:  # keep maintaining the others; the error is in the log
                         log.exception("shardmgr: sealing an idle shard of %s failed", collection.name)
+
+    def _index(self) -> None:
+        """Build approximate indexes of sealed shards, one at a time, off the write lock."""
+        while not self._stop.wait(0.5):
+            with self._write:
+                todo = [(c, s) for c in self._collections.values() for s in c.unindexed()]
+            for collection, shard in todo[:1]:
+                try:
+                    built = index.build(shard.view().vectors, collection.metric, self.config.hnsw_m)
+                    index.save(shard.directory, built, shard.rows, self.config.hnsw_m)
+                except Exception:  # a failed build leaves the shard searched exactly; the error is logged
+                    log.exception("shardmgr: building the index of %s failed", shard.directory)
+                    continue
+                with self._write:
+                    collection.install_index(shard, built)
+                log.info("shardmgr: %s: hnsw index of %d rows built", shard.directory, shard.rows)
+
+    def wait_for_indexes(self, timeout: float = 600.0) -> None:
+        """Block until every sealed shard that should have an index has one (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while any(c.unindexed() for c in list(self._collections.values())):
+            if time.monotonic() > deadline:
+                raise TimeoutError("indexes were not built in time")
+            time.sleep(0.1)
 
     # ------------------------------------------------------------ collections
 

@@ -137,3 +137,21 @@ def test_idle_shards_are_sealed(open_store: Callable[..., Store]) -> None:
         __import__("time").sleep(0.1)
     assert store.collection_info("c")["sealed"] == 1
     assert os.path.getsize(next(p for p in (store.root / "c").rglob("vectors"))) == 4096 + 3 * 16
+
+
+def test_hnsw_collections_build_persist_and_reload_an_index(open_store: Callable[..., Store],
+                                                            tmp_path: Path) -> None:
+    store = open_store(seal_bytes=32 * 1024)
+    store.create_collection("h", 16, "l2", "hnsw")
+    data = np.random.default_rng(5).standard_normal((3000, 16)).astype(np.float32)
+    refs = np.concatenate([store.append("h", data[i:i + 300], np.arange(i, i + 300)) for i in range(0, 3000, 300)])
+    store.wait_for_indexes(timeout=120)
+    indexed = sorted((tmp_path / "data" / "shards" / "h").rglob("index.faiss"))
+    assert len(indexed) == store.collection_info("h")["sealed"] >= 5
+    _, _, found = store.search("h", data[:200], k=1)
+    recall = (found[:, 0] == refs[:200]).mean()
+    assert recall > 0.9, recall
+    store.close()
+    store = open_store(seal_bytes=32 * 1024)
+    views = store.collection("h").views()
+    assert sum(v.index is not None for v in views) == len(indexed)  # loaded, not rebuilt
