@@ -5,6 +5,10 @@ with writes since its last sync it snapshots the journal's write sequence,
 calls fdatasync, then advances the journal's durable watermark to that
 snapshot and writes a checkpoint (made durable by the next round). A write
 is therefore durable once the first round that *starts after it* completes.
+When someone waits for durability (:meth:`Flusher.wait_durable`,
+:meth:`Flusher.hurry`) the next round starts at once instead of at the end
+of the interval: a lone writer waits for one fdatasync, not an interval,
+while concurrent writers still share rounds (group commit).
 
 Threads: the flusher thread alone calls fdatasync on registered journals
 during rounds (a journal serialises its own explicit syncs, e.g. on seal,
@@ -121,6 +125,12 @@ class Flusher:
         with self._cond:
             self._listeners.append(callback)
 
+    def hurry(self) -> None:
+        """Someone waits for durability: start the next round now instead of
+        at the end of the interval (a round already running finishes first;
+        writes arriving meanwhile share the following round)."""
+        self._wake.set()
+
     def notify(self) -> None:
         """Wake waiters: a journal synced outside a round, failed or closed."""
         with self._cond:
@@ -145,6 +155,8 @@ class Flusher:
         """
         journal = ticket.journal
         deadline = None if timeout is None else time.monotonic() + timeout
+        if journal.durable_seq < ticket.seq:
+            self.hurry()
         with self._cond:
             while journal.durable_seq < ticket.seq:
                 journal.raise_if_failed()

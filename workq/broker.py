@@ -253,6 +253,7 @@ class Broker:
             done()
             return
         self._continuations.append(_Continuation(real, done, failed))
+        self.flusher.hurry()
 
     def _tick(self, now: float) -> None:
         state = self.state

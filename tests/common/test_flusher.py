@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -42,16 +43,34 @@ def test_waiters_in_many_threads_are_released_by_rounds(tmp_path: Path, flusher:
     journal.close()
 
 
-def test_wait_times_out_when_no_round_runs(tmp_path: Path) -> None:
+def test_wait_times_out_while_the_flush_is_slower(tmp_path: Path) -> None:
+    from unittest import mock
+
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.3)
+        real(fd)
+
     with Flusher(FlusherConfig(interval=3600)) as flusher:
         journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=flusher)
         _, ticket = journal.append(b"z")
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            journal.wait_durable(ticket, timeout=0.05)
-        assert time.monotonic() - started < 5
+        with mock.patch("os.fdatasync", slow):
+            with pytest.raises(TimeoutError):
+                journal.wait_durable(ticket, timeout=0.05)
+            journal.wait_durable(ticket, timeout=10)  # the round it asked for completes
         journal.close()
-        assert ticket.durable
+
+
+def test_a_waiter_does_not_wait_for_the_interval(tmp_path: Path) -> None:
+    with Flusher(FlusherConfig(interval=3600)) as flusher:
+        journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=flusher)
+        started = time.monotonic()
+        for _ in range(20):
+            _, ticket = journal.append(b"w")
+            journal.wait_durable(ticket, timeout=30)
+        assert time.monotonic() - started < 30  # each wait started a round at once
+        journal.close()
 
 
 def test_stop_without_flush_leaves_writes_unconfirmed(tmp_path: Path) -> None:
