@@ -118,7 +118,8 @@ class Journal(RecordReader):
         return cls.open(path, kind=kind, flusher=flusher, config=config)
 
     @staticmethod
-    def write_empty(path: str | Path, *, kind: bytes, metadata: bytes = b"", config: JournalConfig | None = None) -> None:
+    def write_empty(path: str | Path, *, kind: bytes, metadata: bytes = b"",
+                    config: JournalConfig | None = None) -> None:
         """Create a journal with no records, durably, without opening it:
         a checksummed, versioned home for small metadata (its header)."""
         config = (config or JournalConfig()).validate()

@@ -106,7 +106,7 @@ class ServerConfig:
             raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
-        self.workq.validate()
+        self.workq.validate().fitted_to_frame(self.max_frame_bytes)
         self.store.validate()
         return self
 

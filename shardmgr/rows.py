@@ -127,7 +127,7 @@ class RowFile:
     def write(self, first_row: int, data: np.ndarray) -> None:
         """Write rows from ``first_row`` (one pwrite), growing the file."""
         start = HEADER_SIZE + first_row * self.header.row_bytes
-        raw = data.data.cast("B") if data.flags.c_contiguous else memoryview(np.ascontiguousarray(data)).cast("B")
+        raw = np.ascontiguousarray(data).data.cast("B")
         need = start + len(raw)
         try:
             if need > self.size:

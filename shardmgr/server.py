@@ -20,6 +20,7 @@ server's own state (the set of connections, counters) is guarded by
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import socket
 import threading
@@ -49,7 +50,7 @@ class Server:
         self.config = config.validate()
         self.flusher = Flusher(FlusherConfig(interval=config.flush_interval_ms / 1e3))
         if components is None:
-            components = [WorkqService(config.data_dir, config.workq, self.flusher),
+            components = [WorkqService(config.data_dir, config.workq, self.flusher, config.max_frame_bytes),
                           StoreService(config.data_dir, config.store, self.flusher)]
         self.components: list[Component] = [Control(self), *components]
         self._routes: dict[str, Component] = {}
@@ -83,6 +84,7 @@ class Server:
         """Lock, recover, listen, accept in the background. Returns when ready."""
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self._lockfile.acquire()
+        _raise_file_limit()
         try:
             self.flusher.start()
             for component in self.components:
@@ -231,3 +233,17 @@ class Server:
             if component.name != "server":
                 result[component.name] = component.stats()
         return result
+
+
+def _raise_file_limit() -> None:
+    """Raise the soft open-file limit to the hard one: every open segment,
+    shard and connection holds descriptors, and the default soft limit
+    (often 1024) is far below what a busy server needs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+        else:
+            log.info("open-file limit raised from %d to %d", soft, hard)

@@ -18,6 +18,7 @@ Usage: python tools/bench_shards.py [--dir DIR] [--startup-gib 10] [--hnsw] [--j
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -104,6 +105,10 @@ def fill(path: Path, vectors: np.ndarray, **config: Any) -> None:
     store.close()
 
 
+def _search(store: Any, queries: np.ndarray) -> Any:
+    return store.search("c", queries, k=K)
+
+
 def timed_search(search: Any, queries: np.ndarray) -> float:
     search(queries[:10])
     started = time.perf_counter()
@@ -120,7 +125,7 @@ def bench_search(directory: Path, hnsw: bool) -> list[dict[str, Any]]:
             path = directory / f"search-{dim}"
             fill(path, vectors, **config)
             store = shardmgr.open(path, **config)
-            embedded = timed_search(lambda q: store.search("c", q, k=K), queries)
+            embedded = timed_search(functools.partial(_search, store), queries)
             store.close()
             row = {"rows": count, "dim": dim, "layout": label, "faiss_qps": baseline, "embedded_qps": embedded,
                    "embedded_ratio": embedded / baseline}

@@ -19,7 +19,7 @@ from typing import Any
 from .broker import Broker, Item, Result
 from .client import Client
 from .config import WorkqConfig
-from .errors import DiskFull, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob, WorkqError
+from .errors import DiskFull, NotLeased, PayloadTooLarge, ResultsNotRecorded, UnknownHandle, UnknownJob, WorkqError
 from .handle import Handle, Key
 from .worker import Worker
 
@@ -37,4 +37,5 @@ def connect(address: str, **options: Any) -> Client:
 __all__ = [
     "open", "connect", "Broker", "Client", "Worker", "WorkqConfig", "Item", "Result", "Handle", "Key",
     "WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
+    "ResultsNotRecorded",
 ]

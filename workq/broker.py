@@ -38,11 +38,14 @@ from .config import WorkqConfig
 from .dispatch import Filters
 from .handle import Handle, Key
 from .recovery import RecoveryReport, recover
-from .state import Leased, QueueState
+from .state import JobCounts, Leased, QueueState
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+#: Seconds a finished job's log (nothing pending, in flight or buried, all
+#: delivered) stays open before it rests (completions.py).
+REST_AFTER_S = 1.0
 _WAKE = object()
 _STOP = object()
 _ABANDON = object()
@@ -79,6 +82,16 @@ class _Waiter:
     deadline: float
     attempt: Callable[[bool], bool]  # (final) -> answered?
     wants: str  # "items" or "results": which changes are worth a retry
+    fail: Callable[[Exception], None]  # answers the call if an attempt raises
+
+    def run(self, final: bool) -> bool:
+        """One attempt; True once the call is answered (by it or by fail)."""
+        try:
+            return self.attempt(final)
+        except Exception as exc:
+            log.exception("workq: a waiting call failed")
+            self.fail(exc)
+            return True
 
 
 class Broker:
@@ -263,9 +276,14 @@ class Broker:
             if not active.journal.sealed and now - active.last_append > self.config.idle_seal_s:
                 active.journal.seal()
         for job_log in state.logs.values():
+            if job_log.rested is not None:
+                continue
             journal = job_log.active
             if not journal.sealed and journal.count and now - job_log.last_append > self.config.idle_seal_s:
                 journal.seal()
+            elif job_log.restable(now, REST_AFTER_S if state.counts.setdefault(job_log.job, JobCounts()).idle
+                                  else self.config.idle_seal_s):
+                job_log.rest()
         if state.window_ends and now >= state.window_ends:
             state.window_ends = 0.0
             state.item_changes += 1
@@ -287,12 +305,15 @@ class Broker:
     def _log_failure(exc: Exception) -> None:
         log.error("workq: a ledger entry could not be made durable: %s", exc)
 
-    def park(self, deadline: float, attempt: Callable[[bool], bool], wants: str = "items") -> None:
+    def park(self, deadline: float, attempt: Callable[[bool], bool], wants: str,
+             fail: Callable[[Exception], None]) -> None:
         """Owner thread: call ``attempt(False)`` now and again whenever what it
         ``wants`` ("items" or "results") may have changed, until it answers;
-        at ``deadline`` call ``attempt(True)``, which must answer."""
-        if not attempt(deadline <= time.monotonic()):
-            self._waiters.append(_Waiter(deadline, attempt, wants))
+        at ``deadline`` call ``attempt(True)``, which must answer. If an
+        attempt raises, ``fail`` answers the call with the error."""
+        waiter = _Waiter(deadline, attempt, wants, fail)
+        if not waiter.run(deadline <= time.monotonic()):
+            self._waiters.append(waiter)
 
     def _next_waiter(self) -> float:
         return min((w.deadline for w in self._waiters), default=float("inf"))
@@ -312,17 +333,12 @@ class Broker:
             if not (changed[waiter.wants] or final):
                 self._waiters.append(waiter)
                 continue
-            try:
-                answered = waiter.attempt(final)
-            except Exception:
-                log.exception("workq: a waiting call failed")
-                answered = True
-            if not answered:
+            if not waiter.run(final):
                 self._waiters.append(waiter)
 
     def _stop(self) -> None:
         for waiter in self._waiters:
-            self._guarded(functools.partial(waiter.attempt, True))
+            waiter.run(True)
         self._waiters = []
         self.flusher.flush_now()
         self._run_continuations()
@@ -375,7 +391,7 @@ class Broker:
                 return True
 
             self.state.job(job)  # unknown job: fail now, not after the wait
-            self.park(time.monotonic() + max(0.0, wait), attempt, "results")
+            self.park(time.monotonic() + max(0.0, wait), attempt, "results", future.set_exception)
 
         return self.call(run)
 
@@ -387,16 +403,17 @@ class Broker:
 
         def run(future: Future) -> None:
             self.park(time.monotonic() + max(0.0, wait),
-                      lambda final: self.try_lease(worker, filters, max_items, final, future.set_result))
+                      lambda final: self.try_lease(worker, filters, max_items, final, future.set_result),
+                      "items", future.set_exception)
 
         batches: list[Leased] = self.call(run)
         return [Item(Handle.unpack(h), bytes(p), b.job, b.key, pos, d) for b in batches for h, p, pos, d in
                 zip(b.handles.tolist(), b.payloads, b.positions.tolist(), b.deliveries.tolist())]
 
     def try_lease(self, worker: str, filters: Filters, limit: int, final: bool,
-                  answer: Callable[[list[Leased]], None]) -> bool:
+                  answer: Callable[[list[Leased]], None], max_bytes: int | None = None) -> bool:
         """Owner thread: lease now if anything is available (or ``final``)."""
-        batches = leasing.lease(self.state, worker, filters, limit, time.monotonic())
+        batches = leasing.lease(self.state, worker, filters, limit, time.monotonic(), max_bytes)
         if batches or final:
             answer(batches)
             return True
@@ -417,10 +434,14 @@ class Broker:
         plan = completion.start(self.state, completion.plan(self.state, packed, results))
 
         def done() -> None:
-            answer(completion.finish(self.state, plan))
+            statuses = completion.finish(self.state, plan)
+            if plan.error is None:
+                answer(statuses)
+            else:  # the results written before the failure are complete now
+                fail(plan.error)
 
         def failed(exc: Exception) -> None:
-            completion.abort(self.state, plan)
+            completion.abort(self.state, plan, exc)
             fail(exc)
 
         self.after_durable(plan.tickets, done, failed)

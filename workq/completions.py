@@ -13,6 +13,13 @@ and restarts) and made durable. Ledger entries are written DELIVERED. A
 crash between the ledger entry and the unlink is finished by recovery: a
 segment the newest ledger says is collected is deleted then.
 
+A job whose log is idle (everything delivered, one segment left, every
+tombstone durable) *rests*: its journal is closed and only its counts stay
+in memory, so a broker with many finished jobs holds no file per job. The
+broker rests a log after ``idle_seal_s`` unused, or after REST_AFTER_S once
+its job has nothing pending, in flight or buried. The next result for it
+reopens the segment (a sealed one read-only in O(1), and a new one starts).
+
 Threads: owned by the broker's owner thread.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import msgpack
 import numpy as np
@@ -30,8 +38,9 @@ from common.filesystem import make_dirs
 from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
+from .config import REPLY_ITEM_BYTES, SEGMENT_OVERHEAD
 from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, heads
-from .segment import scan_window
+from .segment import budgeted, scan_window
 
 SUFFIX = ".wqcl"
 LIVE = np.uint32(Marker.LIVE)
@@ -45,6 +54,24 @@ class Ledger:
     collected_below: int = 0  # every segment with a smaller seq was collected
     results: int = 0  # results those segments held (all delivered)
     max_position: int = -1
+
+
+@dataclasses.dataclass(slots=True)
+class Rested:
+    """A resting log's one segment, closed: where it is and what it held."""
+
+    seq: int
+    path: Path
+    results: int  # results in it (all delivered)
+    sealed: bool
+
+
+class Appended(NamedTuple):
+    """What JobLog.append wrote: the first ``written`` results (all, unless ``error``)."""
+
+    tickets: list[Ticket]
+    written: int
+    error: Exception | None
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,8 +100,11 @@ class JobLog:
         self.ledger_entries: dict[int, int] = {}  # seq -> ledger records in that segment
         self.max_position = -1
         self.cursors: dict[int, int] = {}  # seq -> no undelivered result outside delivery lies before it
-        self.last_append = time.monotonic()
+        self.last_append = time.monotonic()  # for idle sealing
+        self.last_used = self.last_append  # any append or delivery, for resting
         self.in_delivery: dict[int, set[int]] = {}  # seq -> offsets sent, not yet confirmed
+        self.tombstones: list[Ticket] = []  # input tombstones of results here, maybe not durable yet
+        self.rested: Rested | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -102,12 +132,16 @@ class JobLog:
     @property
     def completed(self) -> int:
         """Results ever recorded (live segments plus the ledger)."""
-        return self.ledger.results + sum(j.count - self.ledger_entries.get(s, 0) for s, j in self._uncollected())
+        return self._rested_results + sum(j.count - self.ledger_entries.get(s, 0) for s, j in self._uncollected())
 
     @property
     def delivered(self) -> int:
-        return self.ledger.results + sum(j.count_of(Marker.DELIVERED) - self.ledger_entries.get(s, 0)
-                                         for s, j in self._uncollected())
+        return self._rested_results + sum(j.count_of(Marker.DELIVERED) - self.ledger_entries.get(s, 0)
+                                          for s, j in self._uncollected())
+
+    @property
+    def _rested_results(self) -> int:
+        return self.ledger.results + (self.rested.results if self.rested is not None else 0)
 
     def _uncollected(self) -> list[tuple[int, Journal]]:
         return [(s, j) for s, j in self.segments.items() if s >= self.ledger.collected_below]
@@ -118,23 +152,44 @@ class JobLog:
 
     # ---------------------------------------------------------------- writes
 
-    def append(self, handles: np.ndarray, positions: np.ndarray, payloads: list[memoryview] | list[bytes]) -> Ticket:
-        """Record results (one batch); rotates to a new segment when full."""
-        size = sum(len(p) for p in payloads) + len(payloads) * (HEAD_BYTES + 32)
-        journal = self._writable(size)
-        head = heads(handles, positions, time.time_ns(), len(handles))
-        _, ticket = journal.append_batch(payloads, prefix=head)
-        if len(positions):
-            self.max_position = max(self.max_position, int(positions.max()))
-        return ticket
+    def append(self, handles: np.ndarray, positions: np.ndarray,
+               payloads: list[memoryview] | list[bytes]) -> Appended:
+        """Record results, as one batch per segment they fill (each result
+        must fit an empty segment). If a write fails, the results before
+        it stay written: ``written`` says how many, ``error`` why."""
+        room = self._segment_bytes - SEGMENT_OVERHEAD
+        sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads)) + HEAD_BYTES + 64
+        tickets: list[Ticket] = []
+        start = 0
+        while start < len(payloads):
+            total = np.cumsum(sizes[start:])
+            fits = int(np.searchsorted(total, self._room(room), side="right"))
+            stop = start + (fits or max(1, int(np.searchsorted(total, room, side="right"))))  # or a new segment
+            try:
+                journal = self._writable(int(sizes[start:stop].sum()))
+                head = heads(handles[start:stop], positions[start:stop], time.time_ns(), stop - start)
+                tickets.append(journal.append_batch(payloads[start:stop], prefix=head).ticket)
+            except Exception as exc:  # I/O error, full disk: keep what is written
+                return Appended(tickets, start, exc)
+            self.max_position = max(self.max_position, int(positions[start:stop].max()))
+            start = stop
+        return Appended(tickets, start, None)
+
+    def _room(self, room: int) -> int:
+        """Bytes of results the active segment still takes."""
+        if not self.segments or self.active.sealed:
+            return room
+        return room - (self.active.end - HEADER_SIZE)
 
     def _writable(self, size: int) -> Journal:
         """The active segment, or a new one if it is sealed or too full."""
+        self.wake()
         journal = self.active
-        if journal.sealed or (journal.end + size > self._segment_bytes and journal.count):
-            journal.seal()
+        if journal.sealed or journal.failed or (journal.end + size > self._segment_bytes and journal.count):
+            if not (journal.sealed or journal.failed):  # a failed journal takes no more writes, not even a seal
+                journal.seal()
             journal = self._new_segment(max(self.segments) + 1)
-        self.last_append = time.monotonic()
+        self.last_append = self.last_used = time.monotonic()
         return journal
 
     def write_ledger(self) -> Ticket:
@@ -148,12 +203,21 @@ class JobLog:
 
     def collectable(self) -> int | None:
         """The oldest segment, if it is sealed, not active, and fully delivered."""
+        if len(self.segments) < 2:
+            return None
         seq = min(self.segments)
         journal = self.segments[seq]
         if (seq != max(self.segments) and journal.sealed and journal.count_of(Marker.LIVE) == 0
-                and not self.in_delivery.get(seq)):
+                and not self.in_delivery.get(seq) and self.tombstones_durable()):
             return seq
         return None
+
+    def tombstones_durable(self) -> bool:
+        """Are the input tombstones of every result finished here durable?
+        Until they are, no segment may go: after a power cut an input
+        whose tombstone was lost must still find its result."""
+        self.tombstones = [t for t in self.tombstones if not t.durable]
+        return not self.tombstones
 
     def forget_segment(self, seq: int) -> Journal:
         """Drop a collected segment from memory; the caller deletes the file."""
@@ -162,12 +226,50 @@ class JobLog:
         self.ledger_entries.pop(seq, None)
         return self.segments.pop(seq)
 
+    # ---------------------------------------------------------------- resting
+
+    def restable(self, now: float, idle_s: float) -> bool:
+        """Unused for ``idle_s``, one segment, every result delivered and
+        every tombstone durable: nothing the log must do until a new result."""
+        if self.rested is not None or len(self.segments) != 1 or now - self.last_used < idle_s:
+            return False
+        return (self.active.count_of(Marker.LIVE) == 0 and not any(self.in_delivery.values())
+                and self.tombstones_durable())
+
+    def rest(self) -> None:
+        """Close the one segment (flushing it), keeping its counts (see restable)."""
+        [(seq, journal)] = self.segments.items()
+        self.rested = Rested(seq, journal.path, journal.count - self.ledger_entries.get(seq, 0), journal.sealed)
+        self.segments.clear()
+        self.cursors.clear()
+        self.in_delivery.clear()
+        journal.close()
+
+    def wake(self) -> None:
+        """Reopen a resting log's segment: read-only in O(1) if sealed (the
+        next result starts a new one), else writable."""
+        rested, self.rested = self.rested, None
+        if rested is None:
+            return
+        if rested.sealed:
+            journal = Journal.open(rested.path, kind=RESULTS_KIND, writable=False, recount=False)
+        else:
+            journal = Journal.open(rested.path, kind=RESULTS_KIND, flusher=self._flusher,
+                                   config=JournalConfig(capacity_bytes=self._segment_bytes))
+        self.segments[rested.seq] = journal
+
     # -------------------------------------------------------------- delivery
 
-    def take(self, limit: int) -> list[Outgoing]:
-        """Plan: up to ``limit`` undelivered results in log order."""
+    def take(self, limit: int, max_bytes: int | None = None, completing: set[int] | frozenset[int] = frozenset()
+             ) -> list[Outgoing]:
+        """Plan: up to ``limit`` undelivered results in log order, their
+        payloads plus REPLY_ITEM_BYTES each within ``max_bytes`` (at least
+        one is taken). Stops before the first result whose item is in
+        ``completing``: such a result may not be durable yet."""
         out: list[Outgoing] = []
         got = 0
+        budget = max_bytes if max_bytes is not None else 1 << 62
+        blocked = np.fromiter(completing, dtype=np.uint64, count=len(completing)) if completing else None
         for seq in sorted(self.segments):
             journal = self.segments[seq]
             if journal.count_of(Marker.LIVE) <= len(self.in_delivery.get(seq, ())):
@@ -178,11 +280,21 @@ class JobLog:
                 mask = (chunk.markers == LIVE) & (handles != LEDGER)
                 if len(skip):
                     mask &= ~np.isin(chunk.offsets, skip)
+                halt = False
+                if blocked is not None:
+                    unfinished = np.flatnonzero(mask & np.isin(handles, blocked))
+                    if len(unfinished):
+                        mask[int(unfinished[0]):] = False
+                        halt = True
                 picked = np.flatnonzero(mask)[: limit - got]
-                if len(picked):
-                    out.append(self._outgoing(seq, journal, chunk, picked, handles))
-                    got += len(picked)
-                if got >= limit:
+                costs = chunk.lengths[picked] - HEAD_BYTES + REPLY_ITEM_BYTES
+                kept = budgeted(costs, budget, first=not got)
+                halt |= kept < len(picked)
+                if kept:
+                    out.append(self._outgoing(seq, journal, chunk, picked[:kept], handles))
+                    budget -= int(costs[:kept].sum())
+                    got += kept
+                if halt or got >= limit:
                     return out
         return out
 
@@ -196,6 +308,7 @@ class JobLog:
 
     def sending(self, batch: list[Outgoing]) -> None:
         """Commit a plan: the results are in delivery until confirmed or dropped."""
+        self.last_used = time.monotonic()
         for out in batch:
             self.in_delivery.setdefault(out.seq, set()).update(out.offsets.tolist())
             self.cursors[out.seq] = max(self.cursors.get(out.seq, HEADER_SIZE), out.cursor)

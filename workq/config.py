@@ -6,6 +6,16 @@ import dataclasses
 
 from common.config import GiB, MiB
 
+#: Bytes of a segment that cannot hold payloads: its 4 KiB header plus
+#: slack for record headers and padding.
+SEGMENT_OVERHEAD = 8192
+#: Bytes a lease or results response spends per item besides its payload
+#: (handle, position, length, delivery count, indexes), rounded up.
+REPLY_ITEM_BYTES = 64
+#: ... per batch of items (a lease lists each batch's job and key names).
+REPLY_BATCH_BYTES = 32 * REPLY_ITEM_BYTES
+#: ... and once, for the response's header.
+REPLY_SLACK_BYTES = 4096
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkqConfig:
@@ -16,9 +26,10 @@ class WorkqConfig:
     #: ... or after this many seconds without an append.
     idle_seal_s: float = 60.0
     #: Largest task payload accepted by enqueue, in bytes (a payload must
-    #: also fit in one segment with its record overhead).
+    #: also fit in one segment with its record overhead and, in a server, in
+    #: one response frame: see fitted_to_frame).
     max_payload_bytes: int = 16 * MiB
-    #: Largest result payload accepted by complete, in bytes.
+    #: Largest result payload accepted by complete, in bytes (the same caps apply).
     max_result_bytes: int = 64 * MiB
     #: Seconds a lease lasts unless the worker touches it.
     lease_s: float = 300.0
@@ -35,6 +46,31 @@ class WorkqConfig:
     disk_floor_bytes: int = 1 * GiB
     #: Most items one lease may return.
     max_lease_items: int = 100_000
+
+    @property
+    def payload_limit(self) -> int:
+        """Largest task payload enqueue accepts: the setting, or what one segment holds."""
+        return min(self.max_payload_bytes, self.segment_bytes - SEGMENT_OVERHEAD)
+
+    @property
+    def result_limit(self) -> int:
+        """Largest result complete accepts: the setting, or what one segment holds."""
+        return min(self.max_result_bytes, self.segment_bytes - SEGMENT_OVERHEAD)
+
+    @staticmethod
+    def reply_bytes(max_frame_bytes: int) -> int:
+        """Bytes of payloads (plus REPLY_ITEM_BYTES each, REPLY_BATCH_BYTES
+        per batch) one lease or results response may carry to fit a frame."""
+        return max_frame_bytes - REPLY_SLACK_BYTES
+
+    def fitted_to_frame(self, max_frame_bytes: int) -> WorkqConfig:
+        """This config with payload and result limits lowered, if need be,
+        so that one of each fits a response frame of ``max_frame_bytes``."""
+        room = self.reply_bytes(max_frame_bytes) - REPLY_ITEM_BYTES - REPLY_BATCH_BYTES
+        if room < 1:
+            raise ValueError(f"max_frame_bytes ({max_frame_bytes}) leaves no room for a payload")
+        return dataclasses.replace(self, max_payload_bytes=min(self.max_payload_bytes, room),
+                                   max_result_bytes=min(self.max_result_bytes, room))
 
     def validate(self) -> WorkqConfig:
         """Return self, or raise ValueError naming the bad setting."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from .config import REPLY_BATCH_BYTES
 from .handle import Key
 from .segment import Segment, Taken
 
@@ -80,8 +81,11 @@ def water_fill(available: dict[int, int], total: int, order: list[int]) -> dict[
     return alloc
 
 
-def plan_key(segments: list[Segment], limit: int, job_turn: int) -> list[Taken]:
-    """Up to ``limit`` pending items of one key's dispatchable segments."""
+def plan_key(segments: list[Segment], limit: int, job_turn: int, max_bytes: int | None = None,
+             first: bool = True) -> list[Taken]:
+    """Up to ``limit`` pending items of one key's dispatchable segments,
+    within ``max_bytes`` of response (see Segment.take; ``first``: nothing
+    is taken yet, so at least one item is)."""
     available: dict[int, int] = {}
     for segment in segments:
         for job, cursor in segment.jobs.items():
@@ -90,13 +94,15 @@ def plan_key(segments: list[Segment], limit: int, job_turn: int) -> list[Taken]:
     if not available:
         return []
     order = rotated(sorted(available), job_turn)
+    budget = max_bytes if max_bytes is not None else 1 << 62
     taken: list[Taken] = []
     for job, quota in water_fill(available, limit, order).items():
         for segment in segments:
-            if quota <= 0:
+            if quota <= 0 or budget <= REPLY_BATCH_BYTES:
                 break
-            part = segment.take(job, quota)
+            part = segment.take(job, quota, budget - REPLY_BATCH_BYTES, first and not taken)
             if part is not None:
                 taken.append(part)
                 quota -= len(part.offsets)
+                budget -= part.cost + REPLY_BATCH_BYTES
     return taken

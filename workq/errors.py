@@ -43,3 +43,11 @@ class DiskFull(WorkqError, Full):
     """Free disk space is below the floor: enqueue refused, nothing written."""
 
     code = "workq.disk_full"
+
+
+class ResultsNotRecorded(WorkqError):
+    """A complete call could write only some of its results (the cause says
+    why). Those written are recorded; retrying the whole call is safe, since
+    their items then answer ``duplicate``."""
+
+    code = "workq.results_not_recorded"

@@ -12,15 +12,17 @@ Threads: the broker's owner thread.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common import Marker
-from common.errors import RecordNotFound
+from common.errors import CorruptJournal, Internal, RecordNotFound
 
 from . import dispatch
 from . import handle as handles
+from .config import REPLY_BATCH_BYTES
 from .errors import NotLeased
 from .handle import Handle, Key
 from .leases import LeaseBatch
@@ -29,25 +31,62 @@ from .state import JobCounts, Leased
 if TYPE_CHECKING:
     from .state import QueueState
 
+log = logging.getLogger(__name__)
+
 LIVE = np.uint32(Marker.LIVE)
+MAX_BURIED_PER_LEASE = 100
 
 
-def lease(state: QueueState, worker: str, filters: dispatch.Filters, limit: int, now: float) -> list[Leased]:
-    """Plan, then commit, a lease of up to ``limit`` items (see dispatch.py)."""
-    limit = max(0, min(limit, state.config.max_lease_items))
+def lease(state: QueueState, worker: str, filters: dispatch.Filters, limit: int, now: float,
+          max_bytes: int | None = None) -> list[Leased]:
+    """Plan, then commit, a lease of up to ``limit`` items whose response
+    fits ``max_bytes`` (see dispatch.py). An item whose payload fails its
+    checksum is buried (and logged) instead of failing every lease."""
+    for _ in range(MAX_BURIED_PER_LEASE):
+        try:
+            plan = _plan(state, filters, max(0, min(limit, state.config.max_lease_items)), now, max_bytes)
+        except CorruptJournal as exc:
+            _bury_damaged(state, exc)
+            continue
+        return [_commit(state, worker, key, taken, now) for key, taken in plan]
+    raise Internal(f"more than {MAX_BURIED_PER_LEASE} damaged items met in one lease; see the log")
+
+
+def _plan(state: QueueState, filters: dispatch.Filters, limit: int, now: float,
+          max_bytes: int | None) -> list[tuple[Key, dispatch.Taken]]:
     keys = dispatch.rotated(sorted(k for k in state.keys if filters.match(k)), state.key_turn)
     state.key_turn += 1
     state.job_turn += 1
     plan: list[tuple[Key, dispatch.Taken]] = []
+    budget = max_bytes if max_bytes is not None else 1 << 62
     got = 0
     for key in keys:
-        if got >= limit:
+        if got >= limit or budget <= 0:
             break
         ready = [s for s in state.keys[key] if state.dispatchable(s, now)]
-        for taken in dispatch.plan_key(ready, limit - got, state.job_turn):
+        for taken in dispatch.plan_key(ready, limit - got, state.job_turn, budget, first=not plan):
             plan.append((key, taken))
             got += len(taken.offsets)
-    return [_commit(state, worker, key, taken, now) for key, taken in plan]
+            budget -= taken.cost + REPLY_BATCH_BYTES
+    return plan
+
+
+def _bury_damaged(state: QueueState, exc: CorruptJournal) -> None:
+    """Bury the item whose record ``exc`` names (pending, so unheld)."""
+    segment = next((s for s in state.segments.values() if s.journal.path == exc.path), None)
+    if segment is None:
+        raise exc
+    offset = np.array([exc.offset], dtype=np.int64)
+    jobs, _, _ = segment.heads_of(offset)
+    job = int(jobs[0])
+    segment.journal.set_markers(offset, Marker.BURIED, expect=Marker.LIVE)
+    cursor = segment.jobs.get(job)
+    if cursor is not None:
+        cursor.pending -= 1
+    counts = state.counts.setdefault(job, JobCounts())
+    counts.pending -= 1
+    counts.buried += 1
+    log.error("workq: buried item %s: its payload is damaged (%s)", Handle(segment.id, exc.offset), exc.detail)
 
 
 def _commit(state: QueueState, worker: str, key: Key, taken: dispatch.Taken, now: float) -> Leased:
@@ -63,6 +102,11 @@ def _commit(state: QueueState, worker: str, key: Key, taken: dispatch.Taken, now
     return Leased(key, state.job_name(taken.job), packed, taken.positions, deliveries, taken.payloads)
 
 
+def _distinct(packed: list[int]) -> list[int]:
+    """Handles without repeats (a handle named twice counts once), in order."""
+    return list(dict.fromkeys(packed))
+
+
 def _held_by(state: QueueState, worker: str, packed: list[int]) -> None:
     """NotLeased (changing nothing) unless ``worker`` holds every item."""
     for h in packed:
@@ -74,12 +118,14 @@ def _held_by(state: QueueState, worker: str, packed: list[int]) -> None:
 
 def touch(state: QueueState, worker: str, packed: list[int], now: float) -> None:
     """Extend leases by a full lease period from now."""
+    packed = _distinct(packed)
     _held_by(state, worker, packed)
     state.leases.extend(packed, now + state.config.lease_s)
 
 
 def release(state: QueueState, worker: str, packed: list[int], delay: float, now: float) -> None:
     """Give leased items back, now or after ``delay`` seconds."""
+    packed = _distinct(packed)
     _held_by(state, worker, packed)
     groups: dict[int, tuple[LeaseBatch, list[int]]] = {}
     for h, batch in state.leases.remove(packed):
@@ -139,7 +185,7 @@ def hello(state: QueueState, worker: str, packed: list[int], now: float) -> list
     dropped: list[int] = []
     mine: list[int] = []
     adopt: dict[tuple[int, int], list[int]] = {}
-    for h in packed:
+    for h in _distinct(packed):
         batch = state.leases.by_handle.get(h)
         if batch is not None:
             (mine if batch.worker == worker else dropped).append(h)

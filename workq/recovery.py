@@ -11,7 +11,10 @@ position, handle), never a payload, all with vectorised scans:
    torn tail can never name a different item later), and its items are not
    dispatched during the reconnect window.
 3. Interrupted completions are finished: an input whose result is durable
-   but whose marker is still LIVE or BURIED is tombstoned now.
+   but whose marker is still LIVE or BURIED is tombstoned now, durably.
+
+A job log with nothing undelivered rests at once (closed, counts kept), so
+recovering many finished jobs does not hold a file open per job.
 
 Journal recovery (torn tails, checkpoints) happens as each file opens.
 """
@@ -89,6 +92,8 @@ def _recover_logs(state: QueueState, report: RecoveryReport) -> np.ndarray:
         if job_log is None:
             continue
         _drop_collected(job_log)
+        if job_log.restable(time.monotonic(), 0.0):
+            job_log.rest()  # a finished job holds no file (see completions.py)
         state.logs[job_log.job] = job_log
         state.counts.setdefault(job_log.job, JobCounts())
         state.next_position[job_log.job] = max(state.next_position.get(job_log.job, 0), job_log.max_position + 1,
@@ -189,6 +194,7 @@ def _finish(state: QueueState, with_results: np.ndarray) -> int:
         if not open_.any():
             continue
         segment.journal.set_markers(mine[open_], Marker.RETIRED)
+        segment.journal.flush()  # durable before any completion log is collected
         for job, marker in zip(jobs[open_].tolist(), markers[open_].tolist()):
             counts = state.counts[job]
             if marker == Marker.LIVE:

@@ -29,6 +29,7 @@ from common.anchors import contains
 from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
+from .config import REPLY_ITEM_BYTES
 from .handle import Key
 from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, TIME_AT, heads
 
@@ -42,6 +43,13 @@ def scan_window(journal: Journal, records: int) -> int:
     average record size each, at least 64 KiB): small steps for small takes."""
     average = (journal.end - HEADER_SIZE) // max(1, journal.count)
     return max(64 * 1024, 2 * records * average)
+
+
+def budgeted(costs: np.ndarray, budget: int, first: bool) -> int:
+    """How many of ``costs`` (taken in order) fit in ``budget`` bytes; with
+    ``first``, at least one (a response is never empty for want of room)."""
+    fits = int(np.searchsorted(np.cumsum(costs), budget, side="right"))
+    return max(fits, min(1, len(costs))) if first else fits
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,6 +70,7 @@ class Taken:
     positions: np.ndarray
     payloads: list[memoryview]
     cursor: int  # the job's cursor once these are committed
+    cost: int  # response bytes: payloads plus REPLY_ITEM_BYTES each
 
 
 class Segment:
@@ -136,32 +145,40 @@ class Segment:
 
     # -------------------------------------------------------------- dispatch
 
-    def take(self, job: int, limit: int) -> Taken | None:
-        """Plan: the first ``limit`` pending items of ``job`` (reads their payloads)."""
+    def take(self, job: int, limit: int, max_bytes: int | None = None, first: bool = False) -> Taken | None:
+        """Plan: the first ``limit`` pending items of ``job`` whose payloads
+        (plus REPLY_ITEM_BYTES each) fit in ``max_bytes`` (at least one
+        with ``first``); reads their payloads."""
         state = self.jobs.get(job)
         if state is None or state.pending <= 0 or limit <= 0:
             return None
         held = self._held_array()
+        budget = max_bytes if max_bytes is not None else 1 << 62
         pieces: list[tuple[RecordChunk, np.ndarray]] = []
-        got, cursor = 0, self.journal.end
+        got, cost, cursor = 0, 0, self.journal.end
         for chunk in self.journal.scan(start=state.cursor, window=scan_window(self.journal, limit)):
             jobs = self.journal.fields(chunk, JOB_AT, "<u8")
             mask = (chunk.markers == LIVE) & (jobs == np.uint64(job))
             if len(held):
                 mask &= ~contains(held, chunk.offsets)
             picked = np.flatnonzero(mask)[: limit - got]
-            if len(picked):
-                pieces.append((chunk, picked))
-                got += len(picked)
-            if got >= limit:
-                cursor = int(chunk.ends(self.journal.alignment)[picked[-1]])
+            costs = chunk.lengths[picked] - HEAD_BYTES + REPLY_ITEM_BYTES
+            kept = budgeted(costs, budget - cost, first and not got)
+            if kept:
+                pieces.append((chunk, picked[:kept]))
+                got += kept
+                cost += int(costs[:kept].sum())
+            if got >= limit or kept < len(picked):
+                ends = chunk.ends(self.journal.alignment)
+                cursor = int(ends[picked[kept - 1]]) if kept else int(chunk.offsets[picked[0]])
                 break
         if not pieces:
-            state.cursor, state.pending = cursor, 0  # nothing pending after all: repair the count
+            if cursor == self.journal.end:
+                state.cursor, state.pending = cursor, 0  # nothing pending after all: repair the count
             return None
-        return self._taken(job, pieces, cursor)
+        return self._taken(job, pieces, cursor, cost)
 
-    def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int) -> Taken:
+    def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int, cost: int) -> Taken:
         offsets, positions, payloads = [], [], []
         for chunk, picked in pieces:
             sub = RecordChunk(chunk.offsets[picked], chunk.markers[picked], chunk.lengths[picked],
@@ -169,7 +186,7 @@ class Segment:
             offsets.append(sub.offsets)
             positions.append(self.journal.fields(sub, POSITION_AT, "<u8"))
             payloads += self.journal.bodies(sub, skip=HEAD_BYTES)
-        return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor)
+        return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor, cost)
 
     def commit_take(self, taken: Taken) -> None:
         """Commit: the taken items are held (in flight); the cursor moves on."""

@@ -28,6 +28,7 @@ import numpy as np
 from common import Flusher
 from common.component import Component, Request
 from common.errors import BadRequest, Internal, ServiceError
+from common.framing import DEFAULT_MAX_FRAME_BYTES
 
 from . import leasing
 from .broker import Broker
@@ -69,8 +70,16 @@ class _Delivery:
 class WorkqService(Component):
     name = "workq"
 
-    def __init__(self, data_dir: Path, config: WorkqConfig, flusher: Flusher) -> None:
-        self.broker = Broker(data_dir, config, flusher=flusher, lock=False)
+    def __init__(self, data_dir: Path, config: WorkqConfig, flusher: Flusher,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        fitted = config.fitted_to_frame(max_frame_bytes)
+        if fitted != config:
+            log.warning("workq: payloads and results capped at %d bytes to fit max_frame_bytes (%d)",
+                        fitted.max_payload_bytes, max_frame_bytes)
+        self.broker = Broker(data_dir, fitted, flusher=flusher, lock=False)
+        #: Payload bytes one lease or results response may carry (see
+        #: WorkqConfig.reply_bytes), so that it always fits a frame.
+        self.reply_bytes = config.reply_bytes(max_frame_bytes)
         self._lock = threading.Lock()
         self._workers: dict[int, str] = {}  # connection -> worker name
         self._filters: dict[int, Filters] = {}  # connection -> what its worker serves
@@ -108,6 +117,8 @@ class WorkqService(Component):
     def connection_closed(self, connection_id: int) -> None:
         with self._lock:
             worker = self._workers.pop(connection_id, None)
+            if worker in self._workers.values():
+                worker = None  # the worker is connected again (or twice): its leases stay
             self._filters.pop(connection_id, None)
             deliveries = self._deliveries.pop(connection_id, [])
             dropped = [d for d in deliveries if d.state == "sending"]
@@ -130,16 +141,11 @@ class WorkqService(Component):
         def run() -> None:
             try:
                 fn()
-            except ServiceError as exc:
-                if request is not None:
-                    request.fail(exc)
-            except ValueError as exc:
-                if request is not None:
-                    request.fail(BadRequest(f"{request.cmd}: {exc}"))
             except Exception as exc:
-                log.exception("workq: %s failed", request.cmd if request else "cleanup")
-                if request is not None:
-                    request.fail(Internal(f"{request.cmd}: {type(exc).__name__}: {exc}"))
+                if request is None:
+                    log.exception("workq: cleanup failed")
+                else:
+                    _fail(request, exc)
 
         self.broker.submit(run)
 
@@ -170,7 +176,7 @@ class WorkqService(Component):
             packed, ticket = self.broker.state.enqueue(job, key, payloads)
             reply = lambda: request.reply({}, {"handles": packed})  # noqa: E731
             if durable:
-                self.broker.after_durable([ticket], reply, request.fail)  # type: ignore[arg-type]
+                self.broker.after_durable([ticket], reply, lambda exc: _fail(request, exc))
             else:
                 reply()
 
@@ -190,7 +196,7 @@ class WorkqService(Component):
         def attempt(final: bool) -> bool:
             if not request.connection_open:
                 return True  # nobody to answer
-            job_log, batch = self.broker.state.take_results(job, limit)
+            job_log, batch = self.broker.state.take_results(job, limit, self.reply_bytes)
             if not batch and not final:
                 return False
             self._send_results(request, job_log, batch)
@@ -198,7 +204,7 @@ class WorkqService(Component):
 
         def run() -> None:
             self.broker.state.job(job)
-            self.broker.park(time.monotonic() + wait, attempt, "results")
+            self.broker.park(time.monotonic() + wait, attempt, "results", lambda exc: _fail(request, exc))
 
         self._on_owner(request, run)
 
@@ -249,7 +255,8 @@ class WorkqService(Component):
 
         def run() -> None:
             dropped = leasing.hello(self.broker.state, worker, held.tolist(), time.monotonic())
-            request.reply({"kept": len(held) - len(dropped)}, {"dropped": np.array(dropped, dtype=np.uint64)})
+            request.reply({"kept": len(set(held.tolist())) - len(dropped)},
+                          {"dropped": np.array(dropped, dtype=np.uint64)})
 
         self._on_owner(request, run)
 
@@ -265,9 +272,11 @@ class WorkqService(Component):
         def attempt(final: bool) -> bool:
             if not request.connection_open:
                 return True
-            return self.broker.try_lease(worker, filters, limit, final, lambda b: request.reply(*_lease_reply(b)))
+            return self.broker.try_lease(worker, filters, limit, final, lambda b: request.reply(*_lease_reply(b)),
+                                         self.reply_bytes)
 
-        self._on_owner(request, lambda: self.broker.park(time.monotonic() + wait, attempt))
+        self._on_owner(request, lambda: self.broker.park(time.monotonic() + wait, attempt, "items",
+                                                         lambda exc: _fail(request, exc)))
 
     def _complete(self, request: Request) -> None:
         self._worker(request)
@@ -280,7 +289,8 @@ class WorkqService(Component):
             status = np.fromiter((s == COMPLETED for s in statuses), dtype=np.uint8, count=len(statuses))
             request.reply({"completed": int(status.sum())}, {"status": status})
 
-        self._on_owner(request, lambda: self.broker.complete_async(packed, payloads, answer, request.fail))
+        self._on_owner(request, lambda: self.broker.complete_async(packed, payloads, answer,
+                                                                   lambda exc: _fail(request, exc)))
 
     def _release(self, request: Request) -> None:
         worker = self._worker(request)
@@ -312,6 +322,17 @@ class WorkqService(Component):
     def _stats(self, request: Request) -> None:
         self._on_owner(request, lambda: request.reply({"totals": totals(self.broker.state),
                                                        "keys": key_stats(self.broker.state)}))
+
+
+def _fail(request: Request, exc: Exception) -> None:
+    """Answer ``request`` with ``exc`` as a coded error (ValueError: bad_request)."""
+    if isinstance(exc, ServiceError):
+        request.fail(exc)
+    elif isinstance(exc, ValueError):
+        request.fail(BadRequest(f"{request.cmd}: {exc}"))
+    else:
+        log.error("workq: %s failed", request.cmd, exc_info=exc)
+        request.fail(Internal(f"{request.cmd}: {type(exc).__name__}: {exc}"))
 
 
 def _key(request: Request) -> Key:

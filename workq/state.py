@@ -37,7 +37,7 @@ from common.filesystem import make_dirs
 
 from . import handle as handles
 from .completions import JobLog, Outgoing
-from .config import WorkqConfig
+from .config import SEGMENT_OVERHEAD, WorkqConfig
 from .errors import DiskFull, PayloadTooLarge, UnknownJob
 from .handle import Key
 from .leases import Leases
@@ -46,7 +46,6 @@ from .segment import Segment
 
 DUPLICATE = "duplicate"
 COMPLETED = "completed"
-SEGMENT_OVERHEAD = 8192  # header and slack: what a segment cannot hold of payloads
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,6 +55,12 @@ class JobCounts:
     pending: int = 0  # including items released with a delay
     in_flight: int = 0  # leased or completing
     buried: int = 0
+    completing: int = 0  # of in_flight: results written, not yet durable
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending, in flight or buried."""
+        return not (self.pending or self.in_flight or self.buried)
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,6 +93,7 @@ class CompletionPlan:
     statuses: list[str]
     groups: list[CompletionGroup]
     tickets: list[Ticket] = dataclasses.field(default_factory=list)
+    error: Exception | None = None  # set by start: only some results were written
 
 
 class QueueState:
@@ -106,6 +112,7 @@ class QueueState:
         self.next_position: dict[int, int] = {}
         self.leases = Leases()
         self.completing: set[int] = set()
+        self.stranded = 0  # completing items a flush error left for recovery to settle
         self.next_segment_id = 1
         self.window_ends = 0.0  # monotonic: recovered segments are not dispatched before it
         self.key_turn = 0
@@ -141,7 +148,7 @@ class QueueState:
     def job_status(self, name: str) -> dict[str, int]:
         log = self.job(name)
         counts = self.counts.setdefault(log.job, JobCounts())
-        completed = log.completed
+        completed = log.completed - counts.completing  # written, but not complete until durable
         return {"enqueued": counts.pending + counts.in_flight + counts.buried + completed,
                 "pending": counts.pending, "in_flight": counts.in_flight, "completed": completed,
                 "delivered": log.delivered, "buried": counts.buried}
@@ -156,7 +163,7 @@ class QueueState:
         if not payloads:
             return np.zeros(0, dtype=np.uint64), None
         sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
-        limit = min(self.config.max_payload_bytes, self.config.segment_bytes - SEGMENT_OVERHEAD)
+        limit = self.config.payload_limit
         too_big = np.flatnonzero(sizes > limit)
         if len(too_big):
             raise PayloadTooLarge(f"payload {int(too_big[0])} has {int(sizes[too_big[0]])} bytes; the limit is {limit}")
@@ -209,11 +216,12 @@ class QueueState:
 
     # ------------------------------------------------------------ consumers
 
-    def take_results(self, name: str, limit: int) -> tuple[JobLog, list[Outgoing]]:
-        """Plan and commit a delivery: the results are in delivery until
-        confirm_results (sent) or drop_results (not sent)."""
+    def take_results(self, name: str, limit: int, max_bytes: int | None = None) -> tuple[JobLog, list[Outgoing]]:
+        """Plan and commit a delivery of durable results (payloads plus
+        REPLY_ITEM_BYTES each within ``max_bytes``): they are in delivery
+        until confirm_results (sent) or drop_results (not sent)."""
         log = self.job(name)
-        batch = log.take(max(0, limit))
+        batch = log.take(max(0, limit), max_bytes, self.completing)
         log.sending(batch)
         return log, batch
 

@@ -32,6 +32,7 @@ def totals(state: QueueState) -> dict[str, int]:
         "segments": len(state.segments), "keys": len(state.keys), "jobs": len(state.logs),
         "pending": sum(c.pending for c in counts), "in_flight": sum(c.in_flight for c in counts),
         "buried": sum(c.buried for c in counts), "leases": len(state.leases), "completing": len(state.completing),
+        "stranded": state.stranded,
         "results_undelivered": sum(log.undelivered for log in state.logs.values()),
         "segment_bytes": sum(s.journal.end for s in state.segments.values()),
         "reconnect_window_open": int(state.window_ends > time.monotonic()),

@@ -32,9 +32,12 @@ class ServerProcess:
              *self.extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        if not self._ready.wait(timeout):
-            self.kill()
-            raise RuntimeError("server did not become ready:\n" + "\n".join(self.log))
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:  # exited, or stuck
+                self.kill()
+                time.sleep(0.1)  # let the pump read the last lines
+                raise RuntimeError("server did not become ready:\n" + "\n".join(self.log))
         return self
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:

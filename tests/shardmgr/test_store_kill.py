@@ -64,8 +64,9 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
     vectors = np.stack([confirmed[int(r)][0] for r in refs])
     np.testing.assert_array_equal(client.get("c", refs), vectors)
     np.testing.assert_array_equal(client.ids("c", refs), [confirmed[int(r)][1] for r in refs])
-    _, _, nearest = client.search("c", vectors, k=1)
-    assert (nearest[:, 0] == refs).all()
+    sample = np.random.default_rng(seed).choice(len(refs), size=min(len(refs), 5000), replace=False)
+    _, _, nearest = client.search("c", vectors[sample], k=1)
+    assert (nearest[:, 0] == refs[sample]).all()
     client.close()
     server.kill()
 

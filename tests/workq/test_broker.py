@@ -246,3 +246,78 @@ def test_collection_never_pulls_a_segment_from_under_a_reader(open_broker: Calla
     assert not segments[0].exists()  # collected ...
     assert [len(r.body) for r in reader.records()] == [25_024] * reader.count  # ... and still fully readable
     reader.close()
+
+
+def on_owner(broker: Broker, fn: Callable[[], object]) -> object:
+    return broker.call(lambda f: f.set_result(fn()))
+
+
+def test_hello_and_release_count_a_repeated_handle_once(broker: Broker) -> None:
+    from workq import leasing
+
+    h1, h2 = broker.enqueue("j", "m", "s", 1, [b"a", b"b"])
+    dropped = on_owner(broker, lambda: leasing.hello(broker.state, "w", [h1.packed, h1.packed], time.monotonic()))
+    assert dropped == [] and status(broker, "j") == (2, 1, 1, 0, 0, 0)
+    assert [i.handle for i in broker.lease(10, worker="w2")] == [h2]  # still dispatched
+    broker.release([h1, h1], worker="w")
+    assert status(broker, "j") == (2, 1, 1, 0, 0, 0)
+    assert [i.handle for i in broker.lease(10, worker="w3")] == [h1]
+
+
+def test_a_damaged_payload_is_buried_and_waiting_leases_still_answer(open_broker: Callable[..., Broker],
+                                                                    tmp_path: Path) -> None:
+    broker = open_broker()
+    bad, good = broker.enqueue("j", "m", "s", 1, [b"payload-payload", b"fine"], durable=True)
+    broker.close()
+    [segment] = (tmp_path / "data" / "workq" / "segments").iterdir()
+    with open(segment, "r+b") as f:  # one byte of rot inside the first payload
+        f.seek(bad.offset + 16 + 24 + 2)
+        f.write(b"X")
+    broker = open_broker()
+    answers: list[list] = []
+    waiter = threading.Thread(target=lambda: answers.append(broker.lease(10, wait=2.0)), daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and [i.handle for i in answers[0]] == [good]
+    assert status(broker, "j") == (2, 0, 1, 0, 0, 1)  # the damaged one is buried, for an operator to see
+
+
+def test_a_parked_call_whose_retry_raises_is_answered(broker: Broker) -> None:
+    calls = []
+
+    def attempt(final: bool) -> bool:
+        calls.append(final)
+        if len(calls) > 1:
+            raise RuntimeError("boom")
+        return False
+
+    from concurrent.futures import Future
+    done: Future = Future()
+    broker.submit(lambda: broker.park(time.monotonic() + 0.2, attempt, "items", done.set_exception))
+    with pytest.raises(RuntimeError, match="boom"):
+        done.result(10)
+
+
+def test_finished_jobs_hold_no_open_files(open_broker: Callable[..., Broker], monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import workq.broker
+
+    monkeypatch.setattr(workq.broker, "REST_AFTER_S", 0.0)
+    broker = open_broker()
+    before = len(os.listdir("/proc/self/fd"))
+    for n in range(200):
+        broker.enqueue(f"job-{n}", "m", "s", 1, [b"x"])
+        broker.complete([broker.lease(1)[0].handle], [b"r"])
+        broker.results(f"job-{n}")
+    broker.flusher.flush_now()
+    broker.tick()
+    assert len(os.listdir("/proc/self/fd")) < before + 20  # not two per job
+    assert status(broker, "job-7") == (1, 0, 0, 1, 1, 0)  # counts kept while resting
+    [h] = broker.enqueue("job-7", "m", "s", 1, [b"y"])  # a resting job wakes up
+    broker.complete([broker.lease(1)[0].handle], [b"r2"])
+    assert [(r.handle, r.payload) for r in broker.results("job-7")] == [(h, b"r2")]
+    assert status(broker, "job-7") == (2, 0, 0, 2, 2, 0)
+    broker.close()
+    reopened = open_broker()
+    assert status(reopened, "job-7") == (2, 0, 0, 2, 2, 0) and status(reopened, "job-199") == (1, 0, 0, 1, 1, 0)

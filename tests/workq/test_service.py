@@ -78,6 +78,60 @@ def test_vanished_worker_loses_its_leases_after_the_grace(server: ServerProcess)
         assert {i.payload for i in items} == {b"a", b"b"} and all(i.deliveries == 2 for i in items)
 
 
+def test_a_worker_on_a_second_connection_keeps_its_leases_when_the_first_drops(server: ServerProcess) -> None:
+    with Client(server.address) as client:
+        client.enqueue("j", "m", "s", 1, [b"a"])
+    first = Worker(server.address, "gpu-1")
+    [item] = first.lease(1)
+    second = Worker(server.address, "gpu-1")  # e.g. the worker reconnected before the old socket closed
+    second.touch(item.handle)
+    first.close()
+    time.sleep(1.5)  # well past the disconnect grace
+    with Worker(server.address, "rival") as rival:
+        assert rival.lease(10) == []
+    assert second.complete(item.handle, b"r") == "completed"
+    second.close()
+
+
+def test_responses_never_exceed_a_frame(tmp_path: Path) -> None:
+    config = tmp_path / "small.toml"
+    config.write_text("max_frame_bytes = 65536\n[workq]\nreconnect_window_s = 0.0\ndisk_floor_bytes = 0\n"
+                      "max_payload_bytes = 20000\nmax_result_bytes = 40000\n")
+    server = ServerProcess(tmp_path / "data", "--config", str(config)).start()
+    try:
+        with Client(server.address) as client, Worker(server.address, "w") as worker:
+            for i in range(10):  # requests are frames too
+                client.enqueue("j", "m", "s", 1, [bytes([i]) * 15_000])
+            sizes = []
+            while sum(sizes) < 10:
+                items = worker.lease(10)
+                assert items, "a lease came back empty while items were pending"
+                sizes.append(len(items))
+                for item in items:
+                    worker.complete(item.handle, bytes(30_000))
+            assert max(sizes) == 3  # what fits 64 KiB less the response reserve (header, names)
+            got = []
+            while len(got) < 10:
+                batch = client.results("j", 1000)
+                assert 0 < len(batch) <= 2  # 2 x 30 kB fit
+                got += batch
+            assert client.job_status("j")["completed"] == 10
+    finally:
+        server.kill()
+
+def test_a_small_frame_caps_payloads_so_one_always_fits(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data", "--max-frame-bytes", "65536").start()
+    try:
+        with Client(server.address) as client:
+            with pytest.raises(PayloadTooLarge, match="limit is 59328"):  # 64 KiB less the response reserve
+                client.enqueue("j", "m", "s", 1, [bytes(60_000)])
+            client.enqueue("j", "m", "s", 1, [bytes(59_328)])
+        with Worker(server.address, "w") as worker:
+            assert len(worker.lease(1)[0].payload) == 59_328
+    finally:
+        server.kill()
+
+
 def test_workers_keep_their_items_across_a_server_restart(server: ServerProcess) -> None:
     with Client(server.address) as client:
         client.enqueue("j", "m", "s", 1, [b"x", b"y", b"z"], durable=True)
