@@ -49,11 +49,13 @@ def ids(value: Any, rows: int) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def refs(value: Any) -> np.ndarray:
-    """int64 [n] refs as append returned them."""
+def refs(value: Any, max_rows: int | None = None) -> np.ndarray:
+    """int64 [n] refs as append returned them (at most ``max_rows``)."""
     array = np.asarray(value)
     if array.dtype.kind not in "iu" or array.ndim != 1:
         raise BadVectors(f"refs must be a 1-D integer array, got {array.dtype} {list(array.shape)}")
+    if max_rows is not None and len(array) > max_rows:
+        raise BadVectors(f"refs: {len(array)} in one call; the limit is {max_rows}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 

@@ -25,12 +25,12 @@ INDEX_TYPES = ("flat", "hnsw")
 class StoreConfig:
     """Settings of the vector store. ``validate()`` checks them."""
 
-    #: A shard is sealed once its vectors reach this many bytes.
+    #: A shard is sealed once its vectors reach this many bytes ...
     seal_bytes: int = 1 << 30
-    #: Row files grow in steps of this many bytes (preallocated with fallocate).
-    extent_bytes: int = 64 << 20
     #: ... or after this many seconds without an append.
     idle_seal_s: float = 300.0
+    #: Row files grow in steps of this many bytes (preallocated with fallocate).
+    extent_bytes: int = 64 << 20
     #: Largest k a search may ask for.
     max_k: int = 10_000
     #: Largest number of queries in one search call.

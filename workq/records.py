@@ -14,7 +14,7 @@ Completion logs are journals of kind ``WQCL``, segmented per job; metadata is
     0   8   handle        uint64: the packed input handle; LEDGER for a ledger entry
     8   8   position      uint64: the input's position in its job
     16  8   completed_ns  uint64
-    24  n   result payload (ledger: msgpack {collected, results, max_position})
+    24  n   result payload (ledger: msgpack {collected_below, results, max_position})
 
 Input markers: LIVE (pending or leased), RETIRED (its result is recorded),
 BURIED (failed too often; kept for an operator). Result markers: LIVE (not

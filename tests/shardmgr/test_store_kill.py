@@ -27,48 +27,53 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
     config = tmp_path / "server.toml"
     config.write_text("[store]\nseal_bytes = 262144\nextent_bytes = 1048576\n")
     server = ServerProcess(tmp_path / "data", "--config", str(config)).start()
-    client = shardmgr.connect(server.address, retry_for=60.0, timeout=30.0)
-    client.create_collection("c", 32, "l2")
-    stop = threading.Event()
-    kills = 0
-
-    def killer() -> None:
-        nonlocal kills
-        while not stop.wait(rng.uniform(0.2, 0.7)):
-            server.signal(signal.SIGKILL)
-            server.wait()
-            kills += 1
-            server.start()
-
-    thread = threading.Thread(target=killer)
-    thread.start()
-    confirmed: dict[int, tuple[np.ndarray, int]] = {}
-    deadline = time.monotonic() + seconds
-    step = 0
     try:
-        while time.monotonic() < deadline:
-            n = rng.randint(1, 300)
-            vectors = np.random.default_rng(step).standard_normal((n, 32)).astype(np.float32)
-            ids = np.arange(step * 1000, step * 1000 + n)
-            step += 1
-            try:
-                refs = client.append("c", vectors, ids, durable=True)
-            except Unavailable:
-                continue  # cut off by a kill: this batch may or may not be stored, and nobody was told it is
-            confirmed.update((int(r), (v, int(i))) for r, v, i in zip(refs, vectors, ids))
+        client = shardmgr.connect(server.address, retry_for=60.0, timeout=30.0)
+        client.create_collection("c", 32, "l2")
+        stop = threading.Event()
+        kills = 0
+
+        def killer() -> None:
+            nonlocal kills
+            while not stop.wait(rng.uniform(0.2, 0.7)):
+                server.signal(signal.SIGKILL)
+                server.wait()
+                kills += 1
+                server.start()
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        confirmed: dict[int, tuple[np.ndarray, int]] = {}
+        deadline = time.monotonic() + seconds
+        step = 0
+        try:
+            while time.monotonic() < deadline:
+                n = rng.randint(1, 300)
+                vectors = np.random.default_rng(step).standard_normal((n, 32)).astype(np.float32)
+                ids = np.arange(step * 1000, step * 1000 + n)
+                step += 1
+                try:
+                    refs = client.append("c", vectors, ids, durable=True)
+                except Unavailable:
+                    continue  # cut off by a kill: this batch may or may not be stored, and nobody was told it is
+                confirmed.update((int(r), (v, int(i))) for r, v, i in zip(refs, vectors, ids))
+        finally:
+            stop.set()
+            thread.join()
+        assert kills >= 2 and confirmed
+        refs = np.array(sorted(confirmed), dtype=np.int64)
+        vectors = np.stack([confirmed[int(r)][0] for r in refs])
+        ids = np.array([confirmed[int(r)][1] for r in refs])
+        for start in range(0, len(refs), 200_000):  # within the per-call row limit
+            part = slice(start, start + 200_000)
+            np.testing.assert_array_equal(client.get("c", refs[part]), vectors[part])
+            np.testing.assert_array_equal(client.ids("c", refs[part]), ids[part])
+        sample = np.random.default_rng(seed).choice(len(refs), size=min(len(refs), 5000), replace=False)
+        _, _, nearest = client.search("c", vectors[sample], k=1)
+        assert (nearest[:, 0] == refs[sample]).all()
+        client.close()
     finally:
-        stop.set()
-        thread.join()
-    assert kills >= 2 and confirmed
-    refs = np.array(sorted(confirmed), dtype=np.int64)
-    vectors = np.stack([confirmed[int(r)][0] for r in refs])
-    np.testing.assert_array_equal(client.get("c", refs), vectors)
-    np.testing.assert_array_equal(client.ids("c", refs), [confirmed[int(r)][1] for r in refs])
-    sample = np.random.default_rng(seed).choice(len(refs), size=min(len(refs), 5000), replace=False)
-    _, _, nearest = client.search("c", vectors[sample], k=1)
-    assert (nearest[:, 0] == refs[sample]).all()
-    client.close()
-    server.kill()
+        server.kill()
 
 
 def test_sigkill_during_durable_appends(tmp_path: Path) -> None:
@@ -76,5 +81,6 @@ def test_sigkill_during_durable_appends(tmp_path: Path) -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(1800)
 def test_sigkill_during_durable_appends_soak(tmp_path: Path) -> None:
     run_kills(tmp_path, seconds=120.0, seed=2)

@@ -100,5 +100,6 @@ def test_exactly_once_under_sigkill(tmp_path: Path) -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(1800)
 def test_exactly_once_under_sigkill_soak(tmp_path: Path) -> None:
     run_faults(tmp_path, items=50_000, rounds=120, seed=11)
