@@ -38,7 +38,7 @@ import crc32c
 import numpy as np
 
 from common import filesystem
-from common.config import MiB
+from common.config import MiB, Preallocate
 from common.errors import FormatError, WriteFailed
 
 MAGIC = b"\x89SMROWS\n"
@@ -88,9 +88,11 @@ class RowHeader:
 class RowFile:
     """One column of a shard, appended by pwrite and read through a mapping."""
 
-    def __init__(self, path: Path, header: RowHeader, fd: int, writable: bool, extent: int = EXTENT) -> None:
+    def __init__(self, path: Path, header: RowHeader, fd: int, writable: bool, extent: int = EXTENT,
+                 preallocate: Preallocate = "fallocate") -> None:
         self.path = path
         self.extent = extent
+        self.preallocate = preallocate
         self.header = header
         self.fd = fd
         self.writable = writable
@@ -99,11 +101,13 @@ class RowFile:
         self._remap()
 
     @classmethod
-    def create(cls, path: Path, header: RowHeader, extent: int = EXTENT) -> RowFile:
-        """Create the file durably; it grows in ``extent``-byte steps."""
+    def create(cls, path: Path, header: RowHeader, extent: int = EXTENT,
+               preallocate: Preallocate = "fallocate") -> RowFile:
+        """Create the file durably; it grows in ``extent``-byte steps,
+        preallocated as ``preallocate`` says (common.filesystem.grow)."""
         filesystem.create_atomically(path, header.encode())
         row_file = cls.open(path, writable=True)
-        row_file.extent = extent
+        row_file.extent, row_file.preallocate = extent, preallocate
         return row_file
 
     @classmethod
@@ -132,7 +136,7 @@ class RowFile:
         try:
             if need > self.size:
                 size = -(-need // self.extent) * self.extent
-                filesystem.grow(self.fd, self.size, size, "fallocate")
+                filesystem.grow(self.fd, self.size, size, self.preallocate)
                 self.size = size
                 self._remap()
             view, pos = raw, start

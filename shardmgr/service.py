@@ -82,7 +82,7 @@ class StoreService(Component):
 
     def _get(self, request: Request) -> None:
         name, refs = request.arg("name", str), request.part("refs", INTS, ndim=1)
-        vectors, ids = self.store.collection(name).rows(refs.astype("<i8"))
+        vectors, ids = self.store.rows(name, refs)
         request.reply({}, {"vectors": vectors, "ids": ids})
 
     def _flush(self, request: Request) -> None:

@@ -101,10 +101,10 @@ class Shard:
         make_dirs(directory)
         uid = uuidlib.uuid4().bytes
         vectors = RowFile.create(directory / "vectors", RowHeader(VECTORS, "<f4", dim, uid), extent)
-        ids = RowFile.create(directory / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim))
+        ids = RowFile.create(directory / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim), "zero")
         meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid})
         journal = Journal.create(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, metadata=meta,
-                                 config=JournalConfig(extent_bytes=1 << 20))
+                                 config=JournalConfig(extent_bytes=1 << 20, preallocate="zero"))
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
         return cls(directory, shard_id, dim, journal, vectors, ids, 0)

@@ -214,11 +214,15 @@ class Store:
 
     def get(self, name: str, refs: Any) -> np.ndarray:
         """The vectors [n, dim] stored at ``refs``."""
-        return self.collection(name).rows(batch.refs(refs, self.config.max_batch_rows))[0]
+        return self.rows(name, refs)[0]
 
     def ids(self, name: str, refs: Any) -> np.ndarray:
         """The ids [n] stored with ``refs``."""
-        return self.collection(name).rows(batch.refs(refs, self.config.max_batch_rows))[1]
+        return self.rows(name, refs)[1]
+
+    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors [n, dim], ids [n]) stored at ``refs``."""
+        return self.collection(name).rows(batch.refs(refs, self.config.max_batch_rows))
 
     def stats(self) -> dict[str, int]:
         infos = [c.info() for c in self._collections.values()]
