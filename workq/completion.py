@@ -157,7 +157,10 @@ def finish(state: QueueState, plan: CompletionPlan) -> list[str]:
         except JournalError as exc:
             _stranded(state, [group], exc)
             continue
-        state.logs[group.job].tombstones.append(ticket)
+        job_log = state.logs[group.job]
+        job_log.tombstones.append(ticket)
+        if len(job_log.tombstones) > 64:
+            job_log.tombstones_durable()  # prunes: keep the list short between collections
         group.segment.unhold(group.offsets)
         group.segment.dead_bytes += int(group.segment.journal.sizes(group.offsets).sum())
         state.completing.difference_update(group.handles.tolist())
