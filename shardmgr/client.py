@@ -12,7 +12,10 @@ import numpy as np
 
 from common.client import Client as Rpc
 
-from . import errors  # noqa: F401 - registers the shardmgr.* error codes, so replies raise those classes
+from . import (
+    batch,
+    errors,  # noqa: F401 - registers the shardmgr.* error codes, so replies raise those classes
+)
 
 
 class Client:
@@ -40,6 +43,7 @@ class Client:
 
     def search(self, name: str, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scores, ids, refs), each [nq, k]; missing results have ref -1."""
+        k = int(k) if isinstance(k, np.integer) else k  # the server checks its range
         parts = self.rpc.call("shardmgr.search", {"name": name, "k": k}, {"queries": np.asarray(queries)}).parts
         return parts["scores"], parts["ids"], parts["refs"]
 
@@ -50,7 +54,7 @@ class Client:
         return self._rows(name, refs)[1]
 
     def _rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
-        parts = self.rpc.call("shardmgr.get", {"name": name}, {"refs": np.asarray(refs, dtype=np.int64)}).parts
+        parts = self.rpc.call("shardmgr.get", {"name": name}, {"refs": batch.refs(refs)}).parts
         return parts["vectors"], parts["ids"]
 
     def flush(self) -> None:

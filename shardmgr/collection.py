@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,17 +32,18 @@ import msgpack
 import numpy as np
 
 from common import Flusher, Journal, Ticket
-from common.filesystem import fsync_dir, make_dirs
+from common.filesystem import create_atomically, fsync_dir, make_dirs
 
 from . import index
 from .config import INDEX_TYPES, StoreConfig
 from .errors import BadVectors, CollectionConflict, UnknownRef
 from .search import Hits, merge, search_rows, shard_part
-from .shard import MAX_SHARD, Shard, ShardDamaged, View, ref_of, split_refs
+from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of, split_refs
 
 log = logging.getLogger(__name__)
 
 META_KIND = b"SMCO"
+REASON_FILE = "QUARANTINED"  # in a quarantined shard's directory: why it was moved
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -97,7 +99,12 @@ class Collection:
 
     def _open_shards(self) -> None:
         quarantine = self.directory / "quarantine"
-        seen = [int(p.name.split("-")[0]) for p in quarantine.iterdir()] if quarantine.exists() else []
+        moved = sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.exists() else []
+        seen = [int(p.name.split("-")[0]) for p in moved]
+        self.quarantined = [f"{p.name}: {_reason(p)}" for p in moved]
+        for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a shard creation a crash cut short: no data
+            seen.append(int(path.name[:-len(TMP_SUFFIX)]))
+            shutil.rmtree(path)
         for path in sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()):
             shard_id = int(path.name)
             seen.append(shard_id)
@@ -106,19 +113,23 @@ class Collection:
             except ShardDamaged as exc:
                 self._quarantine(path, exc.reason)
                 continue
+            except BaseException:  # not damage (e.g. too many open files): nothing moves, nothing stays open
+                self.close()
+                raise
+            self.shards[shard_id] = shard
             if self.index != "flat":
                 shard.index = index.load(path, shard.rows)
-            self.shards[shard_id] = shard
         self.next_shard = max(seen, default=0) + 1
         self._publish()
 
     def _quarantine(self, path: Path, reason: str) -> None:
         target = self.directory / "quarantine" / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}"
         make_dirs(target.parent)
+        create_atomically(path / REASON_FILE, reason.encode())
         os.rename(path, target)
         fsync_dir(self.directory)
         fsync_dir(target.parent)
-        self.quarantined.append(f"{path.name}: {reason}")
+        self.quarantined.append(f"{target.name}: {reason}")
         log.error("collection %s: shard %s quarantined to %s: %s", self.name, path.name, target, reason)
 
     def close(self) -> None:
@@ -149,10 +160,11 @@ class Collection:
         if shard is None:
             if self.next_shard > MAX_SHARD:
                 raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
-            shard = Shard.create(self.directory / f"{self.next_shard:08d}", self.next_shard, self.dim, self.name,
+            shard_id = self.next_shard
+            self.next_shard += 1  # used even if the creation fails: a failed attempt never blocks the next
+            shard = Shard.create(self.directory / f"{shard_id:08d}", shard_id, self.dim, self.name,
                                  self.flusher, self.config.extent_bytes)
             self.shards[shard.id] = shard
-            self.next_shard += 1
         first, ticket = shard.append(vectors, ids)
         self._publish()
         return ref_of(shard.id, np.arange(first, first + len(ids), dtype=np.int64)), ticket
@@ -167,7 +179,7 @@ class Collection:
         return True
 
     def _publish(self) -> None:
-        self._views = [shard.view() for shard in self.shards.values()]
+        self._views = [shard.view() for shard in list(self.shards.values())]
 
     # ----------------------------------------------------------------- reads
 
@@ -191,7 +203,7 @@ class Collection:
         """Sealed shards that should have an approximate index and lack one."""
         if self.index == "flat":
             return []
-        return [s for s in self.shards.values() if s.sealed and s.index is None and s.rows]
+        return [s for s in list(self.shards.values()) if s.sealed and s.index is None and s.rows]
 
     def install_index(self, shard: Shard, built: Any) -> None:
         """Caller holds the write lock."""
@@ -217,10 +229,16 @@ class Collection:
         return vectors, ids
 
     def info(self) -> dict[str, Any]:
-        views = self.views()
+        views = self.views()  # a snapshot: appends and seals on other threads do not disturb it
         return {"name": self.name, "dim": self.dim, "metric": self.metric, "index": self.index,
                 "rows": sum(v.rows for v in views), "shards": len(views),
-                "sealed": sum(1 for s in self.shards.values() if s.sealed),
-                "growing": sum(1 for s in self.shards.values() if not s.sealed),
+                "sealed": sum(1 for v in views if v.sealed), "growing": sum(1 for v in views if not v.sealed),
                 "bytes": sum(v.rows for v in views) * (self.dim * 4 + 8), "quarantined": list(self.quarantined)}
 
+
+def _reason(moved: Path) -> str:
+    """Why a quarantined shard was moved, as recorded when it was."""
+    try:
+        return (moved / REASON_FILE).read_text(errors="replace").strip() or "no reason recorded"
+    except OSError:
+        return "no reason recorded"

@@ -42,6 +42,8 @@ class StoreConfig:
     hnsw_ef_search: int = 128
 
     def validate(self) -> StoreConfig:
+        if self.seal_bytes > 1 << 40:  # rows of 1-d vectors must stay below 2**40 (refs: shard << 40 | row)
+            raise ValueError(f"seal_bytes must be at most 1 TiB, got {self.seal_bytes}")
         if self.seal_bytes < 4096 or self.extent_bytes < 4096 or self.extent_bytes % 4096:
             raise ValueError(f"seal_bytes must be >= 4096 and extent_bytes a positive multiple of 4096, got "
                              f"{self.seal_bytes} and {self.extent_bytes}")

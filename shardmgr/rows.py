@@ -120,9 +120,11 @@ class RowFile:
             os.close(fd)
             raise
 
-    def _remap(self) -> None:
+    def _remap(self, size: int | None = None) -> None:
+        """Map ``size`` bytes (default: the current size). The old mapping is
+        left to the readers still holding rows of it (they keep it alive)."""
         access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
-        self._mm = mmap.mmap(self.fd, self.size, access=access)
+        self._mm = mmap.mmap(self.fd, self.size if size is None else size, access=access)
 
     def rows_fitting(self) -> int:
         """Whole rows the file can hold (its size, less the header)."""
@@ -137,8 +139,8 @@ class RowFile:
             if need > self.size:
                 size = -(-need // self.extent) * self.extent
                 filesystem.grow(self.fd, self.size, size, self.preallocate)
+                self._remap(size)  # may fail (ENOMEM): then size and mapping still agree
                 self.size = size
-                self._remap()
             view, pos = raw, start
             while view:
                 written = os.pwrite(self.fd, view, pos)
@@ -158,9 +160,10 @@ class RowFile:
 
     def truncate(self, rows: int) -> None:
         """Cut the file to exactly ``rows`` rows (drops preallocation and torn tails)."""
-        self.size = HEADER_SIZE + rows * self.header.row_bytes
-        os.ftruncate(self.fd, self.size)
-        self._remap()
+        size = HEADER_SIZE + rows * self.header.row_bytes
+        os.ftruncate(self.fd, size)
+        self._remap(size)
+        self.size = size
 
     def close(self) -> None:
         with contextlib.suppress(BufferError):  # a reader still holds rows; the mapping dies with them

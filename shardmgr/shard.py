@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 import struct
 import time
 import uuid as uuidlib
@@ -46,6 +48,7 @@ import numpy as np
 from common import Flusher, Journal, JournalConfig, Ticket
 from common.errors import CommonError, FormatError
 from common.filesystem import fsync_dir, make_dirs
+from common.scan import RecordChunk
 
 from .rows import IDS, VECTORS, RowFile, RowHeader
 
@@ -56,6 +59,14 @@ BATCH = struct.Struct("<QQII")
 ROW_BITS = 40
 """A ref is ``shard << ROW_BITS | row``: 2**40 rows per shard, 2**23 shards."""
 MAX_SHARD = 2 ** (63 - ROW_BITS) - 1
+
+
+#: What says a shard's files are wrong (bad format or content, a missing
+#: file, undecodable metadata), as opposed to errors of the moment (too
+#: many open files, no memory, I/O errors), which must not quarantine a
+#: healthy shard: those propagate and the open fails, changing nothing.
+DAMAGE = (FormatError, FileNotFoundError, ValueError, KeyError, TypeError)
+TMP_SUFFIX = ".tmp"
 
 
 class ShardDamaged(CommonError):
@@ -76,6 +87,7 @@ class View:
     vectors: np.ndarray  # [rows, dim] float32, read-only, in place
     ids: np.ndarray  # [rows] int64, read-only, in place
     index: Any = None  # an approximate faiss index over the rows, if built (index.py)
+    sealed: bool = False
 
 
 class Shard:
@@ -98,13 +110,36 @@ class Shard:
     @classmethod
     def create(cls, directory: Path, shard_id: int, dim: int, collection: str, flusher: Flusher,
                extent: int) -> Shard:
-        make_dirs(directory)
-        uid = uuidlib.uuid4().bytes
-        vectors = RowFile.create(directory / "vectors", RowHeader(VECTORS, "<f4", dim, uid), extent)
-        ids = RowFile.create(directory / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim), "zero")
-        meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid})
-        journal = Journal.create(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, metadata=meta,
-                                 config=JournalConfig(extent_bytes=1 << 20, preallocate="zero"))
+        """Build the shard in ``<directory>.tmp`` and rename it into place, so
+        a shard directory exists whole or not at all (a crash or an error
+        leaves only a ``.tmp`` directory, which the collection removes)."""
+        building = directory.with_name(directory.name + TMP_SUFFIX)
+        if building.exists():
+            shutil.rmtree(building)
+        make_dirs(building)
+        opened: list[Any] = []
+        try:
+            uid = uuidlib.uuid4().bytes
+            opened.append(RowFile.create(building / "vectors", RowHeader(VECTORS, "<f4", dim, uid), extent))
+            opened.append(RowFile.create(building / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim),
+                                         "zero"))
+            meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid})
+            Journal.write_empty(building / "journal", kind=JOURNAL_KIND, metadata=meta)
+            for row_file in opened:
+                row_file.close()
+            opened.clear()
+            os.rename(building, directory)
+            fsync_dir(directory.parent)
+            journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher,
+                                   config=JournalConfig(extent_bytes=1 << 20, preallocate="zero"))
+            opened.append(journal)
+            vectors, ids = _open_rows(directory, uid, dim, writable=True)
+        except BaseException:
+            for handle in opened:
+                handle.close()
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        vectors.extent, ids.extent, ids.preallocate = extent, max(4096, extent // dim), "zero"
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
         return cls(directory, shard_id, dim, journal, vectors, ids, 0)
@@ -139,7 +174,7 @@ class Shard:
 
     def view(self) -> View:
         rows = self.rows
-        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index)
+        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed)
 
     def close(self) -> None:
         self.journal.close()
@@ -154,7 +189,7 @@ class Shard:
         ShardDamaged if any check fails; nothing is changed then."""
         try:
             probe = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
-        except (OSError, CommonError) as exc:
+        except DAMAGE as exc:
             raise ShardDamaged(directory, f"journal: {exc}") from exc
         sealed = probe.sealed
         probe.close()
@@ -164,7 +199,7 @@ class Shard:
             return cls._recover(directory, shard_id, dim, flusher)
         except ShardDamaged:
             raise
-        except (OSError, CommonError, ValueError, KeyError) as exc:
+        except DAMAGE as exc:
             raise ShardDamaged(directory, f"{type(exc).__name__}: {exc}") from exc
 
     @classmethod
@@ -174,7 +209,7 @@ class Shard:
             uid = _check_meta(journal, directory, shard_id, dim)
             rows = 0
             if journal.count:
-                first, count, _, _ = BATCH.unpack(journal.read(journal.end - _record_size(journal)))
+                first, count, _, _ = BATCH.unpack(_last_record(journal))
                 rows = first + count
             vectors, ids = _open_rows(directory, uid, dim, writable=False)
         except BaseException:
@@ -253,6 +288,16 @@ def _record_size(journal: Journal) -> int:
     return (16 + BATCH.size + journal.alignment - 1) // journal.alignment * journal.alignment
 
 
+def _last_record(journal: Journal) -> bytes:
+    """The body of a sealed journal's last batch record, in O(1): every
+    record has the same size, so it ends the journal; its checksum is
+    verified (no walk of the record chain)."""
+    offset = journal.end - _record_size(journal)
+    chunk = RecordChunk(np.array([offset], dtype=np.int64), np.zeros(1, dtype=np.uint32),
+                        np.array([BATCH.size], dtype=np.int64), np.zeros(1, dtype=bool), 0)
+    return bytes(journal.bodies(chunk)[0])
+
+
 def _check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> bytes:
     meta = msgpack.unpackb(journal.metadata)
     if meta.get("shard") != shard_id or meta.get("dim") != dim:
@@ -262,16 +307,23 @@ def _check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> b
 
 
 def _open_rows(directory: Path, uid: bytes, dim: int, writable: bool) -> tuple[RowFile, RowFile]:
+    """Both row files, their headers checked against the shard (closed again on failure)."""
+    opened: list[RowFile] = []
     try:
-        vectors = RowFile.open(directory / "vectors", writable)
-        ids = RowFile.open(directory / "ids", writable)
-    except (OSError, FormatError) as exc:
-        raise ShardDamaged(directory, f"row file: {exc}") from exc
-    for column, want in ((vectors, (VECTORS, "<f4", dim)), (ids, (IDS, "<i8", 1))):
-        header = column.header
-        if (header.column, header.dtype, header.width) != want or header.uuid != uid:
-            raise ShardDamaged(directory, f"{column.path.name}: header {header} does not belong to this shard")
-    return vectors, ids
+        for name, want in (("vectors", (VECTORS, "<f4", dim)), ("ids", (IDS, "<i8", 1))):
+            try:
+                column = RowFile.open(directory / name, writable)
+            except DAMAGE as exc:
+                raise ShardDamaged(directory, f"row file: {exc}") from exc
+            opened.append(column)
+            header = column.header
+            if (header.column, header.dtype, header.width) != want or header.uuid != uid:
+                raise ShardDamaged(directory, f"{name}: header {header} does not belong to this shard")
+    except BaseException:
+        for column in opened:
+            column.close()
+        raise
+    return opened[0], opened[1]
 
 
 def ref_of(shard: int, rows: np.ndarray) -> np.ndarray:

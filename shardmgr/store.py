@@ -50,6 +50,7 @@ class Store:
         self._lock_file = LockFile(self.data_dir) if lock else None
         self._write = threading.Lock()
         self._collections: dict[str, Collection] = {}
+        self._index_failed: set[Path] = set()  # shards whose index build failed (index thread)
         self._stop = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="shardmgr-maintenance", daemon=True)
         self._indexer = threading.Thread(target=self._index, name="shardmgr-index", daemon=True)
@@ -71,9 +72,13 @@ class Store:
         if self._own_flusher:
             self.flusher.start()
         started = time.monotonic()
-        for directory in sorted(p for p in self.root.iterdir() if (p / "collection").exists()):
-            collection = Collection.open(directory, self.flusher, self.config)
-            self._collections[collection.name] = collection
+        try:
+            for directory in sorted(p for p in self.root.iterdir() if (p / "collection").exists()):
+                collection = Collection.open(directory, self.flusher, self.config)
+                self._collections[collection.name] = collection
+        except BaseException:  # e.g. too many open files: release everything, so a retry can start clean
+            self.close()
+            raise
         shards = sum(len(c.shards) for c in self._collections.values())
         log.info("shardmgr: opened %d collections, %d shards (%d quarantined) in %.3f s", len(self._collections),
                  shards, sum(len(c.quarantined) for c in self._collections.values()), time.monotonic() - started)
@@ -134,13 +139,15 @@ class Store:
         """Build approximate indexes of sealed shards, one at a time, off the write lock."""
         while not self._stop.wait(0.5):
             with self._write:
-                todo = [(c, s) for c in self._collections.values() for s in c.unindexed()]
+                todo = [(c, s) for c in list(self._collections.values()) for s in c.unindexed()
+                        if s.directory not in self._index_failed]
             for collection, shard in todo[:1]:
                 try:
                     built = index.build(shard.view().vectors, collection.metric, self.config.hnsw_m)
                     index.save(shard.directory, built, shard.rows, self.config.hnsw_m)
-                except Exception:  # a failed build leaves the shard searched exactly; the error is logged
+                except Exception:  # the shard stays searched exactly; not retried until a restart
                     log.exception("shardmgr: building the index of %s failed", shard.directory)
+                    self._index_failed.add(shard.directory)
                     continue
                 with self._write:
                     collection.install_index(shard, built)
@@ -149,7 +156,8 @@ class Store:
     def wait_for_indexes(self, timeout: float = 600.0) -> None:
         """Block until every sealed shard that should have an index has one (tests, benchmarks)."""
         deadline = time.monotonic() + timeout
-        while any(c.unindexed() for c in list(self._collections.values())):
+        while any(s.directory not in self._index_failed for c in list(self._collections.values())
+                  for s in c.unindexed()):
             if time.monotonic() > deadline:
                 raise TimeoutError("indexes were not built in time")
             time.sleep(0.1)
@@ -225,7 +233,7 @@ class Store:
         return self.collection(name).rows(batch.refs(refs, self.config.max_batch_rows))
 
     def stats(self) -> dict[str, int]:
-        infos = [c.info() for c in self._collections.values()]
+        infos = [c.info() for c in list(self._collections.values())]  # creators may add one meanwhile
         return {"collections": len(infos), "rows": sum(i["rows"] for i in infos),
                 "shards": sum(i["shards"] for i in infos), "growing_shards": sum(i["growing"] for i in infos),
                 "quarantined_shards": sum(len(i["quarantined"]) for i in infos)}

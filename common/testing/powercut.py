@@ -18,7 +18,9 @@ them. The model:
 * a file created (or renamed into place) after the last sync of its
   directory may vanish, and so may every file in a directory that was never
   synced; a file unlinked since then comes back with its last durable
-  content.
+  content. Directory listings follow the directory's inode, so a synced
+  directory renamed into place keeps its entries (as on POSIX file systems);
+  directory entries of directories themselves are not modelled.
 
 Each page is restored to its last durable image or its current content;
 states in between (a page written twice since the last sync, seen after the
@@ -65,7 +67,7 @@ class PowerCut:
         self.tear = tear
         self._lock = threading.Lock()
         self._images: dict[int, bytes] = {}  # inode -> durable content
-        self._listings: dict[Path, dict[str, int]] = {}  # dir -> durable name -> inode
+        self._listings: dict[int, dict[str, int]] = {}  # directory inode -> durable name -> inode
         self._saved: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None
 
     def __enter__(self) -> PowerCut:
@@ -78,7 +80,7 @@ class PowerCut:
     def install(self) -> None:
         """Record the current state as durable and start watching syncs."""
         for directory, _, names in os.walk(self.root):
-            self._listings[Path(directory)] = self._list(Path(directory))
+            self._listings[os.stat(directory).st_ino] = self._list(Path(directory))
             for name in names:
                 self._images[os.stat(Path(directory) / name).st_ino] = (Path(directory) / name).read_bytes()
         self._saved = (os.fsync, os.fdatasync)
@@ -110,7 +112,7 @@ class PowerCut:
             listing = self._list(path)
             real(fd)
             with self._lock:
-                self._listings[path] = listing
+                self._listings[info.st_ino] = listing  # by inode: a renamed directory keeps its entries
             return None
         image = path.read_bytes()  # by path: the fd may be write-only
         real(fd)
@@ -126,10 +128,8 @@ class PowerCut:
         """Rewrite every file under the root as a power cut could leave it."""
         report = CutReport()
         with self._lock:
-            directories = {Path(d) for d, _, _ in os.walk(self.root)} | set(self._listings)
-            for directory in sorted(directories):
-                if directory.is_dir():
-                    self._crash_directory(directory, self._listings.get(directory, {}), report)
+            for directory in sorted(Path(d) for d, _, _ in os.walk(self.root)):
+                self._crash_directory(directory, self._listings.get(directory.stat().st_ino, {}), report)
         return report
 
     def _crash_directory(self, directory: Path, durable: dict[str, int], report: CutReport) -> None:

@@ -3,6 +3,7 @@ its row files, power cuts, quarantine, O(1) opens of sealed shards."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import shardmgr
+from common.anchors import Anchors
 from common.header import HEADER_SIZE
 from common.testing import PowerCut
 from shardmgr.errors import UnknownRef
@@ -85,6 +87,64 @@ def test_a_damaged_sealed_shard_is_quarantined_and_the_rest_served(tmp_path: Pat
     with pytest.raises(UnknownRef):
         store.get("c", first[:1])
     assert (store.append("c", rows_of(1, 8, 3), [9]) >> 40)[0] == 3  # shard ids are never reused
+    moved = data / "shards" / "c" / "quarantine"
+    assert not [p for p in Path("/proc/self/fd").iterdir() if str(moved) in os.path.realpath(p)]  # nothing held
+    store.close()
+    store = shardmgr.open(data, seal_bytes=4096)  # still reported after another restart
+    assert store.collection_info("c")["quarantined"] == info["quarantined"]
+    assert store.stats()["quarantined_shards"] == 1
+    store.close()
+
+
+def test_errors_of_the_moment_never_quarantine_a_healthy_shard(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    refs = store.append("c", rows_of(300, 8, 1), np.arange(300), durable=True)
+    store.close()
+    too_many = OSError(errno.EMFILE, "Too many open files")
+    with mock.patch("shardmgr.rows.RowFile.open", side_effect=too_many), pytest.raises(OSError, match="open files"):
+        shardmgr.open(data, seal_bytes=4096)
+    assert not (data / "shards" / "c" / "quarantine").exists()
+    store = shardmgr.open(data, seal_bytes=4096)
+    np.testing.assert_array_equal(store.ids("c", refs), np.arange(300))
+    store.close()
+
+
+def test_a_failed_shard_creation_leaves_nothing_and_blocks_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    first = store.append("c", rows_of(200, 8, 1), np.arange(200), durable=True)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with mock.patch("shardmgr.shard.Journal.write_empty", side_effect=full), pytest.raises(OSError):
+        store.append("c", rows_of(1, 8, 2), [200])  # needs a new shard
+    assert not list((data / "shards" / "c").glob("*.tmp"))
+    later = store.append("c", rows_of(1, 8, 3), [201], durable=True)  # the next attempt works
+    store.close()
+    store = shardmgr.open(data, seal_bytes=4096)
+    np.testing.assert_array_equal(store.ids("c", np.concatenate([first, later])), np.arange(202)[[*range(200), 201]])
+    assert store.collection_info("c")["quarantined"] == []
+    store.close()
+
+
+def test_a_failed_mapping_fails_the_append_and_commits_nothing(tmp_path: Path) -> None:
+    import mmap as mmap_module
+
+    data = tmp_path / "data"
+    store = shardmgr.open(data, extent_bytes=4096)
+    store.create_collection("c", 8)
+    store.append("c", rows_of(10, 8, 1), np.arange(10))
+    real = mmap_module.mmap
+    with mock.patch("shardmgr.rows.mmap.mmap", side_effect=[OSError(errno.ENOMEM, "Cannot allocate memory")]):
+        with pytest.raises(OSError):
+            store.append("c", rows_of(1000, 8, 2), np.arange(10, 1010))  # must grow and remap
+    assert mmap_module.mmap is real and store.collection_info("c")["rows"] == 10
+    refs = store.append("c", rows_of(1000, 8, 3), np.arange(10, 1010), durable=True)
+    np.testing.assert_array_equal(store.get("c", refs), rows_of(1000, 8, 3))
+    store.close()
+    store = shardmgr.open(data)
+    assert store.collection_info("c")["rows"] == 1010
     store.close()
 
 
@@ -97,7 +157,8 @@ def test_sealed_shards_open_without_replay(tmp_path: Path) -> None:
     store.close()  # the last shard is mid-build: the next open replays it (only it)
     store = shardmgr.open(data, seal_bytes=4096)
     store.close()
-    with mock.patch.object(Shard, "_replay", side_effect=AssertionError("replayed a sealed shard")):
+    with mock.patch.object(Shard, "_replay", side_effect=AssertionError("replayed a sealed shard")), \
+            mock.patch.object(Anchors, "build", side_effect=AssertionError("walked a sealed journal")):
         store = shardmgr.open(data, seal_bytes=4096)
     assert store.collection_info("c")["rows"] == 650
     store.close()

@@ -49,10 +49,20 @@ def test_wire_errors_are_typed_and_change_nothing(server: ServerProcess) -> None
             client.append("c", np.ones((2, 3), np.float32), [1, 2])
         with pytest.raises(BadVectors, match="NaN"):
             client.append("c", np.array([[np.nan, 0, 0, 0]], np.float32), [1])
-        with pytest.raises(BadRequest, match="part 'vectors' must have dtype"):
+        with pytest.raises(BadVectors, match="floating point"):  # the same errors as embedded
             client.append("c", np.ones((2, 4), np.int32), [1, 2])
+        with pytest.raises(BadVectors, match="ids must be integers"):
+            client.append("c", np.ones((2, 4), np.float32), [1.0, 2.0])
         with pytest.raises(UnknownRef):
             client.get("c", [refs[-1] + 1])
+        with pytest.raises(BadVectors, match="integer"):  # never truncated to another row's ref
+            client.get("c", np.array([refs[-1] + 0.5]))
         with pytest.raises(BadVectors, match="k must be"):
             client.search("c", np.ones((1, 4), np.float32), k=-1)
+        with pytest.raises(BadRequest, match="'k'"):
+            client.search("c", np.ones((1, 4), np.float32), k=2.5)
         assert client.collection_info("c")["rows"] == 2
+        one = client.append("c", np.ones(4, np.float32), [3])  # a single vector, as embedded takes it
+        _, _, nearest = client.search("c", np.ones(4, np.float32), k=np.int64(3))
+        assert nearest.shape == (1, 3) and len(one) == 1
+        assert client.collection_info("c")["rows"] == 3
