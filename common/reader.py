@@ -107,6 +107,23 @@ class RecordReader:
         head = RECORD_HEADER_SIZE + skip
         return [span[s + head:e] for s, e in zip(starts, ends)]
 
+    def dirty_padding(self, chunk: RecordChunk) -> np.ndarray:
+        """Offsets of the records of a chunk whose alignment padding is not
+        all zeros (the format says zeros; the checksum does not cover them)."""
+        self._check_open()
+        starts = chunk.offsets + RECORD_HEADER_SIZE + chunk.lengths
+        pads = chunk.ends(self.alignment) - starts
+        if not len(pads) or not pads.any():
+            return np.zeros(0, dtype=np.int64)
+        total = int(pads.sum())
+        before = np.zeros(len(pads), dtype=np.int64)
+        np.cumsum(pads[:-1], out=before[1:])
+        at = np.arange(total, dtype=np.int64) + np.repeat(starts - before, pads)  # every padding byte
+        with self._lock:
+            dirty = self._file.bytes[np.minimum(at, self._end - 1)] != 0
+        owner = np.repeat(np.arange(len(pads)), pads)
+        return chunk.offsets[np.unique(owner[dirty])]
+
     @staticmethod
     def _copy_scattered(mm: mmap.mmap, offsets: np.ndarray, lengths: np.ndarray) -> tuple[memoryview, list[int]]:
         sizes = (lengths + RECORD_HEADER_SIZE).tolist()

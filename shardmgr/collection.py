@@ -101,7 +101,7 @@ class Collection:
         quarantine = self.directory / "quarantine"
         moved = sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.exists() else []
         seen = [int(p.name.split("-")[0]) for p in moved]
-        self.quarantined = [f"{p.name}: {_reason(p)}" for p in moved]
+        self.quarantined = [f"{p.name}: {quarantine_reason(p)}" for p in moved]
         for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a shard creation a crash cut short: no data
             seen.append(int(path.name[:-len(TMP_SUFFIX)]))
             shutil.rmtree(path)
@@ -123,12 +123,7 @@ class Collection:
         self._publish()
 
     def _quarantine(self, path: Path, reason: str) -> None:
-        target = self.directory / "quarantine" / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}"
-        make_dirs(target.parent)
-        create_atomically(path / REASON_FILE, reason.encode())
-        os.rename(path, target)
-        fsync_dir(self.directory)
-        fsync_dir(target.parent)
+        target = quarantine(path, reason)
         self.quarantined.append(f"{target.name}: {reason}")
         log.error("collection %s: shard %s quarantined to %s: %s", self.name, path.name, target, reason)
 
@@ -236,7 +231,20 @@ class Collection:
                 "bytes": sum(v.rows for v in views) * (self.dim * 4 + 8), "quarantined": list(self.quarantined)}
 
 
-def _reason(moved: Path) -> str:
+def quarantine(shard_dir: Path, reason: str) -> Path:
+    """Move a shard directory to its collection's ``quarantine/`` (durably,
+    with a REASON_FILE saying why); returns where it went. Nothing is deleted."""
+    target = shard_dir.parent / "quarantine" / f"{shard_dir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    make_dirs(target.parent)
+    if not (shard_dir / REASON_FILE).exists():
+        create_atomically(shard_dir / REASON_FILE, reason.encode())
+    os.rename(shard_dir, target)
+    fsync_dir(shard_dir.parent)
+    fsync_dir(target.parent)
+    return target
+
+
+def quarantine_reason(moved: Path) -> str:
     """Why a quarantined shard was moved, as recorded when it was."""
     try:
         return (moved / REASON_FILE).read_text(errors="replace").strip() or "no reason recorded"

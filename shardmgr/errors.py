@@ -37,3 +37,10 @@ class UnknownRef(ShardmgrError, NotFound):
     """A ref names no stored row (never returned by append, or its shard is quarantined)."""
 
     code = "shardmgr.unknown_ref"
+
+
+class CannotVerify(ShardmgrError):
+    """``verify`` could not run: no such directory, no permission, or
+    (``--repair``) another process holds the directory."""
+
+    code = "shardmgr.cannot_verify"

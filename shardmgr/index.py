@@ -12,8 +12,8 @@ A collection's ``index`` setting says how sealed shards are searched:
 ``index.meta`` is a journal (kind ``SMIX``) with no records whose
 checksummed metadata is ``{type, rows, bytes, crc, m, ef_construction}``:
 the shard's row count and the index file's size and crc32c when it was
-built. On open the rows and size must match (else the index is rebuilt);
-``verify --deep`` checks the crc.
+built. On open the rows, size and checksum must match (else the index is
+rebuilt); ``shardmgr verify`` checks the same.
 
 Threads: built on the store's index thread from immutable sealed rows;
 installed under the store's write lock.
@@ -71,12 +71,12 @@ def load(directory: Path, rows: int) -> faiss.Index | None:
     try:
         with Journal.open(directory / META_FILE, kind=META_KIND, writable=False) as journal:
             meta = msgpack.unpackb(journal.metadata)
-        path = directory / INDEX_FILE
-        if meta["rows"] != rows or path.stat().st_size != meta["bytes"]:
-            log.warning("%s: index built for %s rows / %s bytes does not match the shard (%d rows); rebuilding",
-                        directory, meta["rows"], meta["bytes"], rows)
+        data = (directory / INDEX_FILE).read_bytes()  # faiss reads it whole anyway: check it on the way
+        if meta["rows"] != rows or len(data) != meta["bytes"] or crc32c.crc32c(data) != meta["crc"]:
+            log.warning("%s: index built for %s rows / %s bytes does not match the shard (%d rows) or its "
+                        "checksum; rebuilding", directory, meta["rows"], meta["bytes"], rows)
             return None
-        return faiss.read_index(str(path))
+        return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
     except FileNotFoundError:
         return None
     except (OSError, CommonError, KeyError, RuntimeError) as exc:

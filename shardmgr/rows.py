@@ -45,6 +45,7 @@ MAGIC = b"\x89SMROWS\n"
 VERSION = 1
 HEADER_SIZE = 4096
 HEADER = struct.Struct("<8sHH4s4sII4x16s12x")  # 60 bytes, then the crc
+HEADER_USED = HEADER.size + 4  # the header's bytes in use; zeros follow up to HEADER_SIZE
 VECTORS, IDS = b"VECS", b"IDS_"
 EXTENT = 64 * MiB
 

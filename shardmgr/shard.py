@@ -209,7 +209,7 @@ class Shard:
             uid = _check_meta(journal, directory, shard_id, dim)
             rows = 0
             if journal.count:
-                first, count, _, _ = BATCH.unpack(_last_record(journal))
+                first, count, _, _ = BATCH.unpack(last_record(journal))
                 rows = first + count
             vectors, ids = _open_rows(directory, uid, dim, writable=False)
         except BaseException:
@@ -218,10 +218,13 @@ class Shard:
         shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
         for column in (vectors, ids):
             expect = 4096 + rows * column.header.row_bytes
-            if column.size != expect:
+            if column.size < expect:
                 shard.close()
                 raise ShardDamaged(directory, f"{column.path.name} has {column.size} bytes; {rows} sealed rows "
-                                   f"need exactly {expect}")
+                                   f"need {expect}")
+            if column.size > expect:  # sealing trimmed it: stray bytes, never read (verify --repair cuts them)
+                log.warning("shard %s: %s has %d bytes after its sealed rows", directory, column.path.name,
+                            column.size - expect)
         return shard
 
     @classmethod
@@ -288,7 +291,7 @@ def _record_size(journal: Journal) -> int:
     return (16 + BATCH.size + journal.alignment - 1) // journal.alignment * journal.alignment
 
 
-def _last_record(journal: Journal) -> bytes:
+def last_record(journal: Journal) -> bytes:
     """The body of a sealed journal's last batch record, in O(1): every
     record has the same size, so it ends the journal; its checksum is
     verified (no walk of the record chain)."""

@@ -336,11 +336,22 @@ class Broker:
             if not waiter.run(final):
                 self._waiters.append(waiter)
 
+    def _collect_now(self) -> None:
+        """Owner thread: collect every finished segment, waiting for the ledger entries' flush."""
+        collector.collect_segments(self.state)
+        started = collector.start_logs(self.state)
+        if started:
+            self.flusher.flush_now()
+        for job_log, seq, ticket in started:
+            if ticket.durable:
+                collector.finish_log(job_log, seq)
+
     def _stop(self) -> None:
         for waiter in self._waiters:
             waiter.run(True)
         self._waiters = []
         self.flusher.flush_now()
+        self._guarded(self._collect_now)  # a clean stop leaves no finished segment for verify to report
         self._run_continuations()
         closed = Unavailable("the work queue closed before the write was durable")
         for cont in self._continuations:

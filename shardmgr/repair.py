@@ -1,0 +1,150 @@
+"""``verify --repair``: what recovery would do, offline, plus quarantine.
+
+Holds the data directory's lock for the whole run (a server cannot start
+meanwhile, and a repair refuses to run while one holds it). For every
+CORRUPT finding it moves the damaged unit aside, never deleting anything:
+
+* a shard (any file of it) to its collection's ``quarantine/`` (the server
+  does the same when a shard fails its checks on open);
+* a collection whose metadata is unusable to ``DATA/quarantine/shards/``;
+* a queue segment or completion-log segment to ``DATA/quarantine/workq/``
+  (its items or results are then no longer served).
+
+Then it runs the queue's and the store's own recovery (torn tails cut,
+counters recounted, interrupted completions finished, mid-build shards
+replayed and sealed, finished segments collected, leftover ``.tmp`` shards
+removed) and cuts stray bytes after sealed row files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from common.check import Problem, Severity, zero_ranges, zero_record_padding
+from common.filesystem import fsync_dir, make_dirs
+from common.lockfile import DirectoryLocked, LockFile
+from workq.broker import Broker
+
+from .collection import quarantine
+from .errors import CannotVerify
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Repair:
+    """Use as ``with Repair(root) as fixer: fixer.run(problems)``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._lock = LockFile(root)
+
+    def __enter__(self) -> Repair:
+        try:
+            self._lock.acquire()
+        except DirectoryLocked as exc:
+            raise CannotVerify(f"--repair needs the directory to itself: {exc}") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def run(self, problems: list[Problem]) -> list[str]:
+        """Quarantine what is corrupt, then recover; returns what was done."""
+        actions = self._quarantine([p for p in problems if p.severity == Severity.CORRUPT])
+        repairable = [p for p in problems if p.severity == Severity.REPAIRABLE and Path(p.path).exists()]
+        actions += self._zero(repairable)
+        actions += self._cut_row_tails([p for p in repairable if p.what == "rows_tail"])
+        actions += self._recover()
+        return actions
+
+    def _zero(self, problems: list[Problem]) -> list[str]:
+        """Bytes outside every checksum that must be zero: zero them."""
+        ranges: dict[Path, list[tuple[int, int]]] = {}
+        for p in problems:
+            if p.length is not None and p.offset is not None:
+                ranges.setdefault(Path(p.path), []).append((p.offset, p.length))
+        actions = []
+        for path, spans in sorted(ranges.items()):
+            zero_ranges(path, spans)
+            actions.append(f"zeroed {sum(n for _, n in spans)} bytes of {path.relative_to(self.root)} "
+                           f"(padding or a damaged checkpoint slot)")
+        for path in sorted({Path(p.path) for p in problems if p.what == "record_padding"}):
+            actions.append(f"zeroed the padding of {zero_record_padding(path)} records of "
+                           f"{path.relative_to(self.root)}")
+        return actions
+
+    def _quarantine(self, corrupt: list[Problem]) -> list[str]:
+        units: dict[Path, str] = {}
+        for problem in corrupt:
+            unit = self._unit(Path(problem.path))
+            if unit is not None:
+                units.setdefault(unit, f"{problem.what} at byte {problem.offset}: expected {problem.expected}, "
+                                       f"found {problem.found}")
+        actions = []
+        for unit, reason in sorted(units.items()):
+            if not unit.exists():
+                continue
+            target = quarantine(unit, reason) if self._is_shard(unit) else self._move_aside(unit)
+            actions.append(f"moved {unit.relative_to(self.root)} to {target.relative_to(self.root)} ({reason})")
+        return actions
+
+    def _unit(self, path: Path) -> Path | None:
+        """The directory or file to move aside for damage at ``path``."""
+        parts = path.relative_to(self.root).parts
+        if parts[:1] == ("shards",) and len(parts) >= 2:
+            collection = self.root / "shards" / parts[1]
+            if len(parts) >= 3 and parts[2].isdigit():
+                return collection / parts[2]  # a shard
+            return collection  # its metadata: the whole collection
+        if parts[:1] == ("workq",) and len(parts) >= 3 and path.is_file():
+            return path
+        return None
+
+    def _is_shard(self, unit: Path) -> bool:
+        return unit.parent.parent == self.root / "shards" and unit.name.isdigit()
+
+    def _move_aside(self, unit: Path) -> Path:
+        relative = unit.relative_to(self.root)
+        target = self.root / "quarantine" / relative.parts[0] / (
+            "_".join(relative.parts[1:]) + f"-{time.strftime('%Y%m%dT%H%M%S')}")
+        make_dirs(target.parent)
+        os.rename(unit, target)
+        fsync_dir(unit.parent)
+        fsync_dir(target.parent)
+        return target
+
+    def _cut_row_tails(self, tails: list[Problem]) -> list[str]:
+        actions = []
+        for problem in tails:
+            path = Path(problem.path)
+            if path.exists() and problem.offset is not None and path.stat().st_size > problem.offset:
+                os.truncate(path, problem.offset)
+                with open(path, "rb+") as f:
+                    os.fsync(f.fileno())
+                actions.append(f"cut {path.relative_to(self.root)} to its {problem.offset} sealed bytes")
+        return actions
+
+    def _recover(self) -> list[str]:
+        actions = []
+        if (self.root / "workq").is_dir():
+            try:
+                broker = Broker(self.root, lock=False).open()
+                broker.tick()  # collect finished segments now
+                broker.close()
+                actions.append("ran the work queue's recovery")
+            except Exception as exc:  # reported; the second check shows what is left
+                log.exception("repair: the work queue's recovery failed")
+                actions.append(f"the work queue's recovery failed: {exc}")
+        if (self.root / "shards").is_dir():
+            try:
+                with Store(self.root, lock=False).open() as store:
+                    store.wait_for_indexes()  # damaged or missing indexes are rebuilt
+                actions.append("ran the vector store's recovery")
+            except Exception as exc:
+                log.exception("repair: the vector store's recovery failed")
+                actions.append(f"the vector store's recovery failed: {exc}")
+        return actions

@@ -1,0 +1,162 @@
+"""Checking a work queue's files offline: workq's part of ``shardmgr verify``.
+
+Read-only; safe beside a live broker. On top of the journal checks
+(common/check.py) it checks what the queue's own rules say about its files:
+
+* names: ``segments/<id:010d>.wqsg`` and ``results/<job id hex>/<seq:08d>.wqcl``,
+  and that each file's metadata names the same segment, job and sequence;
+* segments the collector should have removed (sealed, every item retired,
+  not the newest): REPAIRABLE, the broker deletes them;
+* with ``deep``: every completion-log ledger entry decodes; segments a
+  ledger says are collected but are still there (REPAIRABLE: recovery
+  deletes them); input items of jobs that have no completion log
+  (REPAIRABLE: recovery starts one);
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from common import Marker
+from common.check import Findings, JournalCheck, Severity
+from common.errors import CorruptJournal
+
+from .completions import SUFFIX as RESULTS_SUFFIX
+from .completions import Ledger
+from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, RESULTS_KIND, SEGMENT_KIND
+from .segment import SUFFIX as SEGMENT_SUFFIX
+from .segment import Segment
+
+
+def check(root: Path, findings: Findings, deep: bool) -> None:
+    """Check ``DATA/workq`` (``root``)."""
+    for entry in sorted(root.iterdir()):
+        if entry.name not in ("segments", "results") or not entry.is_dir():
+            findings.unknown(entry, "segments/ and results/")
+    jobs_in_segments = _segments(root / "segments", findings, deep)
+    jobs_with_logs = _results(root / "results", findings, deep)
+    for job in sorted(jobs_in_segments - jobs_with_logs):
+        findings.add(root / "results" / f"{job:016x}", Severity.REPAIRABLE, "missing_log",
+                     "a completion log for every job with items", "none; recovery starts an empty one")
+
+
+def _segments(directory: Path, findings: Findings, deep: bool) -> set[int]:
+    jobs: set[int] = set()
+    if not directory.is_dir():
+        return jobs
+    paths = sorted(directory.iterdir())
+    named = [p for p in paths if p.suffix == SEGMENT_SUFFIX and p.stem.isdigit() and p.is_file()]
+    for path in paths:
+        if path not in named:
+            findings.unknown(path, f"<id>{SEGMENT_SUFFIX} files")
+    newest = max((int(p.stem) for p in named), default=0)
+    for path in named:
+        with findings.guard(path):
+            check = findings.journal(path, SEGMENT_KIND, deep)
+            try:
+                if check.journal is not None:
+                    jobs |= _segment(path, check, findings, deep, newest)
+            finally:
+                check.close()
+    return jobs
+
+
+def _segment(path: Path, check: JournalCheck, findings: Findings, deep: bool, newest: int) -> set[int]:
+    journal = check.journal
+    assert journal is not None
+    try:
+        segment_id, _ = Segment.describe(journal)
+    except (ValueError, KeyError, TypeError) as exc:
+        findings.add(path, Severity.CORRUPT, "metadata", "{segment, model, shape, lane}", f"{exc}", 64)
+        return set()
+    if segment_id != int(path.stem):
+        findings.add(path, Severity.CORRUPT, "name", f"segment {int(path.stem)} (the file name)",
+                     f"metadata of segment {segment_id} (a renamed or swapped file)", 64)
+    if (journal.sealed and journal.count and journal.count_of(Marker.RETIRED) == journal.count
+            and segment_id != newest):
+        findings.add(path, Severity.REPAIRABLE, "collectable", "no finished segment left behind",
+                     "every item retired; the broker's collector deletes it")
+    if not deep:
+        return set()
+    return {int(job) for chunk in journal.scan(window=16 << 20)
+            for job in np.unique(journal.fields(chunk, JOB_AT, "<u8")).tolist()}
+
+
+def _results(directory: Path, findings: Findings, deep: bool) -> set[int]:
+    jobs: set[int] = set()
+    if not directory.is_dir():
+        return jobs
+    for job_dir in sorted(directory.iterdir()):
+        if not (job_dir.is_dir() and len(job_dir.name) == 16 and _is_hex(job_dir.name)):
+            findings.unknown(job_dir, "<job id as 16 hex digits>/ directories")
+            continue
+        jobs.add(int(job_dir.name, 16))
+        with findings.guard(job_dir):
+            _job_log(job_dir, findings, deep)
+    return jobs
+
+
+def _job_log(job_dir: Path, findings: Findings, deep: bool) -> None:
+    paths = sorted(job_dir.iterdir())
+    named = [p for p in paths if p.suffix == RESULTS_SUFFIX and p.stem.isdigit() and p.is_file()]
+    for path in paths:
+        if path not in named:
+            findings.unknown(path, f"<seq>{RESULTS_SUFFIX} files")
+    collected_below = 0
+    for path in named:
+        check = findings.journal(path, RESULTS_KIND, deep)
+        try:
+            if check.journal is not None:
+                collected_below = max(collected_below, _result_segment(path, check, findings, deep))
+        finally:
+            check.close()
+    for path in named:
+        if int(path.stem) < collected_below:
+            findings.add(path, Severity.REPAIRABLE, "collected", "no segment a ledger says is collected",
+                         f"still here (ledger: segments below {collected_below} are collected); recovery deletes it")
+
+
+def _result_segment(path: Path, check: JournalCheck, findings: Findings, deep: bool) -> int:
+    """Check names and, with ``deep``, the ledger entries; returns the newest ledger's collected_below."""
+    journal = check.journal
+    assert journal is not None
+    try:
+        meta = msgpack.unpackb(journal.metadata)
+        job_id, seq, name = int(meta["job_id"]), int(meta["seq"]), meta["job"]
+        if not isinstance(name, str):
+            raise TypeError(f"job name {name!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        findings.add(path, Severity.CORRUPT, "metadata", "{job, job_id, seq}", f"{exc}", 64)
+        return 0
+    if (f"{job_id:016x}", seq) != (path.parent.name, int(path.stem)):
+        findings.add(path, Severity.CORRUPT, "name", f"job {path.parent.name}, seq {int(path.stem)} (the path)",
+                     f"metadata of job {job_id:016x}, seq {seq} (a renamed or swapped file)", 64)
+    if not deep:
+        return 0
+    collected_below = 0
+    for chunk in journal.scan(window=16 << 20):
+        ledgers = np.flatnonzero(journal.fields(chunk, HANDLE_AT, "<u8") == LEDGER)
+        if not len(ledgers):
+            continue
+        for i in ledgers.tolist():
+            offset = int(chunk.offsets[i])
+            try:
+                [body] = journal.bodies(chunk[i:i + 1], skip=HEAD_BYTES)
+                collected_below = max(collected_below, Ledger(**msgpack.unpackb(body)).collected_below)
+            except CorruptJournal:
+                continue  # reported by the journal check
+            except (ValueError, TypeError) as exc:
+                findings.add(path, Severity.CORRUPT, "ledger", "a ledger entry {collected_below, results, "
+                             "max_position}", f"{exc}", offset)
+    return collected_below
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
