@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .client import Client
     from .store import Store
+    from .verification import Report
 
 
 def open(data_dir: str | Path, **config: Any) -> Store:  # noqa: A001 - the public name is fixed
@@ -31,6 +32,14 @@ def open(data_dir: str | Path, **config: Any) -> Store:  # noqa: A001 - the publ
     from .store import Store
 
     return Store(data_dir, StoreConfig(**config)).open()
+
+
+def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False) -> Report:
+    """Check every file of a data directory (``shardmgr verify``): see
+    shardmgr/verification.py and docs/verify.md. Raises CannotVerify if it cannot run."""
+    from .verification import verify as run
+
+    return run(data_dir, deep=deep, repair=repair)
 
 
 def connect(address: str, **options: Any) -> Client:

@@ -222,8 +222,8 @@ def verify(data_dir: Path, deep: bool, repair: bool, as_json: bool) -> None:
     """
     from .errors import CannotVerify
     from .report_view import LateProgress, show
-    from .verify import EXIT_CANNOT_RUN, count_files
-    from .verify import verify as run
+    from .verification import EXIT_CANNOT_RUN, count_files
+    from .verification import verify as run
 
     progress = LateProgress(count_files(data_dir) if data_dir.is_dir() else 0, enabled=not as_json)
     try:

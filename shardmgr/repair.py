@@ -57,7 +57,7 @@ class Repair:
         actions = self._quarantine([p for p in problems if p.severity == Severity.CORRUPT])
         repairable = [p for p in problems if p.severity == Severity.REPAIRABLE and Path(p.path).exists()]
         actions += self._zero(repairable)
-        actions += self._cut_row_tails([p for p in repairable if p.what == "rows_tail"])
+        actions += self._cut_tails([p for p in repairable if p.what in ("rows_tail", "sealed_tail", "torn_tail")])
         actions += self._recover()
         return actions
 
@@ -117,7 +117,8 @@ class Repair:
         fsync_dir(target.parent)
         return target
 
-    def _cut_row_tails(self, tails: list[Problem]) -> list[str]:
+    def _cut_tails(self, tails: list[Problem]) -> list[str]:
+        """Bytes past what recovery keeps (a sealed file's end, a torn tail): cut them, as recovery does."""
         actions = []
         for problem in tails:
             path = Path(problem.path)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from common.check import Severity
 
-from .verify import Report
+from .verification import Report
 
 STYLES = {Severity.CORRUPT: "bold red", Severity.REPAIRABLE: "yellow", Severity.NOTE: "dim"}
 VERDICTS = {0: "clean", 1: "only problems recovery repairs", 2: "DATA CORRUPTION"}
@@ -60,8 +60,10 @@ def show(report: Report, console: Console | None = None) -> None:
     root = Path(report.data_dir)
     if report.problems:
         table = Table(title=f"shardmgr verify {report.data_dir}{' --deep' if report.deep else ''}")
-        for column in ("severity", "file", "offset", "problem", "expected", "found"):
-            table.add_column(column, overflow="fold")
+        for column in ("severity", "file", "offset", "problem"):  # the short columns never wrap
+            table.add_column(column, no_wrap=column != "file", overflow="fold")
+        for column in ("expected", "found"):
+            table.add_column(column, overflow="fold", ratio=1)
         for p in sorted(report.problems, key=lambda p: (-p.severity, p.path, p.offset or 0)):
             path = Path(p.path)
             shown = str(path.relative_to(root)) if path.is_relative_to(root) else p.path

@@ -27,7 +27,7 @@ from common.header import HEADER_SIZE, METADATA_END
 from common.journal import Journal
 from shardmgr.rows import HEADER_USED
 from shardmgr.shard import BATCH
-from shardmgr.verify import verify
+from shardmgr.verification import verify
 
 from .workload import build, file_kinds
 

@@ -9,7 +9,6 @@ durably stored, so a test can check that every undamaged row is served.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +21,14 @@ ROWS_PER_BATCH = 64
 SEAL_BYTES = 4 * ROWS_PER_BATCH * DIM * 4  # four batches per shard
 
 
-@dataclasses.dataclass
 class Workload:
-    """What went in: per collection, refs -> (vector, id)."""
+    """What went in: per collection, refs -> (vector, id); the job names."""
 
-    vectors: dict[str, dict[int, tuple[np.ndarray, int]]]
-    jobs: list[str]
+    def __init__(self, vectors: dict[str, dict[int, tuple[np.ndarray, int]]], jobs: list[str]) -> None:
+        self.vectors, self.jobs = vectors, jobs
+
+    def __repr__(self) -> str:  # short: hypothesis prints it with every failing case
+        return f"<Workload of {sum(map(len, self.vectors.values()))} rows, jobs {self.jobs}>"
 
 
 def build(root: Path, *, batches: int = 10, items: int = 300) -> Workload:

@@ -1,0 +1,147 @@
+"""``shardmgr verify`` through its public interfaces: ``shardmgr.verify()``
+and the CLI (exit codes, ``--json``, ``--repair``), on a directory written
+by a real workload."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardmgr
+import workq
+from common.check import Severity
+from common.lockfile import LockFile
+from shardmgr.cli import main
+from shardmgr.errors import CannotVerify, UnknownRef
+
+from .test_verify_faults import Model, build_models, damage
+from .workload import Workload, build
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Workload, dict[Path, Model]]]:
+    root = tmp_path_factory.mktemp("verify") / "data"
+    workload = build(root)
+    yield root, workload, build_models(root)
+
+
+@pytest.fixture
+def copy(pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(pristine[0], root)
+    return root
+
+
+def test_a_real_workload_verifies_clean(copy: Path) -> None:
+    for deep in (False, True):
+        report = shardmgr.verify(copy, deep=deep)
+        assert report.exit_code == 0 and report.problems == [], report.problems
+        assert report.files == sum(1 for p in copy.rglob("*") if p.is_file() and p.name != "LOCK")
+    assert report.bytes_read > 2 << 20
+
+
+def test_cli_exit_codes_and_json(copy: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["verify", str(copy)])
+    assert result.exit_code == 0 and "clean" in result.output.lower(), result.output
+    result = runner.invoke(main, ["verify", "--deep", "--json", str(copy)])
+    assert result.exit_code == 0
+    assert json.loads(result.output)["counts"] == {"note": 0, "repairable": 0, "corrupt": 0}
+
+    segment = sorted((copy / "workq" / "segments").iterdir())[0]
+    with open(segment, "ab") as f:  # a torn tail: recovery cuts it
+        f.write(b"\x01" * 100)
+    report = json.loads(runner.invoke(main, ["verify", "--json", str(copy)]).output)
+    assert report["exit_code"] == 1
+    [problem] = report["problems"]
+    assert problem["path"] == str(segment) and problem["severity"] == "repairable"
+    assert {"offset", "expected", "found", "what"} <= set(problem)
+
+    vectors = copy / "shards" / "flat" / "00000001" / "vectors"
+    with open(vectors, "r+b") as f:  # a flipped bit in a sealed shard's rows
+        f.seek(5000)
+        byte = f.read(1)
+        f.seek(5000)
+        f.write(bytes([byte[0] ^ 4]))
+    assert runner.invoke(main, ["verify", str(copy)]).exit_code == 1  # the default run reads no rows
+    result = runner.invoke(main, ["verify", "--deep", str(copy)])
+    assert result.exit_code == 2 and "rows_checksum" in result.output, result.output
+
+    assert runner.invoke(main, ["verify", str(tmp_path / "nope")]).exit_code == 3
+    assert runner.invoke(main, ["verify", str(vectors)]).exit_code == 3
+
+
+def test_repair_refuses_a_directory_a_server_holds(copy: Path) -> None:
+    lock = LockFile(copy)
+    lock.acquire()
+    try:
+        with pytest.raises(CannotVerify, match="to itself"):
+            shardmgr.verify(copy, repair=True)
+        assert shardmgr.verify(copy).exit_code == 0  # a read-only run does not need the lock
+    finally:
+        lock.release()
+    result = subprocess.run([sys.executable, "-c", "from shardmgr.cli import main; main()", "verify", "--repair",
+                             str(copy)],
+                            capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert result.returncode == 0, result.stderr  # the lock is free again
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_directory_cannot_be_verified(copy: Path) -> None:
+    (copy / "shards").chmod(0)
+    try:
+        assert CliRunner().invoke(main, ["verify", str(copy)]).exit_code == 3
+    finally:
+        (copy / "shards").chmod(0o755)
+
+
+def served_rows(root: Path, workload: Workload) -> None:
+    """Every row of a shard still in place is served, bit for bit; rows of
+    quarantined shards are refused as unknown."""
+    with shardmgr.open(root) as store:
+        for name, rows in workload.vectors.items():
+            if name not in store.collections():
+                assert (root / "quarantine" / "shards").is_dir()  # its metadata was damaged: moved aside
+                continue
+            refs = np.array(sorted(rows), dtype=np.int64)
+            shards = refs >> 40
+            for shard in np.unique(shards).tolist():
+                mine = refs[shards == shard]
+                if not (root / "shards" / name / f"{shard:08d}").is_dir():
+                    with pytest.raises(UnknownRef):
+                        store.get(name, mine[:1])
+                    continue
+                want = np.stack([rows[r][0] for r in mine.tolist()])
+                np.testing.assert_array_equal(store.get(name, mine), want)
+                assert store.ids(name, mine).tolist() == [rows[r][1] for r in mine.tolist()]
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_repair_leaves_a_clean_directory_that_serves_every_undamaged_row(
+        pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path, data: st.DataObject) -> None:
+    source, workload, models = pristine
+    root = tmp_path / "case"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(source, root)
+    damage(root, models, data)
+    report = shardmgr.verify(root, deep=True, repair=True)
+    assert all(p.severity == Severity.NOTE for p in report.problems), (report.repaired, report.problems)
+    assert all(p.what == "quarantined" for p in report.problems), report.problems
+    served_rows(root, workload)
+    with workq.open(root, reconnect_window_s=0.0, disk_floor_bytes=0) as broker:
+        for job in workload.jobs:
+            broker.job_status(job)
+    assert shardmgr.verify(root, deep=True).exit_code == 0
