@@ -103,21 +103,21 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
     # each file on its own first, so that damage to one is reported whatever the state of the others
     headers: dict[str, RowHeader | None] = {c: _row_header(directory / c, findings) for c in ("vectors", "ids")
                                              if c in names}
-    rows = None
+    known = None
     if "journal" in names:
         check = findings.journal(directory / "journal", JOURNAL_KIND, deep)
         try:
             if check.journal is not None:
-                rows = _rows(directory, shard_id, dim, check, headers, findings, deep)
+                known = _rows(directory, shard_id, dim, check, headers, findings, deep)
         finally:
             check.close()
-    _index(directory, rows, findings, deep)
+    _index(directory, known, findings, deep)
 
 
 def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, headers: dict[str, RowHeader | None],
-          findings: Findings, deep: bool) -> int | None:
+          findings: Findings, deep: bool) -> tuple[int, bytes] | None:
     """Check the row files against the journal; returns the shard's row
-    count (None if the journal cannot say)."""
+    count and uuid (None if the journal cannot say)."""
     assert check.journal is not None
     meta = _shard_meta(directory, shard_id, dim, check, findings)
     batches = _batches(check, deep, findings)
@@ -126,7 +126,7 @@ def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, 
     uid, dim = meta
     rows = batches[-1][0] + batches[-1][1] if batches else 0
     if len(headers) < 2 or not _headers_match(directory, headers, uid, dim, findings):
-        return rows
+        return rows, uid
     sealed = check.journal.sealed
     durable_rows = rows if sealed else _rows_below(check, batches)
     for column, header in headers.items():
@@ -136,7 +136,7 @@ def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, 
             _zero_tail(directory / column, HEADER_SIZE + rows * header.row_bytes, findings)
     if deep:
         _batch_checksums(directory, headers, batches, check, sealed, findings)
-    return rows
+    return rows, uid
 
 
 def _shard_meta(directory: Path, shard_id: int, dim: int | None, check: JournalCheck,
@@ -274,8 +274,8 @@ def _batch_checksums(directory: Path, headers: dict[str, RowHeader | None],
         findings.read(read)
 
 
-def _index(directory: Path, rows: int | None, findings: Findings, deep: bool) -> None:
-    """The index files against each other and (``rows`` known) the shard.
+def _index(directory: Path, known: tuple[int, bytes] | None, findings: Findings, deep: bool) -> None:
+    """The index files against each other and (``known``: rows and uuid) the shard.
     Everything here is at most REPAIRABLE: a server rebuilds a bad index."""
     faiss_file, meta_file = directory / index.INDEX_FILE, directory / index.META_FILE
     if not meta_file.exists():
@@ -289,7 +289,11 @@ def _index(directory: Path, rows: int | None, findings: Findings, deep: bool) ->
             findings.add(faiss_file, Severity.REPAIRABLE, "index", "an index.meta that describes this file",
                          "an unusable index.meta: the index is rebuilt at the next start")
         return
-    built_rows, size, crc = built
+    built_rows, size, crc, shard = built
+    rows = known[0] if known is not None else None
+    if known is not None and shard != known[1]:
+        findings.add(meta_file, Severity.REPAIRABLE, "index", "the index.meta of this shard (its uuid)",
+                     "the index.meta of another shard; rebuilt at the next start", 64)
     if not faiss_file.exists() or faiss_file.stat().st_size != size or rows not in (None, built_rows):
         findings.add(faiss_file, Severity.REPAIRABLE, "index", f"an index of {rows} rows, {size} bytes",
                      f"{faiss_file.stat().st_size if faiss_file.exists() else 'no'} bytes built for {built_rows} "
@@ -304,16 +308,16 @@ def _index(directory: Path, rows: int | None, findings: Findings, deep: bool) ->
                          "different bytes; rebuilt at the next start")
 
 
-def _index_meta(path: Path, findings: Findings) -> tuple[int, int, int] | None:
-    """(rows, bytes, crc) the index was built with, or None if unusable (reported)."""
+def _index_meta(path: Path, findings: Findings) -> tuple[int, int, int, bytes | None] | None:
+    """(rows, bytes, crc, shard uuid) the index was built with, or None if unusable (reported)."""
     check = findings.journal(path, index.META_KIND, deep=True, cap=Severity.REPAIRABLE)
     try:
         if check.journal is None:
             return None
         meta = msgpack.unpackb(check.journal.metadata)
-        return int(meta["rows"]), int(meta["bytes"]), int(meta["crc"])
+        return int(meta["rows"]), int(meta["bytes"]), int(meta["crc"]), meta.get("shard")
     except (ValueError, KeyError, TypeError) as exc:
-        findings.add(path, Severity.REPAIRABLE, "index", "{type, rows, bytes, crc, m, ef_construction}",
+        findings.add(path, Severity.REPAIRABLE, "index", "{type, rows, bytes, crc, m, ef_construction, shard}",
                      f"{exc}; the index is rebuilt at the next start", 64)
         return None
     finally:

@@ -118,7 +118,7 @@ class Collection:
                 raise
             self.shards[shard_id] = shard
             if self.index != "flat":
-                shard.index = index.load(path, shard.rows)
+                shard.index = index.load(path, shard.rows, shard.uuid)
         self.next_shard = max(seen, default=0) + 1
         self._publish()
 

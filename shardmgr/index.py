@@ -10,10 +10,11 @@ A collection's ``index`` setting says how sealed shards are searched:
   searched exactly. Recall is measured by tools/bench_shards.py.
 
 ``index.meta`` is a journal (kind ``SMIX``) with no records whose
-checksummed metadata is ``{type, rows, bytes, crc, m, ef_construction}``:
-the shard's row count and the index file's size and crc32c when it was
-built. On open the rows, size and checksum must match (else the index is
-rebuilt); ``shardmgr verify`` checks the same.
+checksummed metadata is ``{type, rows, bytes, crc, m, ef_construction,
+shard}``: the shard's row count, the index file's size and crc32c when it was
+built, and the shard's uuid. On open all of them must match (else the index
+is rebuilt, so an index moved to another shard is never used);
+``shardmgr verify`` checks the same.
 
 Threads: built on the store's index thread from immutable sealed rows;
 installed under the store's write lock.
@@ -51,7 +52,7 @@ def build(vectors: np.ndarray, metric: str, m: int) -> faiss.Index:
     return index
 
 
-def save(directory: Path, index: faiss.Index, rows: int, m: int) -> None:
+def save(directory: Path, index: faiss.Index, rows: int, m: int, shard_uuid: bytes) -> None:
     """Write the index (temporary file, fsync, rename), then its metadata."""
     tmp = directory / (INDEX_FILE + ".tmp")
     faiss.write_index(index, str(tmp))
@@ -61,18 +62,20 @@ def save(directory: Path, index: faiss.Index, rows: int, m: int) -> None:
     os.replace(tmp, directory / INDEX_FILE)
     (directory / META_FILE).unlink(missing_ok=True)
     meta = msgpack.packb({"type": "hnsw", "rows": rows, "bytes": len(data), "crc": crc32c.crc32c(data), "m": m,
-                          "ef_construction": EF_CONSTRUCTION})
+                          "ef_construction": EF_CONSTRUCTION, "shard": shard_uuid})
     Journal.write_empty(directory / META_FILE, kind=META_KIND, metadata=meta)
     fsync_dir(directory)
 
 
-def load(directory: Path, rows: int) -> faiss.Index | None:
-    """The persisted index if it matches the shard (rows, file size); else None."""
+def load(directory: Path, rows: int, shard_uuid: bytes) -> faiss.Index | None:
+    """The persisted index if it matches the shard (its uuid, rows, the
+    file's size and checksum); else None."""
     try:
         with Journal.open(directory / META_FILE, kind=META_KIND, writable=False) as journal:
             meta = msgpack.unpackb(journal.metadata)
         data = (directory / INDEX_FILE).read_bytes()  # faiss reads it whole anyway: check it on the way
-        if meta["rows"] != rows or len(data) != meta["bytes"] or crc32c.crc32c(data) != meta["crc"]:
+        if meta.get("shard") != shard_uuid or meta["rows"] != rows or len(data) != meta["bytes"] \
+                or crc32c.crc32c(data) != meta["crc"]:
             log.warning("%s: index built for %s rows / %s bytes does not match the shard (%d rows) or its "
                         "checksum; rebuilding", directory, meta["rows"], meta["bytes"], rows)
             return None

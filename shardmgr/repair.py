@@ -23,10 +23,13 @@ import os
 import time
 from pathlib import Path
 
+from common import Flusher, FlusherConfig, Marker
 from common.check import Problem, Severity, zero_ranges, zero_record_padding
 from common.filesystem import fsync_dir, make_dirs
 from common.lockfile import DirectoryLocked, LockFile
 from workq.broker import Broker
+from workq.catalog import FILE as CATALOG_FILE
+from workq.catalog import Catalog, Entry
 
 from .collection import quarantine
 from .errors import CannotVerify
@@ -54,7 +57,9 @@ class Repair:
 
     def run(self, problems: list[Problem]) -> list[str]:
         """Quarantine what is corrupt, then recover; returns what was done."""
-        actions = self._quarantine([p for p in problems if p.severity == Severity.CORRUPT])
+        corrupt = [p for p in problems if p.severity == Severity.CORRUPT]
+        actions = self._quarantine(corrupt)
+        actions += self._bury(corrupt)
         repairable = [p for p in problems if p.severity == Severity.REPAIRABLE and Path(p.path).exists()]
         actions += self._zero(repairable)
         actions += self._cut_tails([p for p in repairable if p.what in ("rows_tail", "sealed_tail", "torn_tail")])
@@ -100,9 +105,27 @@ class Repair:
             if len(parts) >= 3 and parts[2].isdigit():
                 return collection / parts[2]  # a shard
             return collection  # its metadata: the whole collection
-        if parts[:1] == ("workq",) and len(parts) >= 3 and path.is_file():
-            return path
+        if parts[:1] == ("workq",) and len(parts) >= 2 and path.is_file():
+            return path  # a segment, a completion-log segment, the catalog
         return None
+
+    def _bury(self, corrupt: list[Problem]) -> list[str]:
+        """Queue files now gone (lost, or just moved aside): mark their
+        catalog records BURIED, so the loss is acknowledged, not forgotten."""
+        queue = self.root / "workq"
+        gone = sorted({e for p in corrupt if Path(p.path).is_relative_to(queue) and not Path(p.path).exists()
+                       and (e := Entry.of(queue, Path(p.path))) is not None})
+        if not gone or not (queue / CATALOG_FILE).exists():
+            return []
+        with Flusher(FlusherConfig()) as flusher:
+            book = Catalog.open(queue, flusher)
+            try:
+                if book.mark(gone, Marker.BURIED) is not None:
+                    book.journal.flush()
+            finally:
+                book.close()
+        return [f"marked {len(gone)} queue files lost in the catalog: "
+                f"{', '.join(str(e.path(queue).relative_to(self.root)) for e in gone)}"]
 
     def _is_shard(self, unit: Path) -> bool:
         return unit.parent.parent == self.root / "shards" and unit.name.isdigit()

@@ -149,6 +149,11 @@ class Shard:
         return self.journal.sealed
 
     @property
+    def uuid(self) -> bytes:
+        """The identity shared by the shard's journal, row files and index."""
+        return self.vectors.header.uuid
+
+    @property
     def vector_bytes(self) -> int:
         return self.rows * self.dim * 4
 

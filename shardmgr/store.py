@@ -144,7 +144,7 @@ class Store:
             for collection, shard in todo[:1]:
                 try:
                     built = index.build(shard.view().vectors, collection.metric, self.config.hnsw_m)
-                    index.save(shard.directory, built, shard.rows, self.config.hnsw_m)
+                    index.save(shard.directory, built, shard.rows, self.config.hnsw_m, shard.uuid)
                 except Exception:  # the shard stays searched exactly; not retried until a restart
                     log.exception("shardmgr: building the index of %s failed", shard.directory)
                     self._index_failed.add(shard.directory)

@@ -170,6 +170,8 @@ class Broker:
                 journal.abandon()
         for segment in self.state.segments.values():
             segment.journal.abandon()
+        if self.state.catalog is not None:
+            self.state.catalog.abandon()
         if self._lock is not None:
             self._lock.release()
 
@@ -361,6 +363,8 @@ class Broker:
                 journal.close()
         for segment in self.state.segments.values():
             segment.journal.close()
+        if self.state.catalog is not None:
+            self.state.catalog.close()
 
     # ------------------------------------------------------------ embedded API
 

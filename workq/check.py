@@ -24,6 +24,7 @@ from common import Marker
 from common.check import Findings, JournalCheck, Severity
 from common.errors import CorruptJournal
 
+from . import catalog
 from .completions import SUFFIX as RESULTS_SUFFIX
 from .completions import Ledger
 from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, RESULTS_KIND, SEGMENT_KIND
@@ -34,13 +35,64 @@ from .segment import Segment
 def check(root: Path, findings: Findings, deep: bool) -> None:
     """Check ``DATA/workq`` (``root``)."""
     for entry in sorted(root.iterdir()):
-        if entry.name not in ("segments", "results") or not entry.is_dir():
-            findings.unknown(entry, "segments/ and results/")
+        if entry.name not in ("segments", "results", catalog.FILE) or entry.is_dir() != (entry.name != catalog.FILE):
+            findings.unknown(entry, f"segments/, results/ and {catalog.FILE}")
+    recorded = _catalog(root, findings)  # before listing: a LIVE record's file existed when it was read
     jobs_in_segments = _segments(root / "segments", findings, deep)
     jobs_with_logs = _results(root / "results", findings, deep)
     for job in sorted(jobs_in_segments - jobs_with_logs):
         findings.add(root / "results" / f"{job:016x}", Severity.REPAIRABLE, "missing_log",
                      "a completion log for every job with items", "none; recovery starts an empty one")
+    if recorded is not None:
+        _compare(root, recorded, findings)
+
+
+def _catalog(root: Path, findings: Findings) -> dict[catalog.Entry, Marker] | None:
+    """The catalog's entries (None if it is missing or unusable: reported)."""
+    path = root / catalog.FILE
+    if not path.exists():
+        if any(root.glob("segments/*.wqsg")) or any(root.glob("results/*/*.wqcl")):
+            findings.add(path, Severity.REPAIRABLE, "missing", "the catalog of the queue's files",
+                         "no such file: recovery rebuilds it from the files present (a queue file lost "
+                         "with it would go unnoticed)")
+        return None
+    check = findings.journal(path, catalog.KIND, deep=True)  # small: always walked and checksummed
+    try:
+        if check.journal is None:
+            return None
+        entries = catalog.read(check.journal)
+    finally:
+        check.close()
+    bad = [e for e in entries if e.kind not in (catalog.SEGMENT, catalog.RESULTS)]
+    if bad:
+        findings.add(path, Severity.CORRUPT, "catalog_record", "records of kind 1 (segment) or 2 (results)",
+                     f"{len(bad)} records of kinds {sorted({e.kind for e in bad})}", entries[bad[0]][0])
+        return None
+    return {e: marker for e, (_, marker) in entries.items()}
+
+
+def _compare(root: Path, recorded: dict[catalog.Entry, Marker], findings: Findings) -> None:
+    """The files present against the catalog."""
+    present = {e for e in map(lambda p: catalog.Entry.of(root, p),
+                              [*root.glob("segments/*.wqsg"), *root.glob("results/*/*.wqcl")]) if e is not None}
+    absent = [e for e, marker in recorded.items() if marker == Marker.LIVE and e not in present]
+    if absent:  # read again: a live collector may have retired and deleted one since the first read
+        again = _catalog(root, Findings()) or {}
+        absent = [e for e in absent if again.get(e) == Marker.LIVE and not e.path(root).exists()]
+    for entry in sorted(absent):
+        findings.add(entry.path(root), Severity.CORRUPT, "missing", "the file the catalog records",
+                     f"no such file: its {'items' if entry.kind == catalog.SEGMENT else 'results'} are lost")
+    for entry in sorted(e for e, marker in recorded.items() if marker == Marker.BURIED and e not in present):
+        findings.add(entry.path(root), Severity.NOTE, "lost", "the file the catalog records",
+                     "lost or quarantined, acknowledged by verify --repair")
+    for entry in sorted(present):
+        marker = recorded.get(entry)
+        if marker == Marker.RETIRED:
+            findings.add(entry.path(root), Severity.REPAIRABLE, "collected", "no file the catalog says is collected",
+                         "still here (a crash before the unlink); recovery deletes it")
+        elif marker != Marker.LIVE:
+            findings.add(entry.path(root), Severity.REPAIRABLE, "uncatalogued", "a catalog record for every file",
+                         "none (created just before a crash); recovery records it")
 
 
 def _segments(directory: Path, findings: Findings, deep: bool) -> set[int]:

@@ -3,6 +3,10 @@
 * An input segment is deleted when it is sealed and every item in it is
   retired (buried items keep it). The broker's newest segment is never
   deleted, so segment ids, and therefore handles, are never reused.
+* Before any file is unlinked its catalog record (catalog.py) is
+  tombstoned and made durable, so a missing file the catalog still lists
+  is a lost file, never a collected one. That flush blocks the owner thread
+  once per collection (a few ms per sealed segment: rare).
 * A job's oldest completion-log segment is deleted when it is sealed, not
   the active one, and every result in it was delivered; first a ledger entry
   with the running totals is appended to the active segment and made
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING
 from common import Marker, Ticket
 from common.filesystem import fsync_dir
 
+from .catalog import RESULTS, SEGMENT, Entry
 from .completions import JobLog
 
 if TYPE_CHECKING:
@@ -36,6 +41,8 @@ def collect_segments(state: QueueState) -> int:
     """Delete every finished input segment (but the newest); returns how many."""
     newest = max(state.segments, default=0)
     done = [s for s in state.segments.values() if s.finished and s.id != newest and not s.held]
+    if done and state.catalog is not None:  # durable tombstones first: a missing file must mean collected
+        state.catalog.retire_durably([Entry(SEGMENT, s.id) for s in done])
     for segment in done:
         del state.segments[segment.id]
         state.keys[segment.key].remove(segment)
@@ -70,6 +77,8 @@ def finish_log(job_log: JobLog, seq: int) -> None:
     """The ledger entry is durable: delete the segment."""
     if seq not in job_log.segments or job_log.segments[seq].counters[Marker.LIVE]:
         return
+    if job_log.catalog is not None:  # after the ledger entry: the ledger decides what was collected
+        job_log.catalog.retire_durably([Entry(RESULTS, job_log.job, seq)])
     journal = job_log.forget_segment(seq)
     path = journal.path
     journal.close()

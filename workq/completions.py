@@ -38,6 +38,7 @@ from common.filesystem import make_dirs
 from common.header import HEADER_SIZE
 from common.scan import RecordChunk
 
+from .catalog import RESULTS, Catalog, Entry
 from .config import REPLY_ITEM_BYTES, SEGMENT_OVERHEAD
 from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, heads
 from .segment import budgeted, scan_window
@@ -89,8 +90,10 @@ class Outgoing:
 class JobLog:
     """One job's completion log segments and delivery state."""
 
-    def __init__(self, directory: Path, name: str, job: int, flusher: Flusher, segment_bytes: int) -> None:
+    def __init__(self, directory: Path, name: str, job: int, flusher: Flusher, segment_bytes: int,
+                 catalog: Catalog | None = None) -> None:
         self.directory = directory
+        self.catalog = catalog  # new segments are recorded in it (None: tests of the log alone)
         self.name = name
         self.job = job
         self._flusher = flusher
@@ -109,10 +112,11 @@ class JobLog:
     # ----------------------------------------------------------- lifecycle
 
     @classmethod
-    def create(cls, root: Path, name: str, job: int, flusher: Flusher, segment_bytes: int) -> JobLog:
+    def create(cls, root: Path, name: str, job: int, flusher: Flusher, segment_bytes: int,
+               catalog: Catalog | None = None) -> JobLog:
         directory = root / f"{job:016x}"
         make_dirs(directory)
-        log = cls(directory, name, job, flusher, segment_bytes)
+        log = cls(directory, name, job, flusher, segment_bytes, catalog)
         log._new_segment(0)
         return log
 
@@ -120,6 +124,8 @@ class JobLog:
         meta = msgpack.packb({"job": self.name, "job_id": self.job, "seq": seq})
         journal = Journal.create(self.directory / f"{seq:08d}{SUFFIX}", kind=RESULTS_KIND, flusher=self._flusher,
                                  metadata=meta, config=JournalConfig(capacity_bytes=self._segment_bytes))
+        if self.catalog is not None:  # the file is durable: record it
+            self.catalog.add([Entry(RESULTS, self.job, seq)])
         self.segments[seq] = journal
         return journal
 

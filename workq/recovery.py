@@ -34,6 +34,7 @@ from common.errors import RecordNotFound
 from common.filesystem import fsync_dir, make_dirs
 
 from . import handle as handles
+from .catalog import RESULTS, SEGMENT, Catalog, Entry
 from .completions import SUFFIX as RESULTS_SUFFIX
 from .completions import JobLog, Ledger
 from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, POSITION_AT, RESULTS_KIND, SEGMENT_KIND
@@ -61,9 +62,11 @@ class RecoveryReport:
 def recover(state: QueueState) -> RecoveryReport:
     started = time.monotonic()
     make_dirs(state.root)
+    state.catalog = Catalog.open(state.root, state.flusher)
     report = RecoveryReport()
     with_results = _recover_logs(state, report)
     _recover_segments(state, report)
+    _catalog(state)
     report.finished = _finish(state, with_results)
     report.pending = sum(c.pending for c in state.counts.values())
     report.buried = sum(c.buried for c in state.counts.values())
@@ -86,7 +89,7 @@ def _recover_logs(state: QueueState, report: RecoveryReport) -> np.ndarray:
             meta = msgpack.unpackb(journal.metadata)
             if job_log is None:
                 job_log = JobLog(directory, meta["job"], int(meta["job_id"]), state.flusher,
-                                 state.config.segment_bytes)
+                                 state.config.segment_bytes, state.catalog)
             job_log.segments[int(meta["seq"])] = journal
             found.append(_scan_log(job_log, int(meta["seq"]), journal))
         if job_log is None:
@@ -124,6 +127,8 @@ def _scan_log(job_log: JobLog, seq: int, journal: Journal) -> np.ndarray:
 def _drop_collected(job_log: JobLog) -> None:
     """Finish collections a crash interrupted (ledger written, file not deleted)."""
     gone = sorted(s for s in job_log.segments if s < job_log.ledger.collected_below)
+    if gone and job_log.catalog is not None:
+        job_log.catalog.retire_durably([Entry(RESULTS, job_log.job, seq) for seq in gone])
     for seq in gone:
         journal = job_log.forget_segment(seq)
         journal.close()
@@ -135,7 +140,15 @@ def _drop_collected(job_log: JobLog) -> None:
 
 def _recover_segments(state: QueueState, report: RecoveryReport) -> None:
     paths = sorted(state.segment_dir.glob(f"*{SEGMENT_SUFFIX}")) if state.segment_dir.exists() else []
-    for path in paths:
+    catalog = state.catalog
+    assert catalog is not None
+    collected = [p for p in paths if p.stem.isdigit() and catalog.marker(Entry(SEGMENT, int(p.stem))) == Marker.RETIRED]
+    for path in collected:  # the collector's tombstone is durable; a crash came before the unlink
+        path.unlink()
+        log.info("finished collecting %s", path)
+    if collected:
+        fsync_dir(state.segment_dir)
+    for path in (p for p in paths if p not in collected):
         journal = Journal.open(path, kind=SEGMENT_KIND, flusher=state.flusher)
         segment_id, key = Segment.describe(journal)
         if not journal.sealed:
@@ -170,10 +183,25 @@ def _scan_segment(state: QueueState, segment: Segment, chunk) -> None:  # type: 
             cursor.pending += int(live.sum())
         if job not in state.logs:  # its completion log is missing: start a new one
             state.logs[job] = JobLog.create(state.results_dir, f"{job:016x}", job, state.flusher,
-                                            state.config.segment_bytes)
+                                            state.config.segment_bytes, state.catalog)
     retired = markers == np.uint32(Marker.RETIRED)
     align = journal.alignment
     segment.dead_bytes += int(((chunk.lengths[retired] + 16 + align - 1) & ~(align - 1)).sum())
+
+
+def _catalog(state: QueueState) -> None:
+    """Record the files present that the catalog lacks (created just before
+    a crash, or a directory older than the catalog); report lost ones."""
+    assert state.catalog is not None
+    present = [Entry(SEGMENT, s) for s in state.segments]
+    present += [Entry(RESULTS, int(p.parent.name, 16), int(p.stem))
+                for p in state.results_dir.glob(f"*/*{RESULTS_SUFFIX}") if p.stem.isdigit()] \
+        if state.results_dir.exists() else []
+    state.catalog.add(present)
+    lost = set(state.catalog.live()) - set(present)
+    for entry in sorted(lost):
+        log.error("workq: %s is missing: the catalog says it exists (its items or results are lost; "
+                  "run shardmgr verify)", entry.path(state.root))
 
 
 def _finish(state: QueueState, with_results: np.ndarray) -> int:

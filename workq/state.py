@@ -36,6 +36,7 @@ from common.errors import BadRequest
 from common.filesystem import make_dirs
 
 from . import handle as handles
+from .catalog import SEGMENT, Catalog, Entry
 from .completions import JobLog, Outgoing
 from .config import SEGMENT_OVERHEAD, WorkqConfig
 from .errors import DiskFull, PayloadTooLarge, UnknownJob
@@ -120,6 +121,7 @@ class QueueState:
         self.item_changes = 0  # bumped whenever items may have become pending
         self.result_changes = 0  # bumped whenever results may have become deliverable
         self._disk_checked = (0.0, True)
+        self.catalog: Catalog | None = None  # opened by recovery
 
     # ------------------------------------------------------------------ jobs
 
@@ -138,7 +140,7 @@ class QueueState:
         job = job_id(name)
         log = self.logs.get(job)
         if log is None:
-            log = JobLog.create(self.results_dir, name, job, self.flusher, self.config.segment_bytes)
+            log = JobLog.create(self.results_dir, name, job, self.flusher, self.config.segment_bytes, self.catalog)
             self.logs[job] = log
             self.counts[job] = JobCounts()
         elif log.name != name:
@@ -205,6 +207,8 @@ class QueueState:
         segment = Segment.create(self.segment_dir, self.next_segment_id, key, self.flusher,
                                  self.config.segment_bytes)
         self.next_segment_id += 1
+        if self.catalog is not None:  # the file is durable: record it
+            self.catalog.add([Entry(SEGMENT, segment.id)])
         self.segments[segment.id] = segment
         segments.append(segment)
         return segment

@@ -32,7 +32,7 @@ from shardmgr.verification import verify
 from .workload import build, file_kinds
 
 NOTE, REPAIRABLE, CORRUPT = Severity.NOTE, Severity.REPAIRABLE, Severity.CORRUPT
-JOURNALS = ("segment", "completion_log", "shard_journal", "collection_meta", "index_meta")
+JOURNALS = ("segment", "completion_log", "catalog", "shard_journal", "collection_meta", "index_meta")
 ROWS = ("vectors", "ids")
 DERIVED = ("index_faiss", "index_meta")  # rebuilt from the rows: damage is at most REPAIRABLE
 
@@ -82,8 +82,13 @@ def durable_rows(shard: Path) -> int:
     return rows[-1][0] + rows[-1][1] if rows else 0
 
 
-def build_models(root: Path) -> dict[Path, Model]:
-    models = {}
+class Models(dict[Path, Model]):
+    def __repr__(self) -> str:  # short: hypothesis prints it with every failing case
+        return f"<models of {len(self)} files>"
+
+
+def build_models(root: Path) -> Models:
+    models = Models()
     for kind, paths in file_kinds(root).items():
         for path in paths:
             if kind in JOURNALS:
@@ -123,11 +128,9 @@ def damage(root: Path, models: dict[Path, Model], data: st.DataObject) -> dict[P
     rel = data.draw(st.sampled_from(files))
     path, model = root / rel, models[rel]
     size = len(model.flip)
-    if fault == "delete" and model.kind in ("segment", "completion_log"):
-        fault = "truncate"  # TODO catalog
     if fault == "delete":
         path.unlink()
-        return {rel: REPAIRABLE if model.kind in DERIVED else CORRUPT}
+        return {rel: REPAIRABLE if model.kind in DERIVED or model.kind == "catalog" else CORRUPT}
     if fault == "garbage":
         junk = data.draw(st.binary(min_size=1, max_size=6000).filter(any))
         with open(path, "ab") as f:

@@ -62,6 +62,7 @@ def file_kinds(root: Path) -> dict[str, list[Path]]:
     kinds = {
         "segment": sorted((root / "workq" / "segments").glob("*.wqsg")),
         "completion_log": sorted((root / "workq" / "results").glob("*/*.wqcl")),
+        "catalog": [root / "workq" / "catalog.wqct"],
         "shard_journal": sorted(shards.glob("*/[0-9]*/journal")),
         "vectors": sorted(shards.glob("*/[0-9]*/vectors")),
         "ids": sorted(shards.glob("*/[0-9]*/ids")),

@@ -1,0 +1,120 @@
+"""The catalog of queue files: recorded on creation, tombstoned before
+collection, rebuilt when lost, compacted, and what verify makes of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from common import Flusher, FlusherConfig, Marker
+from common.check import Findings, Severity
+from workq import Broker
+from workq import catalog as catalog_module
+from workq import check as queue_check
+from workq.catalog import RESULTS, SEGMENT, Catalog, Entry
+
+
+def findings_of(root: Path) -> list[tuple[str, Severity, str]]:
+    findings = Findings()
+    queue_check.check(root / "workq", findings, deep=True)
+    return [(str(Path(p.path).relative_to(root / "workq")), p.severity, p.what) for p in findings.problems]
+
+
+def catalog_of(root: Path) -> dict[Entry, Marker]:
+    with Flusher(FlusherConfig()) as flusher:
+        book = Catalog.open(root / "workq", flusher)
+        try:
+            return {e: m for e, (_, m) in book.entries.items()}
+        finally:
+            book.close()
+
+
+def fill(broker: Broker, segments: int = 3) -> None:
+    """Items enough for ``segments`` small segments, all completed and delivered."""
+    for _ in range(segments):
+        broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
+    while leased := broker.lease(100, worker="w"):
+        broker.complete([i.handle for i in leased], [b"r"] * len(leased))
+    broker.results("job", max_items=10_000)
+
+
+def test_files_are_recorded_and_collection_tombstones_first(open_broker: Callable[..., Broker],
+                                                            tmp_path: Path) -> None:
+    broker = open_broker(segment_bytes=64 << 10)
+    fill(broker)
+    broker.close()  # collects the finished segments
+    root = tmp_path / "data"
+    book = catalog_of(root)
+    present = {Entry(SEGMENT, int(p.stem)) for p in (root / "workq" / "segments").glob("*.wqsg")}
+    assert {e for e, m in book.items() if m == Marker.LIVE and e.kind == SEGMENT} == present
+    retired = {e for e, m in book.items() if m == Marker.RETIRED}
+    assert retired and all(not e.path(root / "workq").exists() for e in retired)
+    assert any(e.kind == RESULTS and m == Marker.LIVE for e, m in book.items())
+    assert findings_of(root) == []
+
+
+def test_recovery_finishes_a_collection_cut_before_the_unlink(open_broker: Callable[..., Broker],
+                                                              tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10, idle_seal_s=0.001)
+    broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
+    broker.close()
+    broker = open_broker(segment_bytes=64 << 10)  # recovery seals segment 1; the new items go to segment 2
+    broker.enqueue("job", "m", "s", 0, [b"y"], durable=True)
+    broker.close()
+    with Flusher(FlusherConfig()) as flusher:  # the collector's durable tombstone, then a crash
+        book = Catalog.open(root / "workq", flusher)
+        book.retire_durably([Entry(SEGMENT, 1)])
+        book.close()
+    assert ("segments/0000000001.wqsg", Severity.REPAIRABLE, "collected") in findings_of(root)
+    broker = open_broker(segment_bytes=64 << 10)
+    assert not (root / "workq" / "segments" / "0000000001.wqsg").exists()
+    assert broker.job_status("job")["pending"] == 1  # segment 1's 50 items went with it, as the collector decided
+    broker.close()
+    assert findings_of(root) == []
+
+
+def test_a_lost_catalog_is_rebuilt_from_the_files(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    for _ in range(2):
+        broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
+    broker.close()
+    (root / "workq" / catalog_module.FILE).unlink()
+    assert findings_of(root) == [(catalog_module.FILE, Severity.REPAIRABLE, "missing")]
+    open_broker(segment_bytes=64 << 10).close()
+    assert findings_of(root) == []
+    assert len([e for e, m in catalog_of(root).items() if m == Marker.LIVE]) == 3  # two segments, one log
+
+
+def test_a_lost_file_is_reported_and_the_broker_still_starts(open_broker: Callable[..., Broker],
+                                                             tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    for _ in range(2):
+        broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
+    broker.close()
+    (root / "workq" / "segments" / "0000000001.wqsg").unlink()
+    assert findings_of(root) == [("segments/0000000001.wqsg", Severity.CORRUPT, "missing")]
+    broker = open_broker(segment_bytes=64 << 10)
+    assert "0000000001.wqsg is missing" in caplog.text
+    assert 0 < broker.job_status("job")["pending"] < 100
+    broker.close()
+    assert findings_of(root) == [("segments/0000000001.wqsg", Severity.CORRUPT, "missing")]  # until acknowledged
+
+
+def test_a_catalog_of_mostly_dead_records_is_compacted(open_broker: Callable[..., Broker], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog_module, "COMPACT_AFTER", 4)
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    fill(broker, segments=8)
+    broker.close()
+    before = catalog_of(root)  # opening compacts: read the records themselves first
+    open_broker(segment_bytes=64 << 10).close()
+    after = catalog_of(root)
+    assert {e for e, m in after.items()} == {e for e, m in before.items() if m == Marker.LIVE}
+    assert all(m == Marker.LIVE for m in after.values())
+    assert findings_of(root) == []

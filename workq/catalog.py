@@ -1,0 +1,171 @@
+"""The catalog: which queue files exist, so that a lost one is noticed.
+
+The collector deletes segments as part of normal work, so a missing file
+proves nothing by itself. ``workq/catalog.wqct`` is a journal (kind
+``WQCT``, never sealed) with one record per queue file ever created, and
+the record's marker says what became of the file::
+
+    0   4   kind      1 = input segment, 2 = completion-log segment
+    4   4   reserved  0
+    8   8   id        the segment id, or the job id
+    16  8   seq       0, or the completion-log segment's sequence number
+
+    LIVE      the file exists. Appended after the file's creation is
+              durable, so a LIVE record never names a file a crash undid.
+    RETIRED   collected. The tombstone is made durable before the file is
+              unlinked; a crash in between leaves the file for recovery to
+              delete (input segments) or to keep (see below).
+    BURIED    lost or quarantined, and acknowledged by ``verify --repair``.
+
+A completion-log segment is retired only after the ledger entry that counts
+its results is durable, so the ledger, not the catalog, decides whether a
+completion-log file that is still there was collected.
+
+Verify reports a LIVE record without its file as data loss; a file without
+a record (created just before a crash, or a directory from before the
+catalog existed) is catalogued by recovery. Recovery rewrites the catalog
+with its LIVE records (new file, fsync, rename) when most records are dead.
+
+Threads: the broker's owner thread.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from common import Flusher, Journal, JournalConfig, Marker, Ticket
+from common.filesystem import fsync_dir
+from common.header import HEADER_SIZE
+
+KIND = b"WQCT"
+FILE = "catalog.wqct"
+SEGMENT, RESULTS = 1, 2
+RECORD = struct.Struct("<I4xQQ")
+#: Recovery compacts once dead records are this many and more than the live ones.
+COMPACT_AFTER = 4096
+EXTENT = 64 << 10
+
+
+class Entry(NamedTuple):
+    """One queue file: (kind, id, seq)."""
+
+    kind: int
+    id: int
+    seq: int = 0
+
+    @classmethod
+    def of(cls, root: Path, path: Path) -> Entry | None:
+        """The entry of a queue file's path (None: not a queue file's name)."""
+        parts = path.relative_to(root).parts
+        try:
+            if len(parts) == 2 and parts[0] == "segments" and path.suffix == ".wqsg":
+                return cls(SEGMENT, int(path.stem))
+            if len(parts) == 3 and parts[0] == "results" and path.suffix == ".wqcl" and len(parts[1]) == 16:
+                return cls(RESULTS, int(parts[1], 16), int(path.stem))
+        except ValueError:
+            pass
+        return None
+
+    def path(self, root: Path) -> Path:
+        """Where the file lives under ``DATA/workq`` (root)."""
+        if self.kind == SEGMENT:
+            return root / "segments" / f"{self.id:010d}.wqsg"
+        return root / "results" / f"{self.id:016x}" / f"{self.seq:08d}.wqcl"
+
+
+def read(journal: Journal) -> dict[Entry, tuple[int, Marker]]:
+    """Every entry's newest record: (offset, marker). Vectorised scan."""
+    found: dict[Entry, tuple[int, Marker]] = {}
+    for chunk in journal.scan():
+        fields = np.stack([journal.fields(chunk, at, "<u8") for at in (0, 8, 16)], axis=1)
+        kinds = fields[:, 0] & np.uint64(0xFFFFFFFF)
+        for (kind, id_, seq), offset, marker in zip(np.column_stack([kinds, fields[:, 1:]]).tolist(),
+                                                    chunk.offsets.tolist(), chunk.markers.tolist()):
+            found[Entry(kind, id_, seq)] = (offset, Marker(marker))
+    return found
+
+
+class Catalog:
+    """The catalog of one queue directory, open for writing."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.entries = read(journal)
+
+    @classmethod
+    def open(cls, root: Path, flusher: Flusher) -> Catalog:
+        """Open (or create, empty) ``root/catalog.wqct``, compacting it if most records are dead."""
+        path = root / FILE
+        config = JournalConfig(extent_bytes=EXTENT, max_record_bytes=RECORD.size)
+        if not path.exists():
+            return cls(Journal.create(path, kind=KIND, flusher=flusher, config=config))
+        catalog = cls(Journal.open(path, kind=KIND, flusher=flusher, config=config))
+        dead = sum(marker != Marker.LIVE for _, marker in catalog.entries.values())
+        if dead >= COMPACT_AFTER and dead > len(catalog.entries) - dead:
+            catalog = catalog._compacted(flusher, config)
+        return catalog
+
+    def _compacted(self, flusher: Flusher, config: JournalConfig) -> Catalog:
+        path = self.journal.path
+        live = [e for e, (_, marker) in self.entries.items() if marker == Marker.LIVE]
+        tmp = path.with_name(path.name + ".new")
+        tmp.unlink(missing_ok=True)
+        fresh = Journal.create(tmp, kind=KIND, flusher=flusher, config=config)
+        if live:
+            fresh.append_batch([RECORD.pack(*e) for e in live])
+        fresh.flush()
+        fresh.close()
+        self.journal.close()
+        os.rename(tmp, path)
+        fsync_dir(path.parent)
+        return Catalog(Journal.open(path, kind=KIND, flusher=flusher, config=config))
+
+    def add(self, entries: list[Entry]) -> Ticket | None:
+        """Record files whose creation is durable (one append); entries
+        already LIVE are skipped."""
+        new = [e for e in entries if self.marker(e) != Marker.LIVE]
+        if not new:
+            return None
+        appended = self.journal.append_batch([RECORD.pack(*e) for e in new])
+        for entry, offset in zip(new, appended.offsets.tolist()):
+            self.entries[entry] = (offset, Marker.LIVE)
+        return appended.ticket
+
+    def mark(self, entries: list[Entry], marker: Marker) -> Ticket | None:
+        """Tombstone (RETIRED) or bury (BURIED) the records of ``entries``
+        in place; entries without a record are skipped."""
+        known = [e for e in entries if e in self.entries and self.entries[e][1] != marker]
+        if not known:
+            return None
+        ticket = self.journal.set_markers([self.entries[e][0] for e in known], marker)
+        for entry in known:
+            self.entries[entry] = (self.entries[entry][0], marker)
+        return ticket
+
+    def retire_durably(self, entries: list[Entry]) -> None:
+        """Tombstone ``entries`` and wait for the flush: call before unlinking their files."""
+        if self.mark(entries, Marker.RETIRED) is not None:
+            self.journal.flush()
+
+    def live(self) -> list[Entry]:
+        """Entries whose files should exist."""
+        return [e for e, (_, marker) in self.entries.items() if marker == Marker.LIVE]
+
+    def marker(self, entry: Entry) -> Marker | None:
+        found = self.entries.get(entry)
+        return found[1] if found is not None else None
+
+    @property
+    def size(self) -> int:
+        return self.journal.end - HEADER_SIZE
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def abandon(self) -> None:
+        self.journal.abandon()
