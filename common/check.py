@@ -106,9 +106,15 @@ def check_journal(path: Path, *, kind: bytes | None = None, deep: bool = False) 
     if problems and problems[0].what == "kind":
         return JournalCheck(problems, None, len(header))
     _, checkpoint = newest(read_checkpoints(header))
+    if checkpoint.sealed and os.path.getsize(path) < checkpoint.end:  # cut short: no reader can open it
+        check = JournalCheck(problems, None, len(header))
+        _check_sealed_size(check, where, checkpoint)
+        return check
     sealed_fast = checkpoint.sealed and not deep
     try:
-        journal = Journal.open(path, writable=False, recount=not sealed_fast)
+        # a sealed file never shrinks again: mapped. An open one may be sealed (trimmed) by a live
+        # writer at any moment, which would fault a mapping (SIGBUS): read it into memory
+        journal = Journal.open(path, writable=False, recount=not sealed_fast, snapshot=not checkpoint.sealed)
     except CorruptJournal as exc:
         problems.append(Problem(where, exc.offset, Severity.CORRUPT, "records", "every record a flush confirmed",
                                 exc.detail))

@@ -78,7 +78,7 @@ class Journal(RecordReader):
     """One journal file. Build it with :meth:`create` or :meth:`open`."""
 
     def __init__(self, path: Path, fd: int, header: bytes, *, writable: bool,
-                 flusher: Flusher | None, config: JournalConfig) -> None:
+                 flusher: Flusher | None, config: JournalConfig, snapshot: bool = False) -> None:
         """Private: use create() or open(). ``header`` is the file's first 4 KiB."""
         identity = Identity.decode(header, str(path))
         config = JournalConfig(alignment=identity.alignment, max_record_bytes=identity.max_record_bytes,
@@ -88,7 +88,7 @@ class Journal(RecordReader):
         self.identity = identity
         self.config = config
         self.recovery: RecoveryReport | None = None
-        self._file = MappedFile(fd, writable)
+        self._file = MappedFile(fd, writable, snapshot)
         self._writable = writable
         self._flusher = flusher
         self._lock = threading.Lock()
@@ -130,7 +130,7 @@ class Journal(RecordReader):
     @classmethod
     def open(cls, path: str | Path, *, kind: bytes | None = None, flusher: Flusher | None = None,
              writable: bool = True, recount: bool = True, config: JournalConfig | None = None,
-             limit: int | None = None) -> Journal:
+             limit: int | None = None, snapshot: bool = False) -> Journal:
         """Open and recover a journal.
 
         ``recount=False`` opens a sealed journal read-only in O(1) (its
@@ -142,6 +142,8 @@ class Journal(RecordReader):
         read-only open, records whose companion data never reached the disk
         drops them so; records a checkpoint declared durable cannot be
         dropped (CorruptJournal).
+        ``snapshot`` (read-only) reads the file into memory instead of
+        mapping it: for a reader beside another process that may shrink it.
         Read-only opens change nothing on disk. Raises FormatError for a
         file that is not a (matching) journal and CorruptJournal for damaged
         durable data; the file is untouched in both cases.
@@ -153,7 +155,7 @@ class Journal(RecordReader):
         journal = None
         try:
             journal = cls(path, fd, os.pread(fd, HEADER_SIZE, 0), writable=writable, flusher=flusher,
-                          config=config or JournalConfig())
+                          config=config or JournalConfig(), snapshot=snapshot)
             if kind is not None and journal.kind != kind:
                 raise FormatError(path, 12, f"journal kind is {journal.kind!r}, expected {kind!r}")
             journal._load(recount or writable, limit)

@@ -5,6 +5,11 @@ end), so growing or truncating the file replaces the mapping. Views taken
 from an earlier mapping stay valid for the bytes they cover: the old mapping
 lives until its last view is gone.
 
+A *snapshot* (read-only) holds a copy of the file read at open instead of
+a mapping: for readers beside another process's live writer, which may
+shrink the file (sealing trims it), and touching a mapping past a shrunk end
+kills the reader with SIGBUS.
+
 Threads: the owner of the enclosing journal calls grow/truncate (under the
 journal's lock); readers may use ``bytes``/``words`` concurrently.
 """
@@ -25,9 +30,12 @@ from .record import align_up
 class MappedFile:
     """An open file descriptor plus a uint8 and a uint32 view of its mapping."""
 
-    def __init__(self, fd: int, writable: bool) -> None:
+    def __init__(self, fd: int, writable: bool, snapshot: bool = False) -> None:
+        if writable and snapshot:
+            raise ValueError("a snapshot is read-only")
         self.fd = fd
         self.writable = writable
+        self.snapshot = snapshot
         self.size = os.fstat(fd).st_size
         self.mm: mmap.mmap = None  # type: ignore[assignment]  # set by _remap below
         self.bytes = np.zeros(0, dtype=np.uint8)
@@ -35,9 +43,22 @@ class MappedFile:
         self._remap()
 
     def _remap(self) -> None:
+        if self.snapshot:
+            self._read_all()
+            return
         access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
         self.mm = mmap.mmap(self.fd, self.size, access=access)
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+        self.words = self.bytes[: self.size // 4 * 4].view("<u4")
+
+    def _read_all(self) -> None:
+        """Copy the whole file, up to its end at the time of reading."""
+        data = bytearray()
+        while chunk := os.pread(self.fd, 16 << 20, len(data)):
+            data += chunk
+        self.size = len(data)
+        self.mm = data  # type: ignore[assignment]  # slicing and struct reads work alike
+        self.bytes = np.frombuffer(data, dtype=np.uint8)
         self.words = self.bytes[: self.size // 4 * 4].view("<u4")
 
     def grow_to(self, need: int, *, extent: int, mode: Preallocate, capacity: int | None) -> None:
@@ -61,6 +82,7 @@ class MappedFile:
     def close(self) -> None:
         self.bytes = np.zeros(0, dtype=np.uint8)
         self.words = np.zeros(0, dtype="<u4")
-        with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping dies with it
-            self.mm.close()  # type: ignore[union-attr]
+        if not self.snapshot:
+            with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping dies with it
+                self.mm.close()  # type: ignore[union-attr]
         os.close(self.fd)

@@ -45,8 +45,12 @@ def check(root: Path, findings: Findings, deep: bool) -> None:
         if not entry.is_dir():
             findings.unknown(entry, "one directory per collection")
         elif not (entry / "collection").exists():
-            findings.add(entry / "collection", Severity.CORRUPT, "missing", "the collection's metadata file",
-                         "none: the collection is not served")
+            if any(p.name != "collection.tmp" for p in entry.iterdir()):
+                findings.add(entry / "collection", Severity.CORRUPT, "missing", "the collection's metadata file",
+                             "none: the collection's shards are not served")
+            else:  # the store ignores it; create_collection finishes it
+                findings.add(entry, Severity.NOTE, "unfinished_collection", "a collection metadata file",
+                             "none yet: a creation in progress or cut short (no data)")
         else:
             with findings.guard(entry):
                 _collection(entry, findings, deep)
