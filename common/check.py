@@ -198,19 +198,16 @@ def _check_bodies(check: JournalCheck, where: str) -> int:
         if len(padded) and not dirty:
             first_dirty = int(padded[0])
         dirty += len(padded)
-        try:
-            journal.bodies(chunk)
-            continue
-        except CorruptJournal:
-            pass
-        for i in range(len(chunk)):  # find each damaged record of this chunk
-            try:
-                journal.bodies(chunk[i:i + 1])
-            except CorruptJournal as exc:
-                found += 1
-                if found <= MAX_PER_FILE:
-                    check.problems.append(Problem(where, exc.offset, Severity.CORRUPT, "checksum",
-                                                  "the record body's crc32c", exc.detail))
+        for offset in journal.bad_checksums(chunk).tolist():
+            found += 1
+            if found <= MAX_PER_FILE:
+                check.problems.append(Problem(where, offset, Severity.CORRUPT, "checksum",
+                                              "the record's crc32c (length, seq and body)",
+                                              "different bytes: damaged since it was written"))
+    if found > MAX_PER_FILE:
+        check.problems.append(Problem(where, None, Severity.CORRUPT, "checksum", "the record's crc32c",
+                                      f"{found - MAX_PER_FILE} more damaged records (the first {MAX_PER_FILE} "
+                                      "are listed)"))
     if dirty:
         check.problems.append(Problem(where, first_dirty, Severity.REPAIRABLE, "record_padding",
                                       "zero bytes after each record, up to the alignment",

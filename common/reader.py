@@ -84,9 +84,29 @@ class RecordReader:
         occupy when the records lie close together (one memcpy), else into
         one copy each. CorruptJournal if a checksum fails.
         """
-        self._check_open()
         if not len(chunk):
             return []
+        span, starts, ends, stored, computed = self._checksummed(chunk)
+        bad = np.flatnonzero(computed != stored)
+        if len(bad):
+            i = int(bad[0])
+            raise CorruptJournal(self.path, int(chunk.offsets[i]), f"record damaged since it was written: "
+                                 f"checksum stored {int(stored[i]):#010x}, computed {int(computed[i]):#010x}")
+        head = RECORD_HEADER_SIZE + skip
+        return [span[s + head:e] for s, e in zip(starts, ends)]
+
+    def bad_checksums(self, chunk: RecordChunk) -> np.ndarray:
+        """Offsets of the records of a chunk from this journal's scan() whose
+        checksum fails (verify: every one, not just the first)."""
+        if not len(chunk):
+            return np.zeros(0, dtype=np.int64)
+        _, _, _, stored, computed = self._checksummed(chunk)
+        return chunk.offsets[computed != stored]
+
+    def _checksummed(self, chunk: RecordChunk) -> tuple[memoryview, list[int], list[int], np.ndarray, np.ndarray]:
+        """The chunk's bytes (one copy), each record's start and end in
+        them, and its stored and computed checksums."""
+        self._check_open()
         offsets, lengths = chunk.offsets, chunk.lengths
         with self._lock:
             mm, words = self._file.mm, self._file.words
@@ -99,13 +119,7 @@ class RecordReader:
         ends = (np.array(starts, dtype=np.int64) + RECORD_HEADER_SIZE + lengths).tolist()
         crc = crc32c.crc32c
         computed = np.fromiter((crc(span[s + 8:e]) for s, e in zip(starts, ends)), dtype=np.uint32, count=len(ends))
-        bad = np.flatnonzero(computed != stored)
-        if len(bad):
-            i = int(bad[0])
-            raise CorruptJournal(self.path, int(offsets[i]), f"record damaged since it was written: checksum "
-                                 f"stored {int(stored[i]):#010x}, computed {int(computed[i]):#010x}")
-        head = RECORD_HEADER_SIZE + skip
-        return [span[s + head:e] for s, e in zip(starts, ends)]
+        return span, starts, ends, stored, computed
 
     def dirty_padding(self, chunk: RecordChunk) -> np.ndarray:
         """Offsets of the records of a chunk whose alignment padding is not

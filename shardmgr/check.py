@@ -32,6 +32,7 @@ from common.errors import CorruptJournal, FormatError
 from . import index
 from .collection import META_KIND, quarantine_reason
 from .config import INDEX_TYPES
+from .row_checksums import batch_crcs
 from .rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
 from .shard import BATCH, JOURNAL_KIND, TMP_SUFFIX, last_record
 
@@ -257,25 +258,24 @@ def _batch_checksums(directory: Path, headers: dict[str, RowHeader | None],
                      batches: list[tuple[int, int, int, int, int]], check: JournalCheck, sealed: bool,
                      findings: Findings) -> None:
     expected = 0
+    for first, count, _, _, offset in batches:
+        if first != expected:
+            findings.add(directory / "journal", Severity.CORRUPT, "batch_chain", f"a batch starting at row "
+                         f"{expected}", f"one starting at row {first}", offset)
+        expected = first + count
     for column, at in (("vectors", 2), ("ids", 3)):
         header = headers[column]
         assert header is not None
-        path = directory / column
-        read = 0
-        with open(path, "rb") as f:
-            for first, count, *crcs, offset in batches:
+        path, width = directory / column, header.row_bytes
+        spans = [(HEADER_SIZE + b[0] * width, b[1] * width) for b in batches]
+        crcs = batch_crcs(path, spans, sealed)
+        findings.read(sum(n for (_, n), crc in zip(spans, crcs) if crc is not None))
+        for batch, (start, _), crc in zip(batches, spans, crcs):
+            if crc is not None and crc != batch[at]:  # a short file is reported by _row_sizes
+                first, count, offset = batch[0], batch[1], batch[4]
                 severity = Severity.CORRUPT if sealed or offset < check.durable_end else Severity.REPAIRABLE
-                if column == "vectors" and first != expected:
-                    findings.add(directory / "journal", Severity.CORRUPT, "batch_chain",
-                                 f"a batch starting at row {expected}", f"one starting at row {first}", offset)
-                expected = first + count
-                f.seek(HEADER_SIZE + first * header.row_bytes)
-                data = f.read(count * header.row_bytes)
-                read += len(data)
-                if len(data) == count * header.row_bytes and crc32c.crc32c(data) != crcs[at - 2]:
-                    findings.add(path, severity, "rows_checksum", f"rows {first}..{first + count} matching the "
-                                 "batch's crc32c", "different bytes", HEADER_SIZE + first * header.row_bytes)
-        findings.read(read)
+                findings.add(path, severity, "rows_checksum", f"rows {first}..{first + count} matching the "
+                             "batch's crc32c", "different bytes", start)
 
 
 def _index(directory: Path, known: tuple[int, bytes] | None, findings: Findings, deep: bool) -> None:
