@@ -1,19 +1,25 @@
 """``verify --repair``: what recovery would do, offline, plus quarantine.
 
 Holds the data directory's lock for the whole run (a server cannot start
-meanwhile, and a repair refuses to run while one holds it). For every
-CORRUPT finding it moves the damaged unit aside, never deleting anything:
+meanwhile, and a repair refuses to run while one holds it). Never deletes
+data. In order:
 
-* a shard (any file of it) to its collection's ``quarantine/`` (the server
-  does the same when a shard fails its checks on open);
-* a collection whose metadata is unusable to ``DATA/quarantine/shards/``;
-* a queue segment or completion-log segment to ``DATA/quarantine/workq/``
-  (its items or results are then no longer served).
+1. every unit with a CORRUPT finding is moved aside: a shard (any file of
+   it) to its collection's ``quarantine/`` (as the server does when a shard
+   fails its checks on open); a collection whose metadata is unusable to
+   ``DATA/quarantine/shards/``; a queue segment, completion-log segment or
+   a damaged catalog to ``DATA/quarantine/workq/``;
+2. queue files now gone (moved aside, or lost) are marked BURIED in the
+   catalog: the loss is acknowledged, not forgotten;
+3. bytes outside every checksum that must be zero are zeroed (padding,
+   damaged checkpoint slots), and bytes past what recovery keeps are cut
+   (sealed and torn tails);
+4. the queue's and the store's own recovery runs (counters recounted,
+   interrupted completions and collections finished, mid-build shards
+   sealed, a lost catalog rebuilt, damaged indexes rebuilt).
 
-Then it runs the queue's and the store's own recovery (torn tails cut,
-counters recounted, interrupted completions finished, mid-build shards
-replayed and sealed, finished segments collected, leftover ``.tmp`` shards
-removed) and cuts stray bytes after sealed row files.
+Repairs use the default configuration of each component: recovery does not
+depend on segment or seal sizes.
 """
 
 from __future__ import annotations
