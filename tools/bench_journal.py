@@ -19,7 +19,6 @@ Usage: python tools/bench_journal.py [--dir DIR] [--size-mib N] [--json]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.table import Table
 
@@ -247,10 +247,7 @@ def main() -> None:
         results = run(directory, args.size_mib, args.repeats)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        show(results)
+    emit(results, args.json, show)
 
 
 if __name__ == "__main__":

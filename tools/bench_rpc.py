@@ -22,7 +22,6 @@ Usage: python tools/bench_rpc.py [--requests N] [--json]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import socket
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.table import Table
 
@@ -184,10 +184,7 @@ def main() -> None:
         serve_echo(args.serve_echo)
         return
     results = run(args.requests)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        show(results)
+    emit(results, args.json, show)
 
 
 if __name__ == "__main__":

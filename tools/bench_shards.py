@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.table import Table
 
@@ -317,10 +317,7 @@ def main() -> None:
         results["lancedb"] = None if "lancedb" in skip else bench_lancedb(directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        show(results)
+    emit(results, args.json, show)
 
 
 if __name__ == "__main__":

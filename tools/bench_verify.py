@@ -19,7 +19,6 @@ Usage: python tools/bench_verify.py [--dir DIR] [--gib 10] [--queue-gib 1] [--ke
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.table import Table
 
@@ -159,10 +159,7 @@ def main() -> None:
             print(f"kept {root}")
         else:
             shutil.rmtree(root.parent, ignore_errors=True)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        show(results)
+    emit(results, args.json, show)
 
 
 if __name__ == "__main__":

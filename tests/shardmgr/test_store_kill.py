@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import shardmgr
+from common.check import Severity
 from common.errors import Unavailable
 
 from .serverproc import ServerProcess
@@ -72,6 +73,10 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
         _, _, nearest = client.search("c", vectors[sample], k=1)
         assert (nearest[:, 0] == refs[sample]).all()
         client.close()
+        server.signal(signal.SIGKILL)  # one last kill: what it leaves is only for recovery to repair
+        server.wait()
+        report = shardmgr.verify(tmp_path / "data", deep=True)
+        assert report.exit_code <= 1, [p for p in report.problems if p.severity == Severity.CORRUPT]
     finally:
         server.kill()
 

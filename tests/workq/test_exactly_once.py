@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from common.check import Findings, Severity
 from common.errors import Unavailable
 from workq import Client
+from workq import check as queue_check
 
 from ..shardmgr.serverproc import ServerProcess
 from .worker_child import result_of
@@ -87,6 +89,11 @@ def run_faults(tmp_path: Path, items: int, rounds: int, seed: int) -> None:
             assert got[handle] == result_of(payload)
         status = client.job_status("job")
         assert status["completed"] == items and status["pending"] == 0 and status["buried"] == 0
+        server.signal(signal.SIGKILL)  # one last kill: what it leaves is only for recovery to repair
+        server.wait()
+        findings = Findings()
+        queue_check.check(tmp_path / "data" / "workq", findings, deep=True)
+        assert findings.worst() <= Severity.REPAIRABLE, findings.problems
     finally:
         for proc in workers.values():
             proc.kill()
