@@ -26,14 +26,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from .errors import CorruptJournal, FormatError
+from .errors import CannotCheck, CorruptJournal, FormatError
 from .header import HEADER_SIZE, SLOT_OFFSETS, SLOT_SIZE, Checkpoint, Identity, newest, read_checkpoints
 from .journal import Journal
 from .marker import Marker
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: Zero-filled byte ranges of the header (after each checkpoint slot, up to the next sector or the end).
 HEADER_ZEROS = ((SLOT_OFFSETS[0] + SLOT_SIZE, SLOT_OFFSETS[1]), (SLOT_OFFSETS[1] + SLOT_SIZE, HEADER_SIZE))
+#: errno values of the moment (not damage): a check that meets one stops the run (CannotCheck).
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
 #: Problems reported per file at most (the first ones; the rest are counted).
 MAX_PER_FILE = 20
 
@@ -96,12 +100,12 @@ def check_journal(path: Path, *, kind: bytes | None = None, deep: bool = False) 
     """Check one journal file (see the module docstring). Never raises for
     damage: it is reported. OSError (a missing file, no permission) passes."""
     where = str(path)
-    header = _read_header(path)
     try:
+        header = read_regular(path, HEADER_SIZE)
         identity = Identity.decode(header, where)
     except FormatError as exc:
         return JournalCheck([Problem(where, exc.offset, Severity.CORRUPT, "header", "a valid journal header",
-                                     exc.detail)], None, len(header))
+                                     exc.detail)], None, HEADER_SIZE)
     problems = _check_header(where, header, identity, kind)
     if problems and problems[0].what == "kind":
         return JournalCheck(problems, None, len(header))
@@ -133,9 +137,18 @@ def check_journal(path: Path, *, kind: bytes | None = None, deep: bool = False) 
     return check
 
 
-def _read_header(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(HEADER_SIZE)
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The first ``limit`` bytes (or all) of a regular file; FormatError for
+    anything else in its place (a FIFO would block the run forever, a
+    directory or device is not the file). OSError passes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FormatError(path, 0, "not a regular file (a directory, FIFO, socket or device in its place)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit) if limit is not None else f.read()
+    finally:
+        os.close(fd)
 
 
 def _check_header(where: str, header: bytes, identity: Identity, kind: bytes | None) -> list[Problem]:
@@ -285,6 +298,8 @@ class Findings:
         except PermissionError:
             raise
         except OSError as exc:
+            if exc.errno in TRANSIENT_ERRNOS:
+                raise CannotCheck(f"{path}: {exc.strerror}: a resource of the moment, not damage") from exc
             self.add(path, min(cap, Severity.CORRUPT), "unreadable", "a readable file", f"{exc.strerror or exc}")
             return JournalCheck([], None)
         self.problems += [p if p.severity <= cap else dataclasses.replace(p, severity=cap) for p in check.problems]
@@ -298,14 +313,20 @@ class Findings:
         bad unit cannot stop the run. PermissionError passes."""
         try:
             yield
-        except PermissionError:
+        except (PermissionError, CannotCheck):
             raise
+        except MemoryError as exc:
+            raise CannotCheck(f"checking {path}: out of memory") from exc
         except FileNotFoundError as exc:
             self.add(Path(exc.filename or path), Severity.NOTE, "vanished", "the file",
                      "deleted during the run (a live server's collector)")
-        except Exception as exc:
+        except OSError as exc:
+            if exc.errno in TRANSIENT_ERRNOS:
+                raise CannotCheck(f"checking {path}: {exc.strerror}: a resource of the moment") from exc
+            self.add(path, Severity.CORRUPT, "unreadable", "a readable file", f"{exc.strerror or exc}")
+        except Exception as exc:  # a rule no check foresaw: reported, but repair moves nothing for it
             log.warning("verify: checking %s raised", path, exc_info=True)
-            self.add(path, Severity.CORRUPT, "unreadable", "a file every check can read",
+            self.add(path, Severity.CORRUPT, "check_failed", "a unit every check can read",
                      f"{type(exc).__name__}: {exc}")
 
     def worst(self) -> Severity:

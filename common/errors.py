@@ -82,6 +82,11 @@ class MarkerConflict(JournalError, ValueError):
         super().__init__(message)
 
 
+class CannotCheck(CommonError):
+    """An offline check could not run for a reason of the moment (no file
+    descriptors, no memory): nothing about the data is concluded."""
+
+
 class FlushFailed(JournalError):
     """fsync/fdatasync failed: the journal's durability is lost.
 

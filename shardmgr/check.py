@@ -26,7 +26,7 @@ import crc32c
 import msgpack
 import numpy as np
 
-from common.check import Findings, JournalCheck, Severity
+from common.check import Findings, JournalCheck, Severity, read_regular
 from common.errors import CorruptJournal, FormatError
 
 from . import index
@@ -189,9 +189,8 @@ def _rows_below(check: JournalCheck, batches: list[tuple[int, int, int, int, int
 
 
 def _row_header(path: Path, findings: Findings) -> RowHeader | None:
-    with open(path, "rb") as f:
-        raw = f.read(HEADER_SIZE)
     try:
+        raw = read_regular(path, HEADER_SIZE)
         header = RowHeader.decode(raw, path)
     except FormatError as exc:
         findings.add(path, Severity.CORRUPT, "row_header", "a valid row file header", exc.detail, exc.offset)
@@ -305,7 +304,11 @@ def _index(directory: Path, known: tuple[int, bytes] | None, findings: Findings,
     elif not deep:
         findings.done(faiss_file, 0)
     else:
-        data = faiss_file.read_bytes()
+        try:
+            data = read_regular(faiss_file)
+        except FormatError as exc:
+            findings.add(faiss_file, Severity.REPAIRABLE, "index", "a regular file", exc.detail)
+            return
         findings.done(faiss_file, len(data))
         if crc32c.crc32c(data) != crc:
             findings.add(faiss_file, Severity.REPAIRABLE, "index", "the crc32c recorded when it was built",

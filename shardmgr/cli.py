@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,9 @@ def verify(data_dir: Path, deep: bool, repair: bool, as_json: bool) -> None:
         report = run(data_dir, deep=deep, repair=repair, on_file=progress.advance)
     except CannotVerify as exc:
         click.echo(f"shardmgr verify: {exc}", err=True)
+        raise SystemExit(EXIT_CANNOT_RUN) from None
+    except Exception:  # a failure of verify itself: "could not run", never a verdict on the data
+        click.echo(f"shardmgr verify: could not run:\n{traceback.format_exc()}", err=True)
         raise SystemExit(EXIT_CANNOT_RUN) from None
     finally:
         progress.stop()

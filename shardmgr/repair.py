@@ -56,6 +56,8 @@ class Repair:
             self._lock.acquire()
         except DirectoryLocked as exc:
             raise CannotVerify(f"--repair needs the directory to itself: {exc}") from None
+        except OSError as exc:  # cannot create the lock file: read-only, no permission
+            raise CannotVerify(f"--repair cannot lock {self.root}: {exc.strerror or exc}") from exc
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -91,6 +93,8 @@ class Repair:
     def _quarantine(self, corrupt: list[Problem]) -> list[str]:
         units: dict[Path, str] = {}
         for problem in corrupt:
+            if problem.what == "check_failed":  # no rule says this unit is damaged: never moved for it
+                continue
             unit = self._unit(Path(problem.path))
             if unit is not None:
                 units.setdefault(unit, f"{problem.what} at byte {problem.offset}: expected {problem.expected}, "

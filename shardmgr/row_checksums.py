@@ -48,8 +48,9 @@ def _parallel(mm: mmap.mmap, view: memoryview, spans: Sequence[Span], size: int)
 
     def checksum(piece: tuple[int, int, int]) -> int:
         _, lo, hi = piece
-        start = lo - lo % mmap.PAGESIZE  # cold files: ask for this piece and the next at once (readahead)
-        mm.madvise(mmap.MADV_WILLNEED, start, min(hi + PIECE, size) - start)
+        if hi > lo:  # cold files: ask for this piece and the next at once (readahead)
+            start = lo - lo % mmap.PAGESIZE
+            mm.madvise(mmap.MADV_WILLNEED, start, min(hi + PIECE, size) - start)
         return crc32c.crc32c(view[lo:hi])
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.check import Findings, Problem, Severity
+from common.errors import CannotCheck
 from workq import check as queue_check
 
 from . import check as store_check
@@ -104,6 +105,10 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
                 findings.unknown(entry, "LOCK, workq/, shards/, quarantine/")
     except PermissionError as exc:
         raise CannotVerify(f"cannot read {exc.filename}: {exc.strerror}") from exc
+    except CannotCheck as exc:
+        raise CannotVerify(f"stopped, nothing concluded: {exc}") from exc
+    except OSError as exc:  # listing a directory failed: the run cannot cover it
+        raise CannotVerify(f"cannot read {exc.filename or root}: {exc.strerror or exc}") from exc
     return Report(str(root), deep, findings.problems, findings.files, findings.bytes_read,
                   time.perf_counter() - started)
 

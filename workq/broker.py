@@ -339,7 +339,10 @@ class Broker:
                 self._waiters.append(waiter)
 
     def _collect_now(self) -> None:
-        """Owner thread: collect every finished segment, waiting for the ledger entries' flush."""
+        """Owner thread: collect every finished segment, waiting for the
+        ledger entries' flush. Runs after the last continuations, so the
+        completions they finish count (their tombstones flushed first)."""
+        self.flusher.flush_now()
         collector.collect_segments(self.state)
         started = collector.start_logs(self.state)
         if started:
@@ -353,6 +356,7 @@ class Broker:
             waiter.run(True)
         self._waiters = []
         self.flusher.flush_now()
+        self._run_continuations()
         self._guarded(self._collect_now)  # a clean stop leaves no finished segment for verify to report
         self._run_continuations()
         closed = Unavailable("the work queue closed before the write was durable")

@@ -24,23 +24,33 @@ completion-log file that is still there was collected.
 Verify reports a LIVE record without its file as data loss; a file without
 a record (created just before a crash, or a directory from before the
 catalog existed) is catalogued by recovery. Recovery rewrites the catalog
-with its LIVE records (new file, fsync, rename) when most records are dead.
+with its LIVE and BURIED records (new file, fsync, rename) when most records
+are RETIRED; the new file's metadata ``{next_segment}`` keeps the segment
+high-water mark, so segment ids (and handles) are never reused, not even
+after a quarantined newest segment. A damaged catalog does not stop the
+queue: recovery renames it aside and starts a new one.
 
 Threads: the broker's owner thread.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
+import time
 from pathlib import Path
 from typing import NamedTuple
 
+import msgpack
 import numpy as np
 
 from common import Flusher, Journal, JournalConfig, Marker, Ticket
+from common.errors import CorruptJournal, FormatError
 from common.filesystem import fsync_dir
 from common.header import HEADER_SIZE
+
+log = logging.getLogger(__name__)
 
 KIND = b"WQCT"
 FILE = "catalog.wqct"
@@ -48,7 +58,7 @@ SEGMENT, RESULTS = 1, 2
 RECORD = struct.Struct("<I4xQQ")
 #: Recovery compacts once dead records are this many and more than the live ones.
 COMPACT_AFTER = 4096
-EXTENT = 64 << 10
+CONFIG = JournalConfig(extent_bytes=64 << 10, max_record_bytes=RECORD.size)
 
 
 class Entry(NamedTuple):
@@ -96,34 +106,52 @@ class Catalog:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
         self.entries = read(journal)
+        floor = int(msgpack.unpackb(journal.metadata).get("next_segment", 1)) if journal.metadata else 1
+        #: Above every segment id ever created, collected, lost or quarantined: a new segment never
+        #: reuses one (its handles would name the old items, whose results may still be in a log).
+        self.next_segment = max([floor] + [e.id + 1 for e in self.entries if e.kind == SEGMENT])
 
     @classmethod
     def open(cls, root: Path, flusher: Flusher) -> Catalog:
-        """Open (or create, empty) ``root/catalog.wqct``, compacting it if most records are dead."""
+        """Open (or create, empty) ``root/catalog.wqct``, compacting it if
+        most records are retired. A damaged catalog is renamed aside (it is
+        bookkeeping: the queue starts) and a new one is begun; recovery
+        then records the files present."""
         path = root / FILE
-        config = JournalConfig(extent_bytes=EXTENT, max_record_bytes=RECORD.size)
         if not path.exists():
-            return cls(Journal.create(path, kind=KIND, flusher=flusher, config=config))
-        catalog = cls(Journal.open(path, kind=KIND, flusher=flusher, config=config))
-        dead = sum(marker != Marker.LIVE for _, marker in catalog.entries.values())
-        if dead >= COMPACT_AFTER and dead > len(catalog.entries) - dead:
-            catalog = catalog._compacted(flusher, config)
+            return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG))
+        try:
+            catalog = cls(Journal.open(path, kind=KIND, flusher=flusher, config=CONFIG))
+        except (FormatError, CorruptJournal) as exc:
+            aside = path.with_name(f"{FILE}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+            log.error("workq: the catalog is damaged (%s); moved to %s and rebuilt from the files present: a queue "
+                      "file lost before now goes unnoticed", exc, aside.name)
+            os.rename(path, aside)
+            fsync_dir(root)
+            return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG))
+        retired = sum(marker == Marker.RETIRED for _, marker in catalog.entries.values())
+        if retired >= COMPACT_AFTER and retired > len(catalog.entries) - retired:
+            catalog = catalog._compacted(flusher)
         return catalog
 
-    def _compacted(self, flusher: Flusher, config: JournalConfig) -> Catalog:
+    def _compacted(self, flusher: Flusher) -> Catalog:
+        """A new file with the LIVE and BURIED records (losses stay
+        acknowledged) and the segment high-water mark; renamed into place."""
         path = self.journal.path
-        live = [e for e, (_, marker) in self.entries.items() if marker == Marker.LIVE]
         tmp = path.with_name(path.name + ".new")
         tmp.unlink(missing_ok=True)
-        fresh = Journal.create(tmp, kind=KIND, flusher=flusher, config=config)
-        if live:
-            fresh.append_batch([RECORD.pack(*e) for e in live])
+        meta = msgpack.packb({"next_segment": self.next_segment})
+        fresh = Journal.create(tmp, kind=KIND, flusher=flusher, config=CONFIG, metadata=meta)
+        for marker in (Marker.LIVE, Marker.BURIED):
+            kept = [e for e, (_, m) in self.entries.items() if m == marker]
+            if kept:
+                fresh.append_batch([RECORD.pack(*e) for e in kept], marker)
         fresh.flush()
         fresh.close()
         self.journal.close()
         os.rename(tmp, path)
         fsync_dir(path.parent)
-        return Catalog(Journal.open(path, kind=KIND, flusher=flusher, config=config))
+        return Catalog(Journal.open(path, kind=KIND, flusher=flusher, config=CONFIG))
 
     def add(self, entries: list[Entry]) -> Ticket | None:
         """Record files whose creation is durable (one append); entries
@@ -148,9 +176,12 @@ class Catalog:
         return ticket
 
     def retire_durably(self, entries: list[Entry]) -> None:
-        """Tombstone ``entries`` and wait for the flush: call before unlinking their files."""
-        if self.mark(entries, Marker.RETIRED) is not None:
-            self.journal.flush()
+        """Tombstone ``entries`` and wait for the flush: call before unlinking
+        their files. Always flushes: a tombstone set by an earlier call whose
+        flush failed is in memory only, and the flush raises for a failed
+        journal (so nothing is unlinked)."""
+        self.mark(entries, Marker.RETIRED)
+        self.journal.flush()
 
     def live(self) -> list[Entry]:
         """Entries whose files should exist."""

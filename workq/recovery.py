@@ -63,6 +63,7 @@ def recover(state: QueueState) -> RecoveryReport:
     started = time.monotonic()
     make_dirs(state.root)
     state.catalog = Catalog.open(state.root, state.flusher)
+    state.next_segment_id = max(state.next_segment_id, state.catalog.next_segment)
     report = RecoveryReport()
     with_results = _recover_logs(state, report)
     _recover_segments(state, report)

@@ -143,6 +143,8 @@ class QueueState:
             log = JobLog.create(self.results_dir, name, job, self.flusher, self.config.segment_bytes, self.catalog)
             self.logs[job] = log
             self.counts[job] = JobCounts()
+        elif log.name == f"{job:016x}" and log.name != name:  # recreated without its name (a lost log)
+            log.name = name
         elif log.name != name:
             raise BadRequest(f"job {name!r} collides with job {log.name!r} (same 64-bit id); rename one")
         return log

@@ -145,3 +145,46 @@ def test_repair_leaves_a_clean_directory_that_serves_every_undamaged_row(
         for job in workload.jobs:
             broker.job_status(job)
     assert shardmgr.verify(root, deep=True).exit_code == 0
+
+
+def test_errors_of_the_moment_stop_the_run_and_move_nothing(copy: Path) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    held: list[int] = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        for fd in held[-2:]:
+            os.close(fd)
+        del held[-2:]
+        with pytest.raises(CannotVerify, match="nothing concluded|Too many open files"):
+            shardmgr.verify(copy, repair=True)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not (copy / "quarantine").exists() and not list(copy.glob("shards/*/quarantine"))
+    assert shardmgr.verify(copy).exit_code == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_in_a_files_place_is_reported_not_waited_on(copy: Path) -> None:
+    for path in (copy / "workq" / "catalog.wqct", copy / "shards" / "flat" / "00000001" / "vectors"):
+        path.unlink()
+        os.mkfifo(path)
+    report = shardmgr.verify(copy, deep=True)
+    assert {(Path(p.path).name, p.what) for p in report.problems} >= {("catalog.wqct", "header"),
+                                                                       ("vectors", "row_header")}
+
+
+def test_repair_that_cannot_lock_cannot_run(copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: LockFile) -> None:
+        raise PermissionError(13, "Permission denied", str(copy / "LOCK"))
+
+    monkeypatch.setattr(LockFile, "acquire", refuse)
+    assert CliRunner().invoke(main, ["verify", "--repair", str(copy)]).exit_code == 3

@@ -118,3 +118,103 @@ def test_a_catalog_of_mostly_dead_records_is_compacted(open_broker: Callable[...
     assert {e for e, m in after.items()} == {e for e, m in before.items() if m == Marker.LIVE}
     assert all(m == Marker.LIVE for m in after.values())
     assert findings_of(root) == []
+
+
+def test_nothing_is_unlinked_after_a_failed_tombstone_flush(open_broker: Callable[..., Broker], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import errno
+    import os
+
+    import common.syncer
+    from common.errors import FlushFailed
+    from workq import collector
+
+    broker = open_broker(segment_bytes=64 << 10)
+    fill(broker, segments=3)
+    catalog = broker.state.catalog
+    assert catalog is not None
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:  # the catalog's disk fails: its tombstones never become durable
+        if fd == catalog.journal._file.fd:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(common.syncer.os, "fdatasync", fdatasync)
+    segments = sorted((tmp_path / "data" / "workq" / "segments").glob("*.wqsg"))
+
+    def attempt(future: object) -> None:
+        for _ in range(2):  # the second try finds the tombstones already set in memory
+            with contextlib.suppress(FlushFailed):
+                collector.collect_segments(broker.state)
+        future.set_result(None)  # type: ignore[attr-defined]
+
+    broker.call(attempt)
+    assert all(p.exists() for p in segments)
+
+
+def test_segment_ids_are_never_reused_after_the_newest_is_lost(open_broker: Callable[..., Broker],
+                                                               tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
+    leased = broker.lease(5, worker="w")
+    broker.complete([i.handle for i in leased], [b"r"] * 5)  # results name handles of segment 1
+    broker.close()
+    (root / "workq" / "segments" / "0000000001.wqsg").unlink()  # lost (or quarantined by repair)
+    broker = open_broker(segment_bytes=64 << 10)
+    handles = broker.enqueue("job", "m", "s", 0, [b"y"] * 5, durable=True)
+    assert {h.segment for h in handles} == {2}
+    broker.close()
+    broker = open_broker(segment_bytes=64 << 10)
+    assert broker.job_status("job")["pending"] == 5  # not mistaken for the old, completed items
+    broker.close()
+
+
+def test_a_damaged_catalog_does_not_stop_the_queue(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
+    broker.close()
+    path = root / "workq" / catalog_module.FILE
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    assert (catalog_module.FILE, Severity.CORRUPT, "header") in findings_of(root)
+    broker = open_broker(segment_bytes=64 << 10)
+    assert broker.job_status("job")["pending"] == 5
+    broker.close()
+    assert [(s, w) for _, s, w in findings_of(root)] == [(Severity.NOTE, "unknown_file")]  # the damaged one, kept
+
+
+def test_a_job_whose_log_was_lost_is_usable_by_name(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("alpha", "m", "s", 0, [b"x"] * 5, durable=True)
+    broker.close()
+    for path in (root / "workq" / "results").glob("*/*.wqcl"):
+        path.unlink()
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("alpha", "m", "s", 0, [b"y"], durable=True)
+    assert broker.job_status("alpha")["pending"] == 6
+    broker.close()
+
+
+def test_a_clean_stop_collects_completions_it_confirmed_last(open_broker: Callable[..., Broker],
+                                                             tmp_path: Path) -> None:
+    import numpy as np
+
+    broker = open_broker(segment_bytes=64 << 10)
+    for _ in range(3):
+        broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
+    leased = broker.lease(1000, worker="w")
+    packed = np.array([i.handle.packed for i in leased], dtype=np.uint64)
+
+    def complete(future: object) -> None:  # answered only when durable: the stop comes first
+        broker.complete_async(packed, [b"r"] * len(leased), lambda _: None, lambda _: None)
+        future.set_result(None)  # type: ignore[attr-defined]
+
+    broker.call(complete)
+    broker.close()
+    assert findings_of(tmp_path / "data") == []
