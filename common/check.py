@@ -118,7 +118,9 @@ def check_journal(path: Path, *, kind: bytes | None = None, deep: bool = False) 
     try:
         # a sealed file never shrinks again: mapped. An open one may be sealed (trimmed) by a live
         # writer at any moment, which would fault a mapping (SIGBUS): read it into memory
-        journal = Journal.open(path, writable=False, recount=not sealed_fast, snapshot=not checkpoint.sealed)
+        # (a sealed file's stray tail, which a starting server may cut, is never read: limit)
+        journal = Journal.open(path, writable=False, recount=not sealed_fast, snapshot=not checkpoint.sealed,
+                               limit=checkpoint.end if checkpoint.sealed and deep else None)
     except CorruptJournal as exc:
         problems.append(Problem(where, exc.offset, Severity.CORRUPT, "records", "every record a flush confirmed",
                                 exc.detail))

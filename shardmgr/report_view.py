@@ -25,8 +25,8 @@ class LateProgress:
     """A files-checked progress bar on stderr, shown after ``delay`` seconds
     if stderr is a terminal; ``advance`` is the verify run's on_file."""
 
-    def __init__(self, total: int, enabled: bool, delay: float = 1.0) -> None:
-        self._console = Console(stderr=True)
+    def __init__(self, total: int, enabled: bool, delay: float = 1.0, console: Console | None = None) -> None:
+        self._console = console or Console(stderr=True)
         self._enabled = enabled and self._console.is_terminal
         self._started = time.monotonic()
         self._delay = delay

@@ -114,5 +114,10 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
 
 
 def count_files(root: Path) -> int:
-    """How many files a run will look at (for a progress bar)."""
-    return sum(len(files) for _, _, files in os.walk(root))
+    """About how many files a run will check (for a progress bar): all but
+    LOCK and what is in quarantine."""
+    total = 0
+    for _, directories, files in os.walk(root):
+        directories[:] = [d for d in directories if d != QUARANTINE]
+        total += sum(name != "LOCK" for name in files)
+    return total

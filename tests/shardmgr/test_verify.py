@@ -188,3 +188,21 @@ def test_repair_that_cannot_lock_cannot_run(copy: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(LockFile, "acquire", refuse)
     assert CliRunner().invoke(main, ["verify", "--repair", str(copy)]).exit_code == 3
+
+
+def test_the_progress_bar_shows_only_on_a_terminal(copy: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from shardmgr.report_view import LateProgress
+    from shardmgr.verification import count_files
+
+    for terminal in (True, False):
+        out = io.StringIO()
+        progress = LateProgress(count_files(copy), enabled=True, delay=0.0,
+                                console=Console(file=out, force_terminal=terminal, width=100))
+        report = shardmgr.verification.verify(copy, on_file=progress.advance)
+        progress.stop()
+        assert report.files == count_files(copy)
+        assert ("verify" in out.getvalue()) == terminal
