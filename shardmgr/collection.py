@@ -32,6 +32,8 @@ import msgpack
 import numpy as np
 
 from common import Flusher, Journal, Ticket
+from common.check import read_regular
+from common.errors import FormatError
 from common.filesystem import create_atomically, fsync_dir, make_dirs
 
 from . import index
@@ -246,7 +248,7 @@ def quarantine(shard_dir: Path, reason: str) -> Path:
 
 def quarantine_reason(moved: Path) -> str:
     """Why a quarantined shard was moved, as recorded when it was."""
-    try:
-        return (moved / REASON_FILE).read_text(errors="replace").strip() or "no reason recorded"
-    except OSError:
+    try:  # read_regular: verify reads this too, and a FIFO in its place must not block it
+        return read_regular(moved / REASON_FILE).decode(errors="replace").strip() or "no reason recorded"
+    except (OSError, FormatError):
         return "no reason recorded"

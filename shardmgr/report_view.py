@@ -18,7 +18,7 @@ from common.check import Severity
 from .verification import Report
 
 STYLES = {Severity.CORRUPT: "bold red", Severity.REPAIRABLE: "yellow", Severity.NOTE: "dim"}
-VERDICTS = {0: "clean", 1: "only problems recovery repairs", 2: "DATA CORRUPTION"}
+VERDICTS = {0: "clean", 1: "only problems recovery repairs", 2: "DATA CORRUPTION", 3: "NOT EVERYTHING COULD BE CHECKED"}
 
 
 class LateProgress:

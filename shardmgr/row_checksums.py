@@ -18,6 +18,8 @@ from pathlib import Path
 
 import crc32c
 
+from common.errors import CannotCheck
+
 POLY = 0x82F63B78  # crc32c's polynomial, bit-reflected
 PIECE = 16 << 20  # bytes per read of a file being written, and per task when a batch is large
 
@@ -53,8 +55,11 @@ def _parallel(mm: mmap.mmap, view: memoryview, spans: Sequence[Span], size: int)
             mm.madvise(mmap.MADV_WILLNEED, start, min(hi + PIECE, size) - start)
         return crc32c.crc32c(view[lo:hi])
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        parts = list(pool.map(checksum, pieces))
+    try:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            parts = list(pool.map(checksum, pieces))
+    except RuntimeError as exc:  # "can't start new thread": a limit of the moment, not damage
+        raise CannotCheck(f"{exc}") from exc
     crcs: list[int | None] = [None] * len(spans)
     for (i, lo, hi), crc in zip(pieces, parts):  # pieces of a batch are in order: combine them
         before = crcs[i]

@@ -52,8 +52,15 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        worst = max((p.severity for p in self.problems), default=Severity.NOTE)
-        return {Severity.NOTE: EXIT_CLEAN, Severity.REPAIRABLE: EXIT_REPAIRABLE}.get(worst, EXIT_CORRUPT)
+        """2 if a rule found corruption; else 3 if some unit could not be
+        checked (``check_failed``: no verdict on it); else 1 or 0."""
+        judged = [p.severity for p in self.problems if p.what != "check_failed"]
+        worst = max(judged, default=Severity.NOTE)
+        if worst == Severity.CORRUPT:
+            return EXIT_CORRUPT
+        if len(judged) < len(self.problems):
+            return EXIT_CANNOT_RUN
+        return EXIT_REPAIRABLE if worst == Severity.REPAIRABLE else EXIT_CLEAN
 
     def count(self, severity: Severity) -> int:
         return sum(p.severity == severity for p in self.problems)

@@ -48,7 +48,7 @@ import numpy as np
 from common import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.errors import CorruptJournal, FormatError
 from common.filesystem import fsync_dir
-from common.header import HEADER_SIZE
+from common.header import HEADER_SIZE, Identity
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ SEGMENT, RESULTS = 1, 2
 RECORD = struct.Struct("<I4xQQ")
 #: Recovery compacts once dead records are this many and more than the live ones.
 COMPACT_AFTER = 4096
+MAX_SEGMENT = 1 << 32  # handles hold a segment id in 32 bits
 CONFIG = JournalConfig(extent_bytes=64 << 10, max_record_bytes=RECORD.size)
 
 
@@ -103,13 +104,18 @@ def read(journal: Journal) -> dict[Entry, tuple[int, Marker]]:
 class Catalog:
     """The catalog of one queue directory, open for writing."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, floor: int = 1) -> None:
         self.journal = journal
         self.entries = read(journal)
-        floor = int(msgpack.unpackb(journal.metadata).get("next_segment", 1)) if journal.metadata else 1
+        if any(e.kind not in (SEGMENT, RESULTS) or (e.kind == SEGMENT and e.id >= MAX_SEGMENT) for e in self.entries):
+            raise CorruptJournal(journal.path, HEADER_SIZE, "a record of an unknown kind or a segment id past 2**32")
+        if journal.metadata:
+            floor = max(floor, int(msgpack.unpackb(journal.metadata).get("next_segment", 1)))
         #: Above every segment id ever created, collected, lost or quarantined: a new segment never
         #: reuses one (its handles would name the old items, whose results may still be in a log).
         self.next_segment = max([floor] + [e.id + 1 for e in self.entries if e.kind == SEGMENT])
+        self._next_seqs: dict[int, int] = {}  # job id -> above its highest completion-log seq recorded
+        self._note_seqs(list(self.entries))
 
     @classmethod
     def open(cls, root: Path, flusher: Flusher) -> Catalog:
@@ -121,18 +127,27 @@ class Catalog:
         if not path.exists():
             return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG))
         try:
-            catalog = cls(Journal.open(path, kind=KIND, flusher=flusher, config=CONFIG))
+            catalog = cls(_open_checked(path, flusher))
         except (FormatError, CorruptJournal) as exc:
-            aside = path.with_name(f"{FILE}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
-            log.error("workq: the catalog is damaged (%s); moved to %s and rebuilt from the files present: a queue "
-                      "file lost before now goes unnoticed", exc, aside.name)
-            os.rename(path, aside)
-            fsync_dir(root)
-            return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG))
+            return cls._rebuilt(path, flusher, exc)
         retired = sum(marker == Marker.RETIRED for _, marker in catalog.entries.values())
         if retired >= COMPACT_AFTER and retired > len(catalog.entries) - retired:
             catalog = catalog._compacted(flusher)
         return catalog
+
+    @classmethod
+    def _rebuilt(cls, path: Path, flusher: Flusher, exc: Exception) -> Catalog:
+        """Move a damaged catalog aside (never deleted) and begin a new one,
+        keeping its segment high-water mark if its header still says it."""
+        floor = _floor_of(path)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = next(a for n in range(1000) if not (a := path.with_name(f"{FILE}.damaged-{stamp}-{n}")).exists())
+        log.error("workq: the catalog is damaged (%s); moved to %s and rebuilt from the files present: a queue "
+                  "file lost before now goes unnoticed", exc, aside.name)
+        os.rename(path, aside)
+        fsync_dir(path.parent)
+        meta = msgpack.packb({"next_segment": floor})
+        return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG, metadata=meta), floor)
 
     def _compacted(self, flusher: Flusher) -> Catalog:
         """A new file with the LIVE and BURIED records (losses stay
@@ -160,6 +175,7 @@ class Catalog:
         if not new:
             return None
         appended = self.journal.append_batch([RECORD.pack(*e) for e in new])
+        self._note_seqs(new)
         for entry, offset in zip(new, appended.offsets.tolist()):
             self.entries[entry] = (offset, Marker.LIVE)
         return appended.ticket
@@ -183,6 +199,16 @@ class Catalog:
         self.mark(entries, Marker.RETIRED)
         self.journal.flush()
 
+    def next_seq(self, job: int) -> int:
+        """Above every completion-log sequence number of ``job`` the catalog
+        ever recorded: a lost log segment's number is never reused."""
+        return self._next_seqs.get(job, 0)
+
+    def _note_seqs(self, entries: list[Entry]) -> None:
+        for e in entries:
+            if e.kind == RESULTS and e.seq + 1 > self._next_seqs.get(e.id, 0):
+                self._next_seqs[e.id] = e.seq + 1
+
     def live(self) -> list[Entry]:
         """Entries whose files should exist."""
         return [e for e, (_, marker) in self.entries.items() if marker == Marker.LIVE]
@@ -200,3 +226,28 @@ class Catalog:
 
     def abandon(self) -> None:
         self.journal.abandon()
+
+
+def _open_checked(path: Path, flusher: Flusher) -> Journal:
+    """Open the catalog, every record's checksum verified: it is small, and a
+    flipped bit in an id must not be believed (CorruptJournal if one fails)."""
+    journal = Journal.open(path, kind=KIND, flusher=flusher, config=CONFIG)
+    try:
+        for chunk in journal.scan():
+            bad = journal.bad_checksums(chunk)
+            if len(bad):
+                raise CorruptJournal(path, int(bad[0]), "a catalog record fails its checksum")
+    except BaseException:
+        journal.close()
+        raise
+    return journal
+
+
+def _floor_of(path: Path) -> int:
+    """The ``next_segment`` mark in a (damaged) catalog's header, if it is readable."""
+    try:
+        with open(path, "rb") as f:
+            metadata = Identity.decode(f.read(HEADER_SIZE), str(path)).metadata
+        return int(msgpack.unpackb(metadata).get("next_segment", 1)) if metadata else 1
+    except (OSError, FormatError, ValueError, TypeError):
+        return 1

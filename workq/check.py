@@ -35,7 +35,11 @@ from .segment import Segment
 def check(root: Path, findings: Findings, deep: bool) -> None:
     """Check ``DATA/workq`` (``root``)."""
     for entry in sorted(root.iterdir()):
-        if entry.name not in ("segments", "results", catalog.FILE) or entry.is_dir() != (entry.name != catalog.FILE):
+        if entry.name.startswith(f"{catalog.FILE}.damaged-"):
+            findings.add(entry, Severity.NOTE, "damaged_catalog", "no damaged catalog",
+                         "a catalog the broker found damaged, moved aside and rebuilt: a queue file lost before "
+                         "then would go unnoticed (kept for forensics; delete it once seen)")
+        elif entry.name not in ("segments", "results", catalog.FILE) or entry.is_dir() != (entry.name != catalog.FILE):
             findings.unknown(entry, f"segments/, results/ and {catalog.FILE}")
     recorded = _catalog(root, findings)  # before listing: a LIVE record's file existed when it was read
     jobs_in_segments = _segments(root / "segments", findings, deep)

@@ -117,7 +117,7 @@ class JobLog:
         directory = root / f"{job:016x}"
         make_dirs(directory)
         log = cls(directory, name, job, flusher, segment_bytes, catalog)
-        log._new_segment(0)
+        log._new_segment(catalog.next_seq(job) if catalog is not None else 0)  # a lost log's numbers stay unused
         return log
 
     def _new_segment(self, seq: int) -> Journal:
@@ -194,9 +194,24 @@ class JobLog:
         if journal.sealed or journal.failed or (journal.end + size > self._segment_bytes and journal.count):
             if not (journal.sealed or journal.failed):  # a failed journal takes no more writes, not even a seal
                 journal.seal()
-            journal = self._new_segment(max(self.segments) + 1)
+            journal = self._new_segment(self._next_seq())
         self.last_append = self.last_used = time.monotonic()
         return journal
+
+    def _next_seq(self) -> int:
+        """The next segment's number: above every one this job ever had."""
+        seq = max(self.segments) + 1
+        return seq if self.catalog is None else max(seq, self.catalog.next_seq(self.job))
+
+    def adopt_name(self, name: str) -> None:
+        """A log recreated under its id (its files were lost) takes its job's
+        name back, on disk too: a new segment whose metadata carries it."""
+        self.name = name
+        self.wake()
+        journal = self.active
+        if not (journal.sealed or journal.failed):
+            journal.seal()
+        self._new_segment(self._next_seq())
 
     def write_ledger(self) -> Ticket:
         """Append the running totals (written DELIVERED: never handed out)."""

@@ -66,6 +66,8 @@ def recover(state: QueueState) -> RecoveryReport:
     state.next_segment_id = max(state.next_segment_id, state.catalog.next_segment)
     report = RecoveryReport()
     with_results = _recover_logs(state, report)
+    if len(with_results):  # never reuse a segment id a result names (its catalog may be lost)
+        state.next_segment_id = max(state.next_segment_id, int((with_results >> np.uint64(32)).max()) + 1)
     _recover_segments(state, report)
     _catalog(state)
     report.finished = _finish(state, with_results)
@@ -91,6 +93,8 @@ def _recover_logs(state: QueueState, report: RecoveryReport) -> np.ndarray:
             if job_log is None:
                 job_log = JobLog(directory, meta["job"], int(meta["job_id"]), state.flusher,
                                  state.config.segment_bytes, state.catalog)
+            elif job_log.name == f"{job_log.job:016x}":  # a placeholder (a log recreated without its name)
+                job_log.name = meta["job"]
             job_log.segments[int(meta["seq"])] = journal
             found.append(_scan_log(job_log, int(meta["seq"]), journal))
         if job_log is None:

@@ -36,7 +36,7 @@ from common.errors import BadRequest
 from common.filesystem import make_dirs
 
 from . import handle as handles
-from .catalog import SEGMENT, Catalog, Entry
+from .catalog import MAX_SEGMENT, SEGMENT, Catalog, Entry
 from .completions import JobLog, Outgoing
 from .config import SEGMENT_OVERHEAD, WorkqConfig
 from .errors import DiskFull, PayloadTooLarge, UnknownJob
@@ -144,7 +144,7 @@ class QueueState:
             self.logs[job] = log
             self.counts[job] = JobCounts()
         elif log.name == f"{job:016x}" and log.name != name:  # recreated without its name (a lost log)
-            log.name = name
+            log.adopt_name(name)
         elif log.name != name:
             raise BadRequest(f"job {name!r} collides with job {log.name!r} (same 64-bit id); rename one")
         return log
@@ -206,6 +206,8 @@ class QueueState:
                 return last
             last.journal.seal()
         make_dirs(self.segment_dir)
+        if self.next_segment_id >= MAX_SEGMENT:  # handles hold 32 bits of segment id
+            raise DiskFull(f"segment ids are exhausted ({self.next_segment_id}); the queue takes no more items")
         segment = Segment.create(self.segment_dir, self.next_segment_id, key, self.flusher,
                                  self.config.segment_bytes)
         self.next_segment_id += 1

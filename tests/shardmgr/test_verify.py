@@ -143,7 +143,10 @@ def test_repair_leaves_a_clean_directory_that_serves_every_undamaged_row(
     served_rows(root, workload)
     with workq.open(root, reconnect_window_s=0.0, disk_floor_bytes=0) as broker:
         for job in workload.jobs:
-            broker.job_status(job)
+            try:
+                broker.job_status(job)
+            except workq.UnknownJob:  # every file of the job was quarantined
+                assert any(p.what in ("quarantined", "lost") and "/workq" in p.path for p in report.problems)
     assert shardmgr.verify(root, deep=True).exit_code == 0
 
 
@@ -206,3 +209,33 @@ def test_the_progress_bar_shows_only_on_a_terminal(copy: Path) -> None:
         progress.stop()
         assert report.files == count_files(copy)
         assert ("verify" in out.getvalue()) == terminal
+
+
+def test_a_thread_limit_is_not_a_verdict(copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", refuse)
+    assert CliRunner().invoke(main, ["verify", "--deep", str(copy)]).exit_code == 3
+
+
+def test_check_failed_alone_means_not_everything_was_checked(copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardmgr.check
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("a rule no check foresaw")
+
+    monkeypatch.setattr(shardmgr.check, "_shard", broken)
+    report = shardmgr.verify(copy)
+    assert {p.what for p in report.problems} == {"check_failed"} and report.exit_code == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_in_quarantine_does_not_block(copy: Path) -> None:
+    moved = copy / "shards" / "flat" / "quarantine" / "00000009-20260101T000000"
+    moved.mkdir(parents=True)
+    os.mkfifo(moved / "QUARANTINED")
+    report = shardmgr.verify(copy)
+    assert [p.what for p in report.problems] == ["quarantined"]

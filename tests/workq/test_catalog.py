@@ -185,7 +185,7 @@ def test_a_damaged_catalog_does_not_stop_the_queue(open_broker: Callable[..., Br
     broker = open_broker(segment_bytes=64 << 10)
     assert broker.job_status("job")["pending"] == 5
     broker.close()
-    assert [(s, w) for _, s, w in findings_of(root)] == [(Severity.NOTE, "unknown_file")]  # the damaged one, kept
+    assert [(s, w) for _, s, w in findings_of(root)] == [(Severity.NOTE, "damaged_catalog")]  # kept
 
 
 def test_a_job_whose_log_was_lost_is_usable_by_name(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
@@ -218,3 +218,89 @@ def test_a_clean_stop_collects_completions_it_confirmed_last(open_broker: Callab
     broker.call(complete)
     broker.close()
     assert findings_of(tmp_path / "data") == []
+
+
+def test_a_flipped_bit_in_a_catalog_id_is_not_believed(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
+    from common.record import RECORD_HEADER_SIZE
+
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
+    broker.close()
+    offset = {e: o for e, (o, _) in catalog_entries(root).items()}[Entry(SEGMENT, 1)]
+    path = root / "workq" / catalog_module.FILE
+    data = bytearray(path.read_bytes())
+    data[offset + RECORD_HEADER_SIZE + 8 + 5] ^= 1  # bit 40 of the segment id, at rest
+    path.write_bytes(bytes(data))
+    broker = open_broker(segment_bytes=64 << 10)  # the catalog is found damaged, moved aside, rebuilt
+    handles = broker.enqueue("job", "m", "s", 1, [b"y"] * 3, durable=True)
+    assert {h.segment for h in handles} == {2}
+    leased = [i for i in broker.lease(10, worker="w") if i.key.lane == "1"]
+    assert broker.complete([i.handle for i in leased], [b"r"] * 3) == ["completed"] * 3
+    broker.close()
+    assert [w for _, _, w in findings_of(root)] == ["damaged_catalog"]
+
+
+def test_no_reuse_when_the_newest_segment_and_the_catalog_are_both_lost(open_broker: Callable[..., Broker],
+                                                                        tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
+    leased = broker.lease(5, worker="w")
+    broker.complete([i.handle for i in leased], [b"r"] * 5)
+    broker.close()
+    (root / "workq" / "segments" / "0000000001.wqsg").unlink()
+    (root / "workq" / catalog_module.FILE).unlink()
+    broker = open_broker(segment_bytes=64 << 10)
+    assert {h.segment for h in broker.enqueue("job", "m", "s", 0, [b"y"] * 5, durable=True)} == {2}
+    broker.close()
+    broker = open_broker(segment_bytes=64 << 10)
+    assert broker.job_status("job")["pending"] == 5  # the results of segment 1 do not claim them
+    broker.close()
+
+
+def test_a_lost_log_segments_number_is_never_reused(open_broker: Callable[..., Broker], tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("job", "m", "s", 0, [b"x"] * 200, durable=True)
+    leased = broker.lease(150, worker="w")
+    broker.complete([i.handle for i in leased], [b"r" * 1000] * len(leased))  # several log segments
+    broker.close()
+    newest = sorted((root / "workq" / "results").glob("*/*.wqcl"))[-1]
+    newest.unlink()
+    lost = (str(newest.relative_to(root / "workq")), Severity.CORRUPT, "missing")
+    assert lost in findings_of(root)
+    broker = open_broker(segment_bytes=64 << 10)
+    more = broker.lease(10, worker="w")
+    broker.complete([i.handle for i in more], [b"r"] * len(more))
+    broker.close()
+    assert not newest.exists() and lost in findings_of(root)  # still reported: not masked by a new file
+
+
+def test_a_wholly_lost_log_is_reported_and_the_name_comes_back(open_broker: Callable[..., Broker], tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("alpha", "m", "s", 0, [b"x"] * 5, durable=True)
+    leased = broker.lease(2, worker="w")
+    broker.complete([i.handle for i in leased], [b"r"] * 2)
+    broker.close()
+    for path in (root / "workq" / "results").glob("*/*.wqcl"):
+        path.unlink()
+    broker = open_broker(segment_bytes=64 << 10)
+    assert "is missing" in caplog.text
+    broker.enqueue("alpha", "m", "s", 0, [b"y"], durable=True)
+    broker.close()
+    assert ("results/9a08c8ea20d20653/00000000.wqcl", Severity.CORRUPT, "missing") in findings_of(root)
+    broker = open_broker(segment_bytes=64 << 10)  # after a restart the name is still known
+    assert {i.job for i in broker.lease(10, worker="w")} == {"alpha"}
+    broker.close()
+
+
+def catalog_entries(root: Path) -> dict[Entry, tuple[int, Marker]]:
+    with Flusher(FlusherConfig()) as flusher:
+        book = Catalog.open(root / "workq", flusher)
+        try:
+            return dict(book.entries)
+        finally:
+            book.close()
