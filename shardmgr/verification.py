@@ -86,7 +86,11 @@ def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
     with Repair(root) as fixer:
         before = scan(root, deep, on_file)
         actions = fixer.run(before.problems)
-        after = scan(root, deep, None)
+        try:
+            after = scan(root, deep, None)
+        except CannotVerify as exc:  # say what was done before saying the check could not finish
+            raise CannotVerify(f"repaired ({'; '.join(actions) or 'nothing'}), then the second check could "
+                               f"not run: {exc}") from exc
     after.repaired = actions
     return after
 
