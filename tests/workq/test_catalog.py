@@ -156,12 +156,7 @@ def test_nothing_is_unlinked_after_a_failed_tombstone_flush(open_broker: Callabl
 
 def test_segment_ids_are_never_reused_after_the_newest_is_lost(open_broker: Callable[..., Broker],
                                                                tmp_path: Path) -> None:
-    root = tmp_path / "data"
-    broker = open_broker(segment_bytes=64 << 10)
-    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
-    leased = broker.lease(5, worker="w")
-    broker.complete([i.handle for i in leased], [b"r"] * 5)  # results name handles of segment 1
-    broker.close()
+    root = five_completed(open_broker, tmp_path)  # their results name handles of segment 1
     (root / "workq" / "segments" / "0000000001.wqsg").unlink()  # lost (or quarantined by repair)
     broker = open_broker(segment_bytes=64 << 10)
     handles = broker.enqueue("job", "m", "s", 0, [b"y"] * 5, durable=True)
@@ -243,12 +238,7 @@ def test_a_flipped_bit_in_a_catalog_id_is_not_believed(open_broker: Callable[...
 
 def test_no_reuse_when_the_newest_segment_and_the_catalog_are_both_lost(open_broker: Callable[..., Broker],
                                                                         tmp_path: Path) -> None:
-    root = tmp_path / "data"
-    broker = open_broker(segment_bytes=64 << 10)
-    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
-    leased = broker.lease(5, worker="w")
-    broker.complete([i.handle for i in leased], [b"r"] * 5)
-    broker.close()
+    root = five_completed(open_broker, tmp_path)
     (root / "workq" / "segments" / "0000000001.wqsg").unlink()
     (root / "workq" / catalog_module.FILE).unlink()
     broker = open_broker(segment_bytes=64 << 10)
@@ -295,6 +285,16 @@ def test_a_wholly_lost_log_is_reported_and_the_name_comes_back(open_broker: Call
     broker = open_broker(segment_bytes=64 << 10)  # after a restart the name is still known
     assert {i.job for i in broker.lease(10, worker="w")} == {"alpha"}
     broker.close()
+
+
+def five_completed(open_broker: Callable[..., Broker], tmp_path: Path) -> Path:
+    """A closed queue whose five items (segment 1) have results; returns its directory."""
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.enqueue("job", "m", "s", 0, [b"x"] * 5, durable=True)
+    leased = broker.lease(5, worker="w")
+    broker.complete([i.handle for i in leased], [b"r"] * 5)
+    broker.close()
+    return tmp_path / "data"
 
 
 def catalog_entries(root: Path) -> dict[Entry, tuple[int, Marker]]:
