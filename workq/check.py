@@ -62,8 +62,8 @@ def _catalog(root: Path, findings: Findings) -> dict[catalog.Entry, Marker] | No
         return None
     check = findings.journal(path, catalog.KIND, deep=True)  # small: always walked and checksummed
     try:
-        if check.journal is None:
-            return None
+        if check.journal is None or any(p.severity == Severity.CORRUPT for p in check.problems):
+            return None  # a damaged record may name a file that never existed: compare nothing
         entries = catalog.read(check.journal)
     finally:
         check.close()

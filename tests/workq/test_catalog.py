@@ -304,3 +304,21 @@ def catalog_entries(root: Path) -> dict[Entry, tuple[int, Marker]]:
             return dict(book.entries)
         finally:
             book.close()
+
+
+def test_a_damaged_catalog_record_blames_the_catalog_only(open_broker: Callable[..., Broker],
+                                                          tmp_path: Path) -> None:
+    from common.record import RECORD_HEADER_SIZE
+
+    root = five_completed(open_broker, tmp_path)
+    path = root / "workq" / catalog_module.FILE
+    pristine = path.read_bytes()
+    for entry, (offset, _) in catalog_entries(root).items():
+        for at in range(offset + RECORD_HEADER_SIZE, offset + RECORD_HEADER_SIZE + 24):  # every body byte
+            data = bytearray(pristine)
+            data[at] ^= 0x10
+            path.write_bytes(bytes(data))
+            found = findings_of(root)
+            assert {where for where, severity, _ in found if severity == Severity.CORRUPT} == {catalog_module.FILE}, \
+                (entry, at, found)
+    path.write_bytes(pristine)
