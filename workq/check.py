@@ -135,8 +135,8 @@ def _segment(path: Path, check: JournalCheck, findings: Findings, deep: bool, ne
             and segment_id != newest):
         findings.add(path, Severity.REPAIRABLE, "collectable", "no finished segment left behind",
                      "every item retired; the broker's collector deletes it")
-    if not deep:
-        return set()
+    if not deep or any(p.severity == Severity.CORRUPT for p in check.problems):
+        return set()  # (a damaged record's job id may be a phantom)
     return {int(job) for chunk in journal.scan(window=16 << 20)
             for job in np.unique(journal.fields(chunk, JOB_AT, "<u8")).tolist()}
 
