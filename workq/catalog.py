@@ -50,6 +50,8 @@ from common.errors import CorruptJournal, FormatError
 from common.filesystem import fsync_dir
 from common.header import HEADER_SIZE, Identity
 
+from .records import RESULTS_DIR, RESULTS_SUFFIX, SEGMENT_SUFFIX, SEGMENTS_DIR, job_dir, log_file, segment_file
+
 log = logging.getLogger(__name__)
 
 KIND = b"WQCT"
@@ -74,9 +76,9 @@ class Entry(NamedTuple):
         """The entry of a queue file's path (None: not a queue file's name)."""
         parts = path.relative_to(root).parts
         try:
-            if len(parts) == 2 and parts[0] == "segments" and path.suffix == ".wqsg":
+            if len(parts) == 2 and parts[0] == SEGMENTS_DIR and path.suffix == SEGMENT_SUFFIX:
                 return cls(SEGMENT, int(path.stem))
-            if len(parts) == 3 and parts[0] == "results" and path.suffix == ".wqcl" and len(parts[1]) == 16:
+            if len(parts) == 3 and parts[0] == RESULTS_DIR and path.suffix == RESULTS_SUFFIX and len(parts[1]) == 16:
                 return cls(RESULTS, int(parts[1], 16), int(path.stem))
         except ValueError:
             pass
@@ -85,8 +87,8 @@ class Entry(NamedTuple):
     def path(self, root: Path) -> Path:
         """Where the file lives under ``DATA/workq`` (root)."""
         if self.kind == SEGMENT:
-            return root / "segments" / f"{self.id:010d}.wqsg"
-        return root / "results" / f"{self.id:016x}" / f"{self.seq:08d}.wqcl"
+            return root / SEGMENTS_DIR / segment_file(self.id)
+        return root / RESULTS_DIR / job_dir(self.id) / log_file(self.seq)
 
 
 def read(journal: Journal) -> dict[Entry, tuple[int, Marker]]:

@@ -27,7 +27,17 @@ from common.errors import CorruptJournal
 from . import catalog
 from .completions import SUFFIX as RESULTS_SUFFIX
 from .completions import Ledger
-from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, RESULTS_KIND, SEGMENT_KIND
+from .records import (
+    HANDLE_AT,
+    HEAD_BYTES,
+    JOB_AT,
+    LEDGER,
+    RESULTS_DIR,
+    RESULTS_KIND,
+    SEGMENT_KIND,
+    SEGMENTS_DIR,
+    job_dir,
+)
 from .segment import SUFFIX as SEGMENT_SUFFIX
 from .segment import Segment
 
@@ -39,13 +49,14 @@ def check(root: Path, findings: Findings, deep: bool) -> None:
             findings.add(entry, Severity.NOTE, "damaged_catalog", "no damaged catalog",
                          "a catalog the broker found damaged, moved aside and rebuilt: a queue file lost before "
                          "then would go unnoticed (kept for forensics; delete it once seen)")
-        elif entry.name not in ("segments", "results", catalog.FILE) or entry.is_dir() != (entry.name != catalog.FILE):
+        elif entry.name not in (SEGMENTS_DIR, RESULTS_DIR, catalog.FILE) \
+                or entry.is_dir() != (entry.name != catalog.FILE):
             findings.unknown(entry, f"segments/, results/ and {catalog.FILE}")
     recorded = _catalog(root, findings)  # before listing: a LIVE record's file existed when it was read
-    jobs_in_segments = _segments(root / "segments", findings, deep)
-    jobs_with_logs = _results(root / "results", findings, deep)
+    jobs_in_segments = _segments(root / SEGMENTS_DIR, findings, deep)
+    jobs_with_logs = _results(root / RESULTS_DIR, findings, deep)
     for job in sorted(jobs_in_segments - jobs_with_logs):
-        findings.add(root / "results" / f"{job:016x}", Severity.REPAIRABLE, "missing_log",
+        findings.add(root / RESULTS_DIR / job_dir(job), Severity.REPAIRABLE, "missing_log",
                      "a completion log for every job with items", "none; recovery starts an empty one")
     if recorded is not None:
         _compare(root, recorded, findings)
@@ -145,18 +156,18 @@ def _results(directory: Path, findings: Findings, deep: bool) -> set[int]:
     jobs: set[int] = set()
     if not directory.is_dir():
         return jobs
-    for job_dir in sorted(directory.iterdir()):
-        if not (job_dir.is_dir() and len(job_dir.name) == 16 and _is_hex(job_dir.name)):
-            findings.unknown(job_dir, "<job id as 16 hex digits>/ directories")
+    for log_dir in sorted(directory.iterdir()):
+        if not (log_dir.is_dir() and len(log_dir.name) == 16 and _is_hex(log_dir.name)):
+            findings.unknown(log_dir, "<job id as 16 hex digits>/ directories")
             continue
-        jobs.add(int(job_dir.name, 16))
-        with findings.guard(job_dir):
-            _job_log(job_dir, findings, deep)
+        jobs.add(int(log_dir.name, 16))
+        with findings.guard(log_dir):
+            _job_log(log_dir, findings, deep)
     return jobs
 
 
-def _job_log(job_dir: Path, findings: Findings, deep: bool) -> None:
-    paths = sorted(job_dir.iterdir())
+def _job_log(log_dir: Path, findings: Findings, deep: bool) -> None:
+    paths = sorted(log_dir.iterdir())
     named = [p for p in paths if p.suffix == RESULTS_SUFFIX and p.stem.isdigit() and p.is_file()]
     for path in paths:
         if path not in named:
@@ -187,9 +198,9 @@ def _result_segment(path: Path, check: JournalCheck, findings: Findings, deep: b
     except (ValueError, KeyError, TypeError) as exc:
         findings.add(path, Severity.CORRUPT, "metadata", "{job, job_id, seq}", f"{exc}", 64)
         return 0
-    if (f"{job_id:016x}", seq) != (path.parent.name, int(path.stem)):
+    if (job_dir(job_id), seq) != (path.parent.name, int(path.stem)):
         findings.add(path, Severity.CORRUPT, "name", f"job {path.parent.name}, seq {int(path.stem)} (the path)",
-                     f"metadata of job {job_id:016x}, seq {seq} (a renamed or swapped file)", 64)
+                     f"metadata of job {job_dir(job_id)}, seq {seq} (a renamed or swapped file)", 64)
     if not deep:
         return 0
     collected_below = 0

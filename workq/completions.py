@@ -40,10 +40,10 @@ from common.scan import RecordChunk
 
 from .catalog import RESULTS, Catalog, Entry
 from .config import REPLY_ITEM_BYTES, SEGMENT_OVERHEAD
-from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, heads
+from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, RESULTS_SUFFIX, heads, job_dir, log_file
 from .segment import budgeted, scan_window
 
-SUFFIX = ".wqcl"
+SUFFIX = RESULTS_SUFFIX
 LIVE = np.uint32(Marker.LIVE)
 
 
@@ -114,7 +114,7 @@ class JobLog:
     @classmethod
     def create(cls, root: Path, name: str, job: int, flusher: Flusher, segment_bytes: int,
                catalog: Catalog | None = None) -> JobLog:
-        directory = root / f"{job:016x}"
+        directory = root / job_dir(job)
         make_dirs(directory)
         log = cls(directory, name, job, flusher, segment_bytes, catalog)
         log._new_segment(catalog.next_seq(job) if catalog is not None else 0)  # a lost log's numbers stay unused
@@ -122,7 +122,7 @@ class JobLog:
 
     def _new_segment(self, seq: int) -> Journal:
         meta = msgpack.packb({"job": self.name, "job_id": self.job, "seq": seq})
-        journal = Journal.create(self.directory / f"{seq:08d}{SUFFIX}", kind=RESULTS_KIND, flusher=self._flusher,
+        journal = Journal.create(self.directory / log_file(seq), kind=RESULTS_KIND, flusher=self._flusher,
                                  metadata=meta, config=JournalConfig(capacity_bytes=self._segment_bytes))
         if self.catalog is not None:  # the file is durable: record it
             self.catalog.add([Entry(RESULTS, self.job, seq)])

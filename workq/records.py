@@ -28,6 +28,10 @@ import hashlib
 
 import numpy as np
 
+#: Where each file lives under ``DATA/workq`` (named once, here).
+SEGMENTS_DIR, RESULTS_DIR = "segments", "results"
+SEGMENT_SUFFIX, RESULTS_SUFFIX = ".wqsg", ".wqcl"
+
 SEGMENT_KIND = b"WQSG"
 RESULTS_KIND = b"WQCL"
 HEAD_BYTES = 24
@@ -56,3 +60,19 @@ def heads(first: np.ndarray | np.integer | int, second: np.ndarray | int, times_
     out[:, 1] = second
     out[:, 2] = times_ns
     return out.view(np.uint8).reshape(n, HEAD_BYTES)
+
+
+def segment_file(segment_id: int) -> str:
+    """``segments/<this>``: an input segment's file name."""
+    return f"{segment_id:010d}{SEGMENT_SUFFIX}"
+
+
+def job_dir(job: int) -> str:
+    """``results/<this>/``: a job's completion-log directory (also the
+    stand-in name of a job whose name was lost with its log)."""
+    return f"{job:016x}"
+
+
+def log_file(seq: int) -> str:
+    """``results/<job>/<this>``: a completion-log segment's file name."""
+    return f"{seq:08d}{RESULTS_SUFFIX}"

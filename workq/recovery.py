@@ -37,7 +37,7 @@ from . import handle as handles
 from .catalog import RESULTS, SEGMENT, Catalog, Entry
 from .completions import SUFFIX as RESULTS_SUFFIX
 from .completions import JobLog, Ledger
-from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, POSITION_AT, RESULTS_KIND, SEGMENT_KIND
+from .records import HANDLE_AT, HEAD_BYTES, JOB_AT, LEDGER, POSITION_AT, RESULTS_KIND, SEGMENT_KIND, job_dir
 from .segment import SUFFIX as SEGMENT_SUFFIX
 from .segment import JobCursor, Segment
 from .state import JobCounts
@@ -93,7 +93,7 @@ def _recover_logs(state: QueueState, report: RecoveryReport) -> np.ndarray:
             if job_log is None:
                 job_log = JobLog(directory, meta["job"], int(meta["job_id"]), state.flusher,
                                  state.config.segment_bytes, state.catalog)
-            elif job_log.name == f"{job_log.job:016x}":  # a placeholder (a log recreated without its name)
+            elif job_log.name == job_dir(job_log.job):  # a placeholder (a log recreated without its name)
                 job_log.name = meta["job"]
             job_log.segments[int(meta["seq"])] = journal
             found.append(_scan_log(job_log, int(meta["seq"]), journal))
@@ -187,7 +187,7 @@ def _scan_segment(state: QueueState, segment: Segment, chunk) -> None:  # type: 
             cursor.cursor = min(cursor.cursor, first)
             cursor.pending += int(live.sum())
         if job not in state.logs:  # its completion log is missing: start a new one
-            state.logs[job] = JobLog.create(state.results_dir, f"{job:016x}", job, state.flusher,
+            state.logs[job] = JobLog.create(state.results_dir, job_dir(job), job, state.flusher,
                                             state.config.segment_bytes, state.catalog)
     retired = markers == np.uint32(Marker.RETIRED)
     align = journal.alignment

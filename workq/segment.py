@@ -31,9 +31,9 @@ from common.scan import RecordChunk
 
 from .config import REPLY_ITEM_BYTES
 from .handle import Key
-from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, TIME_AT, heads
+from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, SEGMENT_SUFFIX, TIME_AT, heads, segment_file
 
-SUFFIX = ".wqsg"
+SUFFIX = SEGMENT_SUFFIX
 LIVE = np.uint32(Marker.LIVE)
 RETIRED = np.uint32(Marker.RETIRED)
 
@@ -93,7 +93,7 @@ class Segment:
     @classmethod
     def create(cls, directory: Path, segment_id: int, key: Key, flusher: Flusher, capacity: int) -> Segment:
         meta = msgpack.packb({"segment": segment_id, "model": key.model, "shape": key.shape, "lane": key.lane})
-        journal = Journal.create(directory / f"{segment_id:010d}{SUFFIX}", kind=SEGMENT_KIND, flusher=flusher,
+        journal = Journal.create(directory / segment_file(segment_id), kind=SEGMENT_KIND, flusher=flusher,
                                  metadata=meta, config=JournalConfig(capacity_bytes=capacity))
         return cls(journal, segment_id, key, recovered=False)
 

@@ -42,7 +42,7 @@ from .config import SEGMENT_OVERHEAD, WorkqConfig
 from .errors import DiskFull, PayloadTooLarge, UnknownJob
 from .handle import Key
 from .leases import Leases
-from .records import HEAD_BYTES, check_job, job_id
+from .records import HEAD_BYTES, RESULTS_DIR, SEGMENTS_DIR, check_job, job_dir, job_id
 from .segment import Segment
 
 DUPLICATE = "duplicate"
@@ -104,8 +104,8 @@ class QueueState:
         self.root = root
         self.config = config.validate()
         self.flusher = flusher
-        self.segment_dir = root / "segments"
-        self.results_dir = root / "results"
+        self.segment_dir = root / SEGMENTS_DIR
+        self.results_dir = root / RESULTS_DIR
         self.segments: dict[int, Segment] = {}
         self.keys: dict[Key, list[Segment]] = {}
         self.logs: dict[int, JobLog] = {}
@@ -134,7 +134,7 @@ class QueueState:
 
     def job_name(self, job: int) -> str:
         log = self.logs.get(job)
-        return log.name if log is not None else f"{job:016x}"
+        return log.name if log is not None else job_dir(job)
 
     def _job_for_enqueue(self, name: str) -> JobLog:
         job = job_id(name)
@@ -143,7 +143,7 @@ class QueueState:
             log = JobLog.create(self.results_dir, name, job, self.flusher, self.config.segment_bytes, self.catalog)
             self.logs[job] = log
             self.counts[job] = JobCounts()
-        elif log.name == f"{job:016x}" and log.name != name:  # recreated without its name (a lost log)
+        elif log.name == job_dir(job) and log.name != name:  # recreated without its name (a lost log)
             log.adopt_name(name)
         elif log.name != name:
             raise BadRequest(f"job {name!r} collides with job {log.name!r} (same 64-bit id); rename one")

@@ -16,7 +16,7 @@ from common import Marker
 from common.header import HEADER_SIZE
 
 from .handle import Handle
-from .records import TIME_AT
+from .records import TIME_AT, job_dir
 from .segment import Segment
 
 if TYPE_CHECKING:
@@ -83,6 +83,6 @@ def _pinning(state: QueueState, segments: list[Segment], now_ns: int) -> dict[st
     if found is None:
         return None
     offset, job, enqueued_ns, marker = found
-    name = state.logs[job].name if job in state.logs else f"{job:016x}"
+    name = state.logs[job].name if job in state.logs else job_dir(job)
     return {"segment": oldest.id, "handle": str(Handle(oldest.id, offset)), "job": name,
             "age_s": round((now_ns - enqueued_ns) / 1e9, 3), "state": STATE_NAMES.get(marker, "unknown")}
