@@ -25,6 +25,7 @@ from common.lockfile import LockFile
 from shardmgr.cli import main
 from shardmgr.errors import CannotVerify, UnknownRef
 
+from .test_store import digest
 from .test_verify_faults import Model, build_models, damage
 from .workload import Workload, build
 
@@ -44,11 +45,13 @@ def copy(pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path) -> 
 
 
 def test_a_real_workload_verifies_clean(copy: Path) -> None:
+    before = digest(copy)
     for deep in (False, True):
         report = shardmgr.verify(copy, deep=deep)
         assert report.exit_code == 0 and report.problems == [], report.problems
         assert report.files == sum(1 for p in copy.rglob("*") if p.is_file() and p.name != "LOCK")
     assert report.bytes_read > 2 << 20
+    assert digest(copy) == before  # read-only: not a byte changed
 
 
 def test_cli_exit_codes_and_json(copy: Path, tmp_path: Path) -> None:
@@ -74,21 +77,27 @@ def test_cli_exit_codes_and_json(copy: Path, tmp_path: Path) -> None:
         byte = f.read(1)
         f.seek(5000)
         f.write(bytes([byte[0] ^ 4]))
+    damaged = digest(copy)
     assert runner.invoke(main, ["verify", str(copy)]).exit_code == 1  # the default run reads no rows
     result = runner.invoke(main, ["verify", "--deep", str(copy)])
     assert result.exit_code == 2 and "rows_checksum" in result.output, result.output
+    assert digest(copy) == damaged  # without --repair nothing is touched, damaged or not
 
     assert runner.invoke(main, ["verify", str(tmp_path / "nope")]).exit_code == 3
     assert runner.invoke(main, ["verify", str(vectors)]).exit_code == 3
 
 
 def test_repair_refuses_a_directory_a_server_holds(copy: Path) -> None:
+    with open(copy / "workq" / "segments" / "0000000003.wqsg", "ab") as f:
+        f.write(b"junk")  # something a repair would cut
+    before = digest(copy)
     lock = LockFile(copy)
     lock.acquire()
     try:
         with pytest.raises(CannotVerify, match="to itself"):
             shardmgr.verify(copy, repair=True)
-        assert shardmgr.verify(copy).exit_code == 0  # a read-only run does not need the lock
+        assert shardmgr.verify(copy).exit_code == 1  # a read-only run does not need the lock
+        assert digest(copy) == before  # the refused repair changed nothing
     finally:
         lock.release()
     result = subprocess.run([sys.executable, "-c", "from shardmgr.cli import main; main()", "verify", "--repair",
@@ -239,3 +248,55 @@ def test_a_fifo_in_quarantine_does_not_block(copy: Path) -> None:
     os.mkfifo(moved / "QUARANTINED")
     report = shardmgr.verify(copy)
     assert [p.what for p in report.problems] == ["quarantined"]
+
+
+def damage_for_repair(root: Path) -> None:
+    """One of each kind of work for repair: a corrupt sealed shard (quarantine), a corrupt queue
+    segment (quarantine, bury), stray bytes after a sealed journal (cut), a damaged index (rebuild)."""
+    with open(root / "shards" / "flat" / "00000001" / "vectors", "r+b") as f:
+        f.seek(5000)
+        f.write(b"\xff\xff")
+    segment = sorted((root / "workq" / "segments").glob("*.wqsg"))[0]
+    with open(segment, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x01")
+    with open(root / "shards" / "flat" / "00000002" / "journal", "ab") as f:
+        f.write(b"junk")
+    with open(root / "shards" / "graph" / "00000001" / "index.faiss", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\x00\x01\x02")
+
+
+@pytest.mark.timeout(600)
+def test_a_repair_killed_at_any_point_loses_nothing(pristine: tuple[Path, Workload, dict[Path, Model]],
+                                                    tmp_path: Path) -> None:
+    """SIGKILL a real ``verify --repair`` process at random points; a second repair
+    then finishes the work, and every undamaged row is still served."""
+    import random
+    import signal
+    import time
+
+    source, workload, _ = pristine
+    command = [sys.executable, "-c", "from shardmgr.cli import main; main()", "verify", "--deep", "--repair"]
+    cwd = Path(__file__).parents[2]
+    timing = tmp_path / "timing"
+    shutil.copytree(source, timing)
+    damage_for_repair(timing)
+    started = time.monotonic()
+    subprocess.run([*command, str(timing)], capture_output=True, timeout=120, cwd=cwd)
+    whole = time.monotonic() - started
+    rng = random.Random(5)
+    killed = 0
+    for life in range(8):
+        root = tmp_path / f"life{life}"
+        shutil.copytree(source, root)
+        damage_for_repair(root)
+        proc = subprocess.Popen([*command, str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+        time.sleep(rng.uniform(0.3, 1.0) * whole)
+        proc.send_signal(signal.SIGKILL)
+        killed += proc.wait() == -signal.SIGKILL
+        report = shardmgr.verify(root, deep=True, repair=True)
+        assert all(p.severity == Severity.NOTE for p in report.problems), (life, report.repaired, report.problems)
+        served_rows(root, workload)
+        assert shardmgr.verify(root, deep=True).exit_code == 0
+    assert killed >= 4  # most kills landed in the middle of a repair
