@@ -1,37 +1,13 @@
-"""The shared journal layer: append-only, checksummed, group-committed files.
+"""What the queue and the vector store share; knows nothing of either.
 
-``common`` knows nothing of the queue or the vector store; both build on it.
+* :mod:`common.journal`: the append-only, checksummed, group-committed
+  journal files both products store everything in, their recovery and
+  offline check, the directory lock, and (``common.journal.testing``) the
+  power-cut simulator.
+* :mod:`common.wire`: the binary framing, the client base and the
+  component contract a server hosts.
+* :mod:`common.errors` (the root error) and :mod:`common.units` (byte units).
+
+May import: the standard library and third-party packages only. ``journal``
+and ``wire`` do not import each other.
 """
-
-from .config import FlusherConfig, JournalConfig
-from .errors import (
-                     CorruptJournal,
-                     FlushFailed,
-                     FormatError,
-                     JournalClosed,
-                     JournalError,
-                     JournalFull,
-                     JournalSealed,
-                     MarkerConflict,
-                     RecordNotFound,
-                     RecordTooLarge,
-                     WriteFailed,
-)
-from .flusher import Flusher, Ticket
-from .journal import Appended, Journal
-from .marker import Marker
-from .reader import Record
-from .recovery import RecoveryReport
-from .scan import RecordChunk
-
-__all__ = [
-    # Journals
-    "Journal", "Appended", "Record", "RecordChunk", "RecoveryReport", "Marker",
-    # Durability
-    "Flusher", "Ticket",
-    # Configuration
-    "JournalConfig", "FlusherConfig",
-    # Errors
-    "JournalError", "FormatError", "CorruptJournal", "JournalClosed", "JournalSealed", "JournalFull",
-    "RecordTooLarge", "RecordNotFound", "MarkerConflict", "FlushFailed", "WriteFailed",
-]

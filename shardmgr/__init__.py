@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .client import Client
-    from .store import Store
-    from .verification import Report
+    from shardmgr.store.client import StoreClient
+    from shardmgr.store.store import Store
+    from shardmgr.verification.runner import Report
 
 
 def open(data_dir: str | Path, **config: Any) -> Store:  # noqa: A001 - the public name is fixed
     """Open (and recover) the vector store in ``data_dir``; ``config`` are StoreConfig fields."""
-    from .config import StoreConfig
-    from .store import Store
+    from shardmgr.store.config import StoreConfig
+    from shardmgr.store.store import Store
 
     return Store(data_dir, StoreConfig(**config)).open()
 
@@ -37,13 +37,13 @@ def open(data_dir: str | Path, **config: Any) -> Store:  # noqa: A001 - the publ
 def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False) -> Report:
     """Check every file of a data directory (``shardmgr verify``): see
     shardmgr/verification.py and docs/verify.md. Raises CannotVerify if it cannot run."""
-    from .verification import verify as run
+    from shardmgr.verification.runner import verify as run
 
     return run(data_dir, deep=deep, repair=repair)
 
 
-def connect(address: str, **options: Any) -> Client:
+def connect(address: str, **options: Any) -> StoreClient:
     """A client of a ``shardmgr serve`` process at ``host:port``."""
-    from .client import Client
+    from shardmgr.store.client import StoreClient
 
-    return Client(address, **options)
+    return StoreClient(address, **options)

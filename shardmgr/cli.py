@@ -15,12 +15,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from common import CorruptJournal, Flusher, FlusherConfig, FormatError, Journal, Marker
-from common.client import Client
 from common.errors import CommonError
+from common.journal import CorruptJournal, Flusher, FlusherConfig, FormatError, Journal, Marker
+from common.wire.client import RpcClient
+from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
 from . import __version__
-from .config import DEFAULT_PORT, ServerConfig
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked directory, ...)
@@ -60,7 +60,7 @@ def serve(config_file: Path | None, **options: object) -> None:
     """
     import logging
 
-    from .server import Server
+    from shardmgr.server.server import Server
 
     try:
         config = ServerConfig.load(config_file, **options)
@@ -87,7 +87,7 @@ def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
                 args: dict[str, object] | None = None) -> dict[str, Any]:
     """Call ``cmd`` on the server; on failure print why and exit EXIT_FAILED."""
     try:
-        with Client((host, port), retry_for=timeout, timeout=max(timeout, 30.0)) as client:
+        with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0)) as client:
             return client.call(cmd, args).result
     except CommonError as exc:
         click.echo(f"shardmgr {what}: {exc}", err=True)
@@ -221,10 +221,11 @@ def verify(data_dir: Path, deep: bool, repair: bool, as_json: bool) -> None:
     needs the directory to itself. Exit status: 0 clean, 1 only problems
     that recovery repairs by itself, 2 data corruption, 3 could not run.
     """
+    from shardmgr.verification.runner import EXIT_CANNOT_RUN, count_files
+    from shardmgr.verification.runner import verify as run
+    from shardmgr.verification.view import LateProgress, show
+
     from .errors import CannotVerify
-    from .report_view import LateProgress, show
-    from .verification import EXIT_CANNOT_RUN, count_files
-    from .verification import verify as run
 
     progress = LateProgress(count_files(data_dir) if data_dir.is_dir() else 0, enabled=not as_json)
     try:

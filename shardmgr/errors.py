@@ -6,7 +6,7 @@ docs/shardmgr.md); clients raise the same classes.
 
 from __future__ import annotations
 
-from common.errors import BadRequest, Conflict, NotFound, ServiceError
+from common.wire.errors import BadRequest, Conflict, NotFound, ServiceError
 
 
 class ShardmgrError(ServiceError):

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from common import Flusher, FlusherConfig
+from common.journal import Flusher, FlusherConfig
 
 random.seed(1337)
 settings.register_profile("default", deadline=None)

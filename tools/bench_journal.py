@@ -31,9 +31,9 @@ from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.table import Table
 
-from common import Flusher, FlusherConfig, Journal, JournalConfig
-from common.config import MiB
-from common.header import SLOT_OFFSETS, SLOT_SIZE
+from common.journal import Flusher, FlusherConfig, Journal, JournalConfig
+from common.journal.header import SLOT_OFFSETS, SLOT_SIZE
+from common.units import MiB
 
 BATCH_BYTES = 1 * MiB
 INTERVAL = 0.005

@@ -1,7 +1,7 @@
 """RPC benchmark: the real server vs a plain socket echo server, same run.
 
 Both servers run as subprocesses on loopback and are driven by the same
-client code (common.client.Client, one connection):
+client code (common.wire.client.RpcClient, one connection):
 
 * small requests, one at a time: p50/p99 round-trip latency and requests/s
   (server: ``ping``; baseline: the same frame echoed back);
@@ -38,7 +38,7 @@ from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.table import Table
 
-from common.client import Client
+from common.wire.client import RpcClient
 
 WINDOW = 64
 BIG = 4 << 20
@@ -102,7 +102,7 @@ def start_server(data: Path) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     raise RuntimeError("server exited before it was ready")
 
 
-def sequential(client: Client, cmd: str, n: int) -> dict[str, float]:
+def sequential(client: RpcClient, cmd: str, n: int) -> dict[str, float]:
     latencies = np.empty(n)
     started = time.perf_counter()
     for i in range(n):
@@ -114,7 +114,7 @@ def sequential(client: Client, cmd: str, n: int) -> dict[str, float]:
             "p99_us": float(np.percentile(latencies, 99) * 1e6)}
 
 
-def pipelined(client: Client, cmd: str, n: int) -> float:
+def pipelined(client: RpcClient, cmd: str, n: int) -> float:
     started = time.perf_counter()
     inflight: list[int] = []
     for _ in range(n):
@@ -126,7 +126,7 @@ def pipelined(client: Client, cmd: str, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
-def big_bodies(client: Client, n: int) -> float:
+def big_bodies(client: RpcClient, n: int) -> float:
     body = np.frombuffer(os.urandom(BIG), dtype=np.uint8)
     client.call("echo", parts={"b": body})  # warm up
     started = time.perf_counter()
@@ -137,7 +137,7 @@ def big_bodies(client: Client, n: int) -> float:
 
 
 def measure(address: tuple[str, int], cmd: str, requests: int) -> dict[str, float]:
-    with Client(address) as client:
+    with RpcClient(address) as client:
         sequential(client, cmd, 500)  # warm up
         result = sequential(client, cmd, requests)
         result["pipelined_rps"] = pipelined(client, cmd, requests * 3)

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .broker import Broker, Item, Result
-from .client import Client
+from .client import QueueClient
 from .config import WorkqConfig
 from .errors import DiskFull, NotLeased, PayloadTooLarge, ResultsNotRecorded, UnknownHandle, UnknownJob, WorkqError
-from .handle import Handle, Key
+from .protocol import Handle, Key
 from .worker import Worker
 
 
@@ -29,13 +29,13 @@ def open(data_dir: str | Path, **config: Any) -> Broker:  # noqa: A001 - the pub
     return Broker(data_dir, WorkqConfig(**config)).open()
 
 
-def connect(address: str, **options: Any) -> Client:
+def connect(address: str, **options: Any) -> QueueClient:
     """A producer/consumer client of a ``shardmgr serve`` process at ``host:port``."""
-    return Client(address, **options)
+    return QueueClient(address, **options)
 
 
 __all__ = [
-    "open", "connect", "Broker", "Client", "Worker", "WorkqConfig", "Item", "Result", "Handle", "Key",
+    "open", "connect", "Broker", "QueueClient", "Worker", "WorkqConfig", "Item", "Result", "Handle", "Key",
     "WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
     "ResultsNotRecorded",
 ]

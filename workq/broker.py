@@ -28,17 +28,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from common import Flusher, FlusherConfig, Ticket
-from common.errors import DurabilityLost, Unavailable
-from common.filesystem import make_dirs
-from common.lockfile import LockFile
+from common.journal import Flusher, FlusherConfig, Ticket
+from common.journal.filesystem import make_dirs
+from common.journal.lockfile import LockFile
+from common.wire.errors import DurabilityLost, Unavailable
+from workq.state.dispatch import Filters
+from workq.state.queue import JobCounts, Leased, QueueState
+from workq.state.recovery import RecoverySummary, recover
 
-from . import collector, completion, leasing
 from .config import WorkqConfig
-from .dispatch import Filters
-from .handle import Handle, Key
-from .recovery import RecoveryReport, recover
-from .state import JobCounts, Leased, QueueState
+from .protocol import Handle, Key
+from .state import collector, completion, leasing
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Broker:
         self._next_tick = 0.0
         self._seen = (-1, -1)  # (item_changes, result_changes) at the last retry of waiters
         self._closed = False
-        self.recovery: RecoveryReport | None = None
+        self.recovery: RecoverySummary | None = None
 
     # -------------------------------------------------------------- lifecycle
 
@@ -122,7 +122,7 @@ class Broker:
         self.start()
         return self
 
-    def recover(self) -> RecoveryReport:
+    def recover(self) -> RecoverySummary:
         """Lock the directory (embedded use) and rebuild the state from disk,
         on the calling thread. Nothing is served yet."""
         make_dirs(self.state.root)

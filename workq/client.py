@@ -2,9 +2,9 @@
 
 Same methods as the embedded Broker. Results are delivered at least once
 by the broker (a crash between writing a response and recording it as
-delivered can send it again); a Client remembers the handles it returned
+delivered can send it again); a QueueClient remembers the handles it returned
 per job (the most recent 1,000,000) and drops such repeats, so a consumer
-using one Client observes each result once.
+using one QueueClient observes each result once.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from common.client import Client as Rpc
+from common.wire.client import RpcClient
 
 from .broker import Result
-from .handle import OFFSET_UNIT, Handle
+from .protocol import OFFSET_UNIT, Handle
 from .service import joined, split
 
 REMEMBERED_RESULTS = 1_000_000
@@ -42,12 +42,12 @@ class _Seen:
         return True
 
 
-class Client:
+class QueueClient:
     """A producer/consumer connection to a ``shardmgr serve`` process."""
 
     def __init__(self, address: str | tuple[str, int], **options: Any) -> None:
-        """``options`` go to common.client.Client (timeout, retry_for, ...)."""
-        self.rpc = Rpc(address, **options)
+        """``options`` go to common.wire.client.RpcClient (timeout, retry_for, ...)."""
+        self.rpc = RpcClient(address, **options)
         self._seen: dict[str, _Seen] = {}
 
     def enqueue(self, job: str, model: str, shape: str, lane: str | int, payloads: Sequence[bytes],
@@ -81,7 +81,7 @@ class Client:
     def close(self) -> None:
         self.rpc.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> QueueClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

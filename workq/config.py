@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import GiB, MiB
+from common.units import GiB, MiB
 
 #: Bytes of a segment that cannot hold payloads: its 4 KiB header plus
 #: slack for record headers and padding.

@@ -6,7 +6,7 @@ docs/protocol.md and docs/workq.md) and are raised again by clients.
 
 from __future__ import annotations
 
-from common.errors import BadRequest, Conflict, Full, NotFound, ServiceError
+from common.wire.errors import BadRequest, Conflict, Full, NotFound, ServiceError
 
 
 class WorkqError(ServiceError):

@@ -25,19 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from common import Flusher
-from common.component import Component, Request
-from common.errors import BadRequest, Internal, ServiceError
-from common.framing import DEFAULT_MAX_FRAME_BYTES
+from common.journal import Flusher
+from common.wire.component import Component, Request
+from common.wire.errors import BadRequest, Internal, ServiceError
+from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
+from workq.disk.completion_log import CompletionLog, Outgoing
+from workq.state.dispatch import Filters
+from workq.state.queue import COMPLETED, Leased
+from workq.state.stats import key_stats, totals
 
-from . import leasing
 from .broker import Broker
-from .completions import JobLog, Outgoing
 from .config import WorkqConfig
-from .dispatch import Filters
-from .handle import Key
-from .state import COMPLETED, Leased
-from .stats import key_stats, totals
+from .protocol import Key
+from .state import leasing
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def joined(payloads: Sequence[memoryview | bytes]) -> dict[str, np.ndarray]:
 class _Delivery:
     """One results response: sent (confirm) or dropped, exactly once."""
 
-    def __init__(self, job_log: JobLog, batch: list[Outgoing]) -> None:
+    def __init__(self, job_log: CompletionLog, batch: list[Outgoing]) -> None:
         self.job_log, self.batch = job_log, batch
         self.state = "sending"
 
@@ -208,7 +208,7 @@ class WorkqService(Component):
 
         self._on_owner(request, run)
 
-    def _send_results(self, request: Request, job_log: JobLog, batch: list[Outgoing]) -> None:
+    def _send_results(self, request: Request, job_log: CompletionLog, batch: list[Outgoing]) -> None:
         payloads = [p for out in batch for p in out.payloads]
         parts = {"handles": np.concatenate([o.handles for o in batch]) if batch else np.zeros(0, np.uint64),
                  "positions": np.concatenate([o.positions for o in batch]) if batch else np.zeros(0, np.uint64),

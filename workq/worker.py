@@ -17,14 +17,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from common.client import Client as Rpc
-from common.client import ConnectionLost
+from common.wire.client import ConnectionLost, RpcClient
+from workq.state.queue import COMPLETED, DUPLICATE
 
 from .broker import Item
 from .client import handles_array
-from .handle import Handle, Key
+from .protocol import Handle, Key
 from .service import joined, split
-from .state import COMPLETED, DUPLICATE
 
 T = TypeVar("T")
 
@@ -36,14 +35,14 @@ class Worker:
                  shapes: Sequence[str] | None = None, lanes: Sequence[str | int] | None = None,
                  **options: Any) -> None:
         """``models``/``shapes``/``lanes`` restrict what it leases (None: any);
-        ``options`` go to common.client.Client (timeout, retry_for, ...)."""
+        ``options`` go to common.wire.client.RpcClient (timeout, retry_for, ...)."""
         self.worker_id = worker_id
         self._profile = {"worker": worker_id, "models": _listed(models), "shapes": _listed(shapes),
                          "lanes": _listed(lanes)}
         self.held: set[int] = set()  # packed handles
-        self.rpc = Rpc(address, on_connect=self._hello, **options)
+        self.rpc = RpcClient(address, on_connect=self._hello, **options)
 
-    def _hello(self, rpc: Rpc) -> None:
+    def _hello(self, rpc: RpcClient) -> None:
         reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
                          {"held": np.array(sorted(self.held), dtype=np.uint64)})
         self.held.difference_update(reply.parts["dropped"].tolist())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from common import Flusher, Journal
+from common.journal import Flusher, Journal
 from shardmgr.cli import main
 
 

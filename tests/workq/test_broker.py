@@ -233,7 +233,7 @@ def test_results_sent_but_not_confirmed_come_back_and_pin_their_segment(open_bro
 
 def test_collection_never_pulls_a_segment_from_under_a_reader(open_broker: Callable[..., Broker],
                                                              tmp_path: Path) -> None:
-    from common import Journal
+    from common.journal import Journal
 
     broker = open_broker(segment_bytes=64 * 1024, max_payload_bytes=30_000)
     for _ in range(4):
@@ -253,7 +253,7 @@ def on_owner(broker: Broker, fn: Callable[[], object]) -> object:
 
 
 def test_hello_and_release_count_a_repeated_handle_once(broker: Broker) -> None:
-    from workq import leasing
+    from workq.state import leasing
 
     h1, h2 = broker.enqueue("j", "m", "s", 1, [b"a", b"b"])
     dropped = on_owner(broker, lambda: leasing.hello(broker.state, "w", [h1.packed, h1.packed], time.monotonic()))

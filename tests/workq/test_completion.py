@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import workq
-from common import Flusher, FlusherConfig
-from common.errors import WriteFailed
-from common.testing import PowerCut
-from workq import collector, completion
+from common.journal import Flusher, FlusherConfig
+from common.journal.errors import WriteFailed
+from common.journal.testing import PowerCut
 from workq.config import WorkqConfig
-from workq.records import job_id
-from workq.recovery import recover
-from workq.state import QueueState
+from workq.disk.records import job_id
+from workq.state import collector, completion
+from workq.state.queue import QueueState
+from workq.state.recovery import recover
 
 KEY = workq.Key("m", "s", "1")
 
@@ -85,8 +85,8 @@ def test_an_aborted_completion_strands_its_items_until_recovery_settles_them(
     """The flush of a result failed: the result may be on disk or not, so
     the item must get neither a second result nor be retired; recovery
     decides from what the disk holds."""
-    from workq import leasing
-    from workq.dispatch import Filters
+    from workq.state import leasing
+    from workq.state.dispatch import Filters
 
     state = new_state(tmp_path, manual, max_deliveries=1)
     [h, other], _ = state.enqueue("job", KEY, [b"a", b"b"])

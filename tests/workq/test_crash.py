@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import workq
-from common import Flusher, FlusherConfig
-from common.check import Findings, Severity
-from common.testing import PowerCut
-from workq import check as queue_check
-from workq import completion
+from common.journal import Flusher, FlusherConfig
+from common.journal.check import Findings, Severity
+from common.journal.testing import PowerCut
+from shardmgr.verification import queue_checks as queue_check
 from workq.config import WorkqConfig
-from workq.recovery import recover
-from workq.state import QueueState
+from workq.state import completion
+from workq.state.queue import QueueState
+from workq.state.recovery import recover
 from workq.testing import crash
 
 
@@ -104,8 +104,8 @@ def test_recovery_finishes_a_completion_cut_between_result_and_tombstone(tmp_pat
         state = QueueState(tmp_path / "workq", config, flusher)
         recover(state)
         packed, ticket = state.enqueue("job", workq.Key("m", "s", "1"), [b"a", b"b", b"c"])
-        from workq import leasing
-        from workq.dispatch import Filters
+        from workq.state import leasing
+        from workq.state.dispatch import Filters
 
         items = [h for batch in leasing.lease(state, "w", Filters(), 3, 0.0) for h in batch.handles]
         plan = completion.start(state, completion.plan(state, packed, [b"ra", b"rb", b"rc"]))

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from common.check import Findings, Severity
-from common.errors import Unavailable
-from workq import Client
-from workq import check as queue_check
+from common.journal.check import Findings, Severity
+from common.wire.errors import Unavailable
+from shardmgr.verification import queue_checks as queue_check
+from tests.shardmgr.server.serverproc import ServerProcess
+from workq import QueueClient
 
-from ..shardmgr.serverproc import ServerProcess
 from .worker_child import result_of
 
 CHILD = Path(__file__).with_name("worker_child.py")
@@ -34,7 +34,7 @@ def start_worker(address: str, name: str, seed: int) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def collect(client: Client, job: str, got: dict[int, bytes]) -> None:
+def collect(client: QueueClient, job: str, got: dict[int, bytes]) -> None:
     """Read results straight off the wire (no client-side dedupe) and check repeats."""
     try:
         reply = client.rpc.call("workq.results", {"job": job, "max_items": 500, "wait": 0.2})
@@ -56,7 +56,7 @@ def run_faults(tmp_path: Path, items: int, rounds: int, seed: int) -> None:
                       "max_deliveries = 1000\nsegment_bytes = 1048576\nmax_payload_bytes = 65536\n")
     server = ServerProcess(tmp_path / "data", "--config", str(config)).start()
     workers: dict[str, subprocess.Popen[bytes]] = {}
-    client = Client(server.address, retry_for=120.0, timeout=60.0)
+    client = QueueClient(server.address, retry_for=120.0, timeout=60.0)
     try:
         payloads = {}
         for start in range(0, items, 500):

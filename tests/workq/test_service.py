@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import BadRequest, NotFound
-from workq import Client, Handle, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob, Worker
-
-from ..shardmgr.serverproc import ServerProcess
+from common.wire.errors import BadRequest, NotFound
+from tests.shardmgr.server.serverproc import ServerProcess
+from workq import Handle, NotLeased, PayloadTooLarge, QueueClient, UnknownHandle, UnknownJob, Worker
 
 CONFIG = ("[workq]\nlease_s = 30.0\ndisconnect_grace_s = 0.5\nreconnect_window_s = 2.0\n"
           "max_payload_bytes = 1000\nmax_deliveries = 2\n")
@@ -34,7 +33,7 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 
 def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+    with QueueClient(server.address) as client:
         with pytest.raises(BadRequest, match="argument 'job' must be str, got int"):
             client.rpc.call("workq.enqueue", {"job": 5, "model": "m", "shape": "s", "lane": 1},
                             {"data": np.zeros(1, np.uint8), "lengths": np.ones(1, np.uint32)})
@@ -68,7 +67,7 @@ def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
 
 
 def test_vanished_worker_loses_its_leases_after_the_grace(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+    with QueueClient(server.address) as client:
         client.enqueue("j", "m", "s", 1, [b"a", b"b"])
     first = Worker(server.address, "gone", models=["m"])
     assert len(first.lease(2)) == 2
@@ -79,7 +78,7 @@ def test_vanished_worker_loses_its_leases_after_the_grace(server: ServerProcess)
 
 
 def test_a_worker_on_a_second_connection_keeps_its_leases_when_the_first_drops(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+    with QueueClient(server.address) as client:
         client.enqueue("j", "m", "s", 1, [b"a"])
     first = Worker(server.address, "gpu-1")
     [item] = first.lease(1)
@@ -99,7 +98,7 @@ def test_responses_never_exceed_a_frame(tmp_path: Path) -> None:
                       "max_payload_bytes = 20000\nmax_result_bytes = 40000\n")
     server = ServerProcess(tmp_path / "data", "--config", str(config)).start()
     try:
-        with Client(server.address) as client, Worker(server.address, "w") as worker:
+        with QueueClient(server.address) as client, Worker(server.address, "w") as worker:
             for i in range(10):  # requests are frames too
                 client.enqueue("j", "m", "s", 1, [bytes([i]) * 15_000])
             sizes = []
@@ -122,7 +121,7 @@ def test_responses_never_exceed_a_frame(tmp_path: Path) -> None:
 def test_a_small_frame_caps_payloads_so_one_always_fits(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data", "--max-frame-bytes", "65536").start()
     try:
-        with Client(server.address) as client:
+        with QueueClient(server.address) as client:
             with pytest.raises(PayloadTooLarge, match="limit is 59328"):  # 64 KiB less the response reserve
                 client.enqueue("j", "m", "s", 1, [bytes(60_000)])
             client.enqueue("j", "m", "s", 1, [bytes(59_328)])
@@ -133,7 +132,7 @@ def test_a_small_frame_caps_payloads_so_one_always_fits(tmp_path: Path) -> None:
 
 
 def test_workers_keep_their_items_across_a_server_restart(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+    with QueueClient(server.address) as client:
         client.enqueue("j", "m", "s", 1, [b"x", b"y", b"z"], durable=True)
     holder = Worker(server.address, "holder", models=["m"], retry_for=60)
     held = holder.lease(2)
@@ -147,7 +146,7 @@ def test_workers_keep_their_items_across_a_server_restart(server: ServerProcess)
         rest = rival.lease(10, wait=10)
         assert [i.payload for i in rest] == [b"z"]  # after the window: only the item nobody held
         rival.complete(rest[0].handle, b"r3")
-    with Client(server.address) as client:
+    with QueueClient(server.address) as client:
         results = client.results("j", wait=5)
         assert sorted(r.payload for r in results) == [b"r1", b"r2", b"r3"]
         # "delivered" is recorded just after the response is written: a status query may race it
@@ -160,7 +159,7 @@ def test_workers_keep_their_items_across_a_server_restart(server: ServerProcess)
 
 
 def test_queue_stats_and_kick_commands(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+    with QueueClient(server.address) as client:
         client.enqueue("poison-job", "m", "s", 1, [b"p"])
     for name in ("a", "b"):  # two deliveries that never finish: buried (max_deliveries = 2)
         worker = Worker(server.address, name, models=["m"])

@@ -10,7 +10,7 @@ import random
 import sys
 import time
 
-from common.errors import Unavailable
+from common.wire.errors import Unavailable
 from workq import Worker
 
 

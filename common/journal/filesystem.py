@@ -1,0 +1,82 @@
+"""Small filesystem operations with the durability rules the journal needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from common.units import MiB
+
+from .config import Preallocate
+
+_ZEROS = bytes(1 * MiB)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a directory's entries (creates, renames, unlinks) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(directory: Path) -> None:
+    """Create ``directory`` (and missing parents) durably: each new entry's
+    parent is fsynced, so the directory survives a power cut."""
+    directory = Path(directory)
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(path.parent)
+
+
+def create_atomically(path: Path, data: bytes | bytearray) -> None:
+    """Create ``path`` holding ``data``, durably, or not at all.
+
+    Writes a temporary sibling, fsyncs it, renames it into place and fsyncs
+    the directory. Raises FileExistsError if ``path`` exists; a crash at any
+    point leaves either no file or the complete file (plus, at worst, a
+    ``.tmp`` sibling that the next create overwrites).
+    """
+    if path.exists():
+        raise FileExistsError(f"{path} already exists")
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # fails if path appeared meanwhile, unlike rename
+    finally:
+        os.unlink(tmp)
+    fsync_dir(path.parent)
+
+
+def grow(fd: int, old_size: int, new_size: int, mode: Preallocate) -> None:
+    """Extend a file from ``old_size`` to ``new_size`` bytes of zeros.
+
+    ``sparse`` sets the size only; ``fallocate`` also reserves the blocks
+    (so a full disk fails here, before any record is written); ``zero``
+    writes zeros so later fdatasyncs have no block allocation to commit.
+    """
+    if new_size <= old_size:
+        return
+    if mode == "sparse":
+        os.ftruncate(fd, new_size)
+    elif mode == "fallocate":
+        os.posix_fallocate(fd, old_size, new_size - old_size)
+    else:
+        pos = old_size
+        while pos < new_size:
+            pos += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), new_size - pos)], pos)

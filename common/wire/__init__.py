@@ -1,0 +1,11 @@
+"""The wire layer: how a server and its clients talk.
+
+Owns the binary framing (``framing``: preamble, frames of a msgpack header
+and raw array parts), the client base with reconnects and pipelining
+(``client``), the contract between the server and the components it hosts
+(``component``) and the errors that cross the wire with a stable code
+(``errors``). docs/protocol.md describes the protocol.
+
+May import: ``common.errors``, ``common.units``; never ``common.journal``,
+``workq`` or ``shardmgr``.
+"""

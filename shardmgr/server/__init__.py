@@ -1,0 +1,11 @@
+"""The service process that hosts the work queue and the vector store on one
+port: ``shardmgr serve``.
+
+Owns the server's configuration (``config``), the server and its start-up
+and stop order (``server``), one connection's reader and writer threads
+(``connection``), the server's own commands (``control``), Prometheus
+metrics (``metrics``) and the readiness file (``readiness``).
+
+May import: ``common``, ``workq`` (its service component), ``shardmgr.store``;
+never ``shardmgr.verification``.
+"""

@@ -1,0 +1,100 @@
+"""The service's configuration: one frozen dataclass, defaults and units here.
+
+The ``shardmgr serve`` options, the ``--config`` TOML file and the library
+all read these fields; a TOML key is a field name, and command-line options
+override the file, which overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from common.units import MiB
+from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
+from shardmgr.store.config import StoreConfig
+from workq.config import WorkqConfig
+
+DEFAULT_PORT = 7300
+SUGGESTED_METRICS_PORT = 7301
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything ``shardmgr serve`` needs. ``validate()`` checks it."""
+
+    #: Data directory; created if missing. One server per directory (LOCK file).
+    data_dir: Path = Path("data")
+    #: Address to listen on. Loopback by default: expose it deliberately.
+    host: str = "127.0.0.1"
+    #: TCP port; 0 picks a free one (the log and ``Server.address`` say which).
+    port: int = DEFAULT_PORT
+    #: Group-commit interval of the shared flusher, in milliseconds.
+    flush_interval_ms: float = 5.0
+    #: Largest frame accepted or sent, in bytes.
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    #: Responses queued for one connection beyond which it is closed (a
+    #: client that does not read), in bytes.
+    max_outbox_bytes: int = 1024 * MiB
+    #: Seconds a send may block on a full socket before the connection is closed.
+    send_timeout_s: float = 60.0
+    #: Seconds a new connection has to send its preamble.
+    handshake_timeout_s: float = 10.0
+    #: Connections beyond this are refused with an ``unavailable`` error.
+    max_connections: int = 4096
+    #: Seconds SIGTERM waits for in-flight requests and unsent responses.
+    shutdown_grace_s: float = 10.0
+    #: Prometheus metrics HTTP port on ``host``; None (default) is off.
+    #: The documented choice is 7301.
+    metrics_port: int | None = None
+    #: Python logging level name.
+    log_level: str = "INFO"
+    #: The work queue's settings (TOML table ``[workq]``).
+    workq: WorkqConfig = WorkqConfig()
+    #: The vector store's settings (TOML table ``[store]``).
+    store: StoreConfig = StoreConfig()
+
+    def validate(self) -> ServerConfig:
+        """Return self, or raise ValueError naming the bad setting."""
+        for name in ("port",) + (("metrics_port",) if self.metrics_port is not None else ()):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {value}")
+        if not 0.1 <= self.flush_interval_ms <= 60_000:
+            raise ValueError(f"flush_interval_ms must be in 0.1..60000, got {self.flush_interval_ms}")
+        if not 4096 <= self.max_frame_bytes <= 2**32 - 1:
+            raise ValueError(f"max_frame_bytes must be in 4096..{2**32 - 1}, got {self.max_frame_bytes}")
+        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_grace_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_connections < 1 or self.max_outbox_bytes < self.max_frame_bytes:
+            raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
+        self.workq.validate().fitted_to_frame(self.max_frame_bytes)
+        self.store.validate()
+        return self
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides: Any) -> ServerConfig:
+        """Defaults, then the TOML file (if any), then non-None ``overrides``."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                values.update(tomllib.load(f))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown configuration keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        if "data_dir" in values:
+            values["data_dir"] = Path(values["data_dir"])
+        for table, kind in (("workq", WorkqConfig), ("store", StoreConfig)):
+            if isinstance(values.get(table), dict):
+                try:
+                    values[table] = kind(**values[table])
+                except TypeError as exc:
+                    raise ValueError(f"[{table}]: {exc}") from None
+        return cls(**values).validate()

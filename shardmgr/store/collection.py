@@ -1,0 +1,254 @@
+"""A collection: a fixed dimension and metric, and its shards.
+
+On disk, ``DATA/shards/<name>/``::
+
+    collection      a journal (kind SMCO) with no records; its checksummed
+                    header metadata holds {name, dim, metric, index}
+    <id:08d>/       one directory per shard (shard.py)
+    quarantine/     shards that failed their checks on open, moved aside
+
+At most one shard is growing; the others are sealed. A shard is sealed when
+its vectors reach ``seal_bytes`` or it stayed idle for ``idle_seal_s``, and
+every shard found mid-build at start-up is sealed after its replay. Shard
+ids are never reused (quarantined ones included), so a ref stays valid for
+the life of its data.
+
+Threads: appends, seals and creation run under the store's write lock;
+searches and gets take a snapshot of the shard list (``views``) and read
+rows in place, concurrently with appends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from common.journal import Flusher, Journal, Ticket
+from common.journal.check import read_regular
+from common.journal.errors import FormatError
+from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
+from shardmgr.errors import BadVectors, CollectionConflict, UnknownRef
+
+from . import index
+from .config import INDEX_TYPES, StoreConfig
+from .search import Hits, merge, search_rows, shard_part
+from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of, split_refs
+
+log = logging.getLogger(__name__)
+
+META_KIND = b"SMCO"
+REASON_FILE = "QUARANTINED"  # in a quarantined shard's directory: why it was moved
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise BadVectors(f"collection name must be 1-128 of letters, digits, '.', '_' or '-' (not first), "
+                         f"got {name!r}")
+    return name
+
+
+class Collection:
+    """One collection's metadata and shards."""
+
+    def __init__(self, directory: Path, name: str, dim: int, metric: str, index: str, flusher: Flusher,
+                 config: StoreConfig) -> None:
+        self.directory = directory
+        self.name = name
+        self.dim = dim
+        self.metric = metric
+        self.index = index
+        self.flusher = flusher
+        self.config = config
+        self.shards: dict[int, Shard] = {}
+        self.quarantined: list[str] = []
+        self.next_shard = 1
+        self._views: list[View] = []  # snapshot for readers, replaced (never mutated) by writers
+
+    # -------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def create(cls, root: Path, name: str, dim: int, metric: str, index: str, flusher: Flusher,
+               config: StoreConfig) -> Collection:
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 65536:
+            raise BadVectors(f"dim must be an integer in 1..65536, got {dim!r}")
+        if metric not in ("l2", "ip"):
+            raise BadVectors(f"metric must be 'l2' or 'ip', got {metric!r}")
+        if index not in INDEX_TYPES:
+            raise BadVectors(f"index must be one of {', '.join(INDEX_TYPES)}, got {index!r}")
+        directory = root / name
+        make_dirs(directory)
+        meta = msgpack.packb({"name": name, "dim": dim, "metric": metric, "index": index})
+        Journal.write_empty(directory / "collection", kind=META_KIND, metadata=meta)
+        return cls(directory, name, dim, metric, index, flusher, config)
+
+    @classmethod
+    def open(cls, directory: Path, flusher: Flusher, config: StoreConfig) -> Collection:
+        """Load the metadata, open every shard (quarantining those that fail)."""
+        with Journal.open(directory / "collection", kind=META_KIND, writable=False) as journal:
+            meta = msgpack.unpackb(journal.metadata)
+        collection = cls(directory, meta["name"], int(meta["dim"]), meta["metric"], meta["index"], flusher, config)
+        collection._open_shards()
+        return collection
+
+    def _open_shards(self) -> None:
+        quarantine = self.directory / "quarantine"
+        moved = sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.exists() else []
+        seen = [int(p.name.split("-")[0]) for p in moved]
+        self.quarantined = [f"{p.name}: {quarantine_reason(p)}" for p in moved]
+        for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a shard creation a crash cut short: no data
+            seen.append(int(path.name[:-len(TMP_SUFFIX)]))
+            shutil.rmtree(path)
+        for path in sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()):
+            shard_id = int(path.name)
+            seen.append(shard_id)
+            try:
+                shard = Shard.open(path, shard_id, self.dim, self.flusher)
+            except ShardDamaged as exc:
+                self._quarantine(path, exc.reason)
+                continue
+            except BaseException:  # not damage (e.g. too many open files): nothing moves, nothing stays open
+                self.close()
+                raise
+            self.shards[shard_id] = shard
+            if self.index != "flat":
+                shard.index = index.load(path, shard.rows, shard.uuid)
+        self.next_shard = max(seen, default=0) + 1
+        self._publish()
+
+    def _quarantine(self, path: Path, reason: str) -> None:
+        target = quarantine(path, reason)
+        self.quarantined.append(f"{target.name}: {reason}")
+        log.error("collection %s: shard %s quarantined to %s: %s", self.name, path.name, target, reason)
+
+    def close(self) -> None:
+        for shard in self.shards.values():
+            shard.close()
+        self.shards.clear()
+        self._publish()
+
+    def matches(self, dim: int, metric: str, index: str) -> None:
+        if (dim, metric, index) != (self.dim, self.metric, self.index):
+            raise CollectionConflict(f"collection {self.name!r} exists with dim {self.dim}, metric {self.metric}, "
+                                     f"index {self.index}; asked for dim {dim}, metric {metric}, index {index}")
+
+    # ---------------------------------------------------------------- writes
+
+    @property
+    def active(self) -> Shard | None:
+        last = self.shards[max(self.shards)] if self.shards else None
+        return last if last is not None and not last.sealed else None
+
+    def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, Ticket]:
+        """Append a checked batch; returns its refs and the ticket to wait for.
+        The caller holds the store's write lock."""
+        shard = self.active
+        if shard is not None and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes and shard.rows:
+            shard.seal()
+            shard = None
+        if shard is None:
+            if self.next_shard > MAX_SHARD:
+                raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
+            shard_id = self.next_shard
+            self.next_shard += 1  # used even if the creation fails: a failed attempt never blocks the next
+            shard = Shard.create(self.directory / f"{shard_id:08d}", shard_id, self.dim, self.name,
+                                 self.flusher, self.config.extent_bytes)
+            self.shards[shard.id] = shard
+        first, ticket = shard.append(vectors, ids)
+        self._publish()
+        return ref_of(shard.id, np.arange(first, first + len(ids), dtype=np.int64)), ticket
+
+    def seal_idle(self, idle_since: float) -> bool:
+        """Seal the growing shard if nothing was appended since ``idle_since``."""
+        shard = self.active
+        if shard is None or not shard.rows or shard.last_append > idle_since:
+            return False
+        shard.seal()
+        self._publish()
+        return True
+
+    def _publish(self) -> None:
+        self._views = [shard.view() for shard in list(self.shards.values())]
+
+    # ----------------------------------------------------------------- reads
+
+    def views(self) -> list[View]:
+        return self._views
+
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        parts = []
+        for view in self.views():
+            if view.index is not None:
+                view.index.hnsw.efSearch = max(self.config.hnsw_ef_search, k)
+                scores, rows = view.index.search(queries, min(k, view.rows))
+            else:
+                scores, rows = search_rows(queries, view.vectors, k, self.metric)
+            parts.append(shard_part(view.shard, scores, rows, view.ids))
+        return merge(parts, len(queries), k, self.metric)
+
+    # --------------------------------------------------------------- indexes
+
+    def unindexed(self) -> list[Shard]:
+        """Sealed shards that should have an approximate index and lack one."""
+        if self.index == "flat":
+            return []
+        return [s for s in list(self.shards.values()) if s.sealed and s.index is None and s.rows]
+
+    def install_index(self, shard: Shard, built: Any) -> None:
+        """Caller holds the write lock."""
+        if self.shards.get(shard.id) is shard:
+            shard.index = built
+            self._publish()
+
+    def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first bad one."""
+        views = {view.shard: view for view in self.views()}
+        shards, rows = split_refs(refs)
+        vectors = np.empty((len(refs), self.dim), dtype=np.float32)
+        ids = np.empty(len(refs), dtype=np.int64)
+        for shard_id in np.unique(shards).tolist():
+            mine = np.flatnonzero(shards == shard_id)
+            view = views.get(shard_id)
+            wanted = rows[mine]
+            if view is None or (wanted >= view.rows).any() or (refs[mine] < 0).any():
+                bad = int(refs[mine][0] if view is None else refs[mine][np.argmax(wanted >= view.rows)])
+                raise UnknownRef(f"collection {self.name!r}: ref {bad} names no stored row")
+            vectors[mine] = view.vectors[wanted]
+            ids[mine] = view.ids[wanted]
+        return vectors, ids
+
+    def info(self) -> dict[str, Any]:
+        views = self.views()  # a snapshot: appends and seals on other threads do not disturb it
+        return {"name": self.name, "dim": self.dim, "metric": self.metric, "index": self.index,
+                "rows": sum(v.rows for v in views), "shards": len(views),
+                "sealed": sum(1 for v in views if v.sealed), "growing": sum(1 for v in views if not v.sealed),
+                "bytes": sum(v.rows for v in views) * (self.dim * 4 + 8), "quarantined": list(self.quarantined)}
+
+
+def quarantine(shard_dir: Path, reason: str) -> Path:
+    """Move a shard directory to its collection's ``quarantine/`` (durably,
+    with a REASON_FILE saying why); returns where it went. Nothing is deleted."""
+    target = shard_dir.parent / "quarantine" / f"{shard_dir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    make_dirs(target.parent)
+    if not (shard_dir / REASON_FILE).exists():
+        create_atomically(shard_dir / REASON_FILE, reason.encode())
+    os.rename(shard_dir, target)
+    fsync_dir(shard_dir.parent)
+    fsync_dir(target.parent)
+    return target
+
+
+def quarantine_reason(moved: Path) -> str:
+    """Why a quarantined shard was moved, as recorded when it was."""
+    try:  # read_regular: verify reads this too, and a FIFO in its place must not block it
+        return read_regular(moved / REASON_FILE).decode(errors="replace").strip() or "no reason recorded"
+    except (OSError, FormatError):
+        return "no reason recorded"

@@ -1,0 +1,47 @@
+"""The vector store's configuration: one frozen dataclass, defaults and units here.
+
+``shardmgr.open`` takes it, and ``shardmgr serve`` reads it from the
+``[store]`` table of its configuration (shardmgr/server/config.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: The per-collection index kinds: exact search only, or an HNSW graph per sealed shard.
+INDEX_TYPES = ("flat", "hnsw")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Settings of the vector store. ``validate()`` checks them."""
+
+    #: A shard is sealed once its vectors reach this many bytes ...
+    seal_bytes: int = 1 << 30
+    #: ... or after this many seconds without an append.
+    idle_seal_s: float = 300.0
+    #: Row files grow in steps of this many bytes (preallocated with fallocate).
+    extent_bytes: int = 64 << 20
+    #: Largest k a search may ask for.
+    max_k: int = 10_000
+    #: Largest number of queries in one search call.
+    max_queries: int = 100_000
+    #: Largest batch one append may carry, in rows.
+    max_batch_rows: int = 1_000_000
+    #: HNSW build parameter M and search breadth efSearch (index = "hnsw").
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+
+    def validate(self) -> StoreConfig:
+        if self.seal_bytes > 1 << 40:  # rows of 1-d vectors must stay below 2**40 (refs: shard << 40 | row)
+            raise ValueError(f"seal_bytes must be at most 1 TiB, got {self.seal_bytes}")
+        if self.seal_bytes < 4096 or self.extent_bytes < 4096 or self.extent_bytes % 4096:
+            raise ValueError(f"seal_bytes must be >= 4096 and extent_bytes a positive multiple of 4096, got "
+                             f"{self.seal_bytes} and {self.extent_bytes}")
+        for name in ("idle_seal_s",):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        return self

@@ -1,0 +1,88 @@
+"""The vector store as a component of ``shardmgr serve``: its commands.
+
+Vectors, ids, queries and refs travel as binary parts; see docs/shardmgr.md.
+Requests run on the connection's thread: searches and gets read snapshots
+concurrently (faiss releases the GIL), appends take the store's write lock,
+and an append with ``durable`` waits on that thread for the flush that
+covers it (a few milliseconds), so replies keep their meaning: when the
+client sees the refs, the rows are on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from common.journal import Flusher
+from common.journal.errors import FlushFailed
+from common.wire.component import Component, Request
+from common.wire.errors import DurabilityLost
+
+from .config import StoreConfig
+from .store import Store
+
+
+class StoreService(Component):
+    name = "shardmgr"
+
+    def __init__(self, data_dir: Path, config: StoreConfig, flusher: Flusher) -> None:
+        self.store = Store(data_dir, config, flusher=flusher, lock=False)
+        self._handlers: dict[str, Callable[[Request], None]] = {
+            "shardmgr.create_collection": self._create, "shardmgr.collections": self._collections,
+            "shardmgr.collection_info": self._info, "shardmgr.append": self._append,
+            "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
+        }
+
+    def commands(self) -> Iterable[str]:
+        return self._handlers
+
+    def recover(self) -> None:
+        self.store.recover()
+
+    def start(self) -> None:
+        self.store.start()
+
+    def stop(self) -> None:
+        self.store.close()
+
+    def stats(self) -> dict[str, float | int]:
+        return dict(self.store.stats())
+
+    def handle(self, request: Request) -> None:
+        self._handlers[request.cmd](request)
+
+    def _create(self, request: Request) -> None:
+        request.reply(self.store.create_collection(request.arg("name", str), request.arg("dim", int),
+                                                   request.arg("metric", str, "l2"), request.arg("index", str, "flat")))
+
+    def _collections(self, request: Request) -> None:
+        request.reply({"names": self.store.collections()})
+
+    def _info(self, request: Request) -> None:
+        request.reply(self.store.collection_info(request.arg("name", str)))
+
+    def _append(self, request: Request) -> None:
+        name = request.arg("name", str)
+        durable = request.arg("durable", bool, False)
+        # dtypes and shapes are checked by the store (shardmgr.bad_vectors), as for embedded callers
+        refs, ticket = self.store.append_async(name, request.part("vectors"), request.part("ids"))
+        if durable:
+            try:
+                ticket.journal.wait_durable(ticket)
+            except FlushFailed as exc:
+                raise DurabilityLost(str(exc)) from exc
+        request.reply({"rows": len(refs)}, {"refs": refs})
+
+    def _search(self, request: Request) -> None:
+        scores, ids, refs = self.store.search(request.arg("name", str), request.part("queries"),
+                                              request.arg("k", int, 10))
+        request.reply({}, {"scores": scores, "ids": ids, "refs": refs})
+
+    def _get(self, request: Request) -> None:
+        name, refs = request.arg("name", str), request.part("refs")
+        vectors, ids = self.store.rows(name, refs)
+        request.reply({}, {"vectors": vectors, "ids": ids})
+
+    def _flush(self, request: Request) -> None:
+        self.store.flush()
+        request.reply()

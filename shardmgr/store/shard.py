@@ -1,0 +1,345 @@
+"""A shard: one directory of three files, appended in batches.
+
+* ``vectors``: float32 rows of the collection's dimension (rows.py)
+* ``ids``: one int64 per row (rows.py)
+* ``journal``: a ``SMSJ`` journal with one record per appended batch; its
+  metadata is ``{collection, shard, dim, uuid}`` and each body is::
+
+      0   8   first_row
+      8   8   count
+      16  4   crc32c of the batch's vector bytes
+      20  4   crc32c of the batch's id bytes
+
+An append writes the rows of both files (one pwrite each), then the batch's
+journal record. The row files are the journal's companions, synced before it
+in every flush, so a record a flush confirmed (or a checkpoint declared
+durable) always has its rows on disk.
+
+Opening a *sealed* shard is O(1) in its data: headers, the sealed checkpoint,
+the last batch record and three file sizes. Opening a *mid-build* shard
+replays its journal: every batch's rows are checked against its checksums,
+the first batch that fails (and those after) is dropped if no flush had
+confirmed it, the row files are cut to the last complete batch, and the shard
+is sealed (it is never appended to again, so a ref handed out for a batch
+that a crash lost can never name another vector later). A shard whose
+structure or durable data is wrong raises :class:`ShardDamaged`; the
+collection quarantines it.
+
+Threads: the collection's writer appends and seals (holding the store's
+write lock); readers use :meth:`view`, a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import struct
+import time
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import msgpack
+import numpy as np
+
+from common.errors import CommonError
+from common.journal import Flusher, Journal, JournalConfig, Ticket
+from common.journal.errors import FormatError
+from common.journal.filesystem import fsync_dir, make_dirs
+from common.journal.scan import RecordChunk
+
+from .rows import IDS, VECTORS, RowFile, RowHeader
+
+log = logging.getLogger(__name__)
+
+JOURNAL_KIND = b"SMSJ"
+BATCH = struct.Struct("<QQII")
+ROW_BITS = 40
+"""A ref is ``shard << ROW_BITS | row``: 2**40 rows per shard, 2**23 shards."""
+MAX_SHARD = 2 ** (63 - ROW_BITS) - 1
+
+
+#: What says a shard's files are wrong (bad format or content, a missing
+#: file, undecodable metadata), as opposed to errors of the moment (too
+#: many open files, no memory, I/O errors), which must not quarantine a
+#: healthy shard: those propagate and the open fails, changing nothing.
+DAMAGE = (FormatError, FileNotFoundError, ValueError, KeyError, TypeError)
+TMP_SUFFIX = ".tmp"
+
+
+class ShardDamaged(CommonError):
+    """A shard failed its checks on open; ``reason`` says which."""
+
+    def __init__(self, directory: Path, reason: str) -> None:
+        super().__init__(f"{directory}: {reason}")
+        self.directory = directory
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class View:
+    """A consistent snapshot of a shard for readers."""
+
+    shard: int
+    rows: int
+    vectors: np.ndarray  # [rows, dim] float32, read-only, in place
+    ids: np.ndarray  # [rows] int64, read-only, in place
+    index: Any = None  # an approximate faiss index over the rows, if built (index.py)
+    sealed: bool = False
+
+
+class Shard:
+    """One shard's files and row count."""
+
+    def __init__(self, directory: Path, shard_id: int, dim: int, journal: Journal, vectors: RowFile,
+                 ids: RowFile, rows: int) -> None:
+        self.directory = directory
+        self.id = shard_id
+        self.dim = dim
+        self.journal = journal
+        self.vectors = vectors
+        self.ids = ids
+        self.rows = rows
+        self.last_append = time.monotonic()
+        self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
+
+    # -------------------------------------------------------------- creation
+
+    @classmethod
+    def create(cls, directory: Path, shard_id: int, dim: int, collection: str, flusher: Flusher,
+               extent: int) -> Shard:
+        """Build the shard in ``<directory>.tmp`` and rename it into place, so
+        a shard directory exists whole or not at all (a crash or an error
+        leaves only a ``.tmp`` directory, which the collection removes)."""
+        building = directory.with_name(directory.name + TMP_SUFFIX)
+        if building.exists():
+            shutil.rmtree(building)
+        make_dirs(building)
+        opened: list[Any] = []
+        try:
+            uid = uuidlib.uuid4().bytes
+            opened.append(RowFile.create(building / "vectors", RowHeader(VECTORS, "<f4", dim, uid), extent))
+            opened.append(RowFile.create(building / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim),
+                                         "zero"))
+            meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid})
+            Journal.write_empty(building / "journal", kind=JOURNAL_KIND, metadata=meta)
+            for row_file in opened:
+                row_file.close()
+            opened.clear()
+            os.rename(building, directory)
+            fsync_dir(directory.parent)
+            journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher,
+                                   config=JournalConfig(extent_bytes=1 << 20, preallocate="zero"))
+            opened.append(journal)
+            vectors, ids = _open_rows(directory, uid, dim, writable=True)
+        except BaseException:
+            for handle in opened:
+                handle.close()
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        vectors.extent, ids.extent, ids.preallocate = extent, max(4096, extent // dim), "zero"
+        journal.add_companion(vectors.fd)
+        journal.add_companion(ids.fd)
+        return cls(directory, shard_id, dim, journal, vectors, ids, 0)
+
+    @property
+    def sealed(self) -> bool:
+        return self.journal.sealed
+
+    @property
+    def uuid(self) -> bytes:
+        """The identity shared by the shard's journal, row files and index."""
+        return self.vectors.header.uuid
+
+    @property
+    def vector_bytes(self) -> int:
+        return self.rows * self.dim * 4
+
+    # ---------------------------------------------------------------- writes
+
+    def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[int, Ticket]:
+        """Write one batch (float32 [n, dim] and int64 [n], already checked)."""
+        first = self.rows
+        self.vectors.write(first, vectors)
+        self.ids.write(first, ids)
+        record = BATCH.pack(first, len(ids), crc32c.crc32c(vectors.data.cast("B")), crc32c.crc32c(ids.data.cast("B")))
+        _, ticket = self.journal.append(record)
+        self.rows = first + len(ids)
+        self.last_append = time.monotonic()
+        return first, ticket
+
+    def seal(self) -> None:
+        """Make everything durable, cut the row files to size, seal the journal."""
+        self.journal.flush()
+        for column in (self.vectors, self.ids):
+            column.truncate(self.rows)
+        self.journal.seal()  # its flush syncs the truncated companions first
+
+    def view(self) -> View:
+        rows = self.rows
+        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed)
+
+    def close(self) -> None:
+        self.journal.close()
+        self.vectors.close()
+        self.ids.close()
+
+    # --------------------------------------------------------------- opening
+
+    @classmethod
+    def open(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
+        """Open a shard, recovering (and then sealing) it if it was mid-build.
+        ShardDamaged if any check fails; nothing is changed then."""
+        try:
+            probe = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
+        except DAMAGE as exc:
+            raise ShardDamaged(directory, f"journal: {exc}") from exc
+        sealed = probe.sealed
+        probe.close()
+        try:
+            if sealed:
+                return cls._open_sealed(directory, shard_id, dim)
+            return cls._recover(directory, shard_id, dim, flusher)
+        except ShardDamaged:
+            raise
+        except DAMAGE as exc:
+            raise ShardDamaged(directory, f"{type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _open_sealed(cls, directory: Path, shard_id: int, dim: int) -> Shard:
+        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
+        try:
+            uid = _check_meta(journal, directory, shard_id, dim)
+            rows = 0
+            if journal.count:
+                first, count, _, _ = BATCH.unpack(last_record(journal))
+                rows = first + count
+            vectors, ids = _open_rows(directory, uid, dim, writable=False)
+        except BaseException:
+            journal.close()
+            raise
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
+        for column in (vectors, ids):
+            expect = 4096 + rows * column.header.row_bytes
+            if column.size < expect:
+                shard.close()
+                raise ShardDamaged(directory, f"{column.path.name} has {column.size} bytes; {rows} sealed rows "
+                                   f"need {expect}")
+            if column.size > expect:  # sealing trimmed it: stray bytes, never read (verify --repair cuts them)
+                log.warning("shard %s: %s has %d bytes after its sealed rows", directory, column.path.name,
+                            column.size - expect)
+        return shard
+
+    @classmethod
+    def _recover(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
+        """Replay a mid-build shard: find the complete batches with a
+        read-only look, reopen the journal dropping the rest, cut the row
+        files to the same rows, and seal."""
+        rows, cut = cls._replay(directory, shard_id, dim)
+        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, limit=cut)
+        try:
+            uid = _check_meta(journal, directory, shard_id, dim)
+            vectors, ids = _open_rows(directory, uid, dim, writable=True)
+        except BaseException:
+            journal.close()
+            raise
+        journal.add_companion(vectors.fd)
+        journal.add_companion(ids.fd)
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
+        for column in (vectors, ids):
+            column.truncate(rows)
+        journal.seal()  # syncs the cut row files (its companions) first
+        fsync_dir(directory)
+        log.info("shard %s: replayed and sealed with %d rows", directory, rows)
+        return shard
+
+    @classmethod
+    def _replay(cls, directory: Path, shard_id: int, dim: int) -> tuple[int, int | None]:
+        """(rows of the complete batches, journal offset of the first batch
+        to drop or None). Reads only. ShardDamaged if a batch that a flush
+        had confirmed fails its checksums."""
+        with Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False) as journal:
+            uid = _check_meta(journal, directory, shard_id, dim)
+            durable_end = journal.recovery.checkpoint.end if journal.recovery else 0
+            vectors, ids = _open_rows(directory, uid, dim, writable=False)
+            try:
+                rows = 0
+                for record in journal.records():
+                    first, count, vectors_crc, ids_crc = BATCH.unpack(record.body)
+                    if first != rows:
+                        raise ShardDamaged(directory, f"batch at journal offset {record.offset} starts at row "
+                                           f"{first}, expected {rows}")
+                    if not _batch_intact(vectors, ids, first, count, vectors_crc, ids_crc):
+                        if record.offset < durable_end:
+                            raise ShardDamaged(directory, f"rows {first}..{first + count} of a durable batch fail "
+                                               f"their checksums")
+                        log.warning("shard %s: dropping rows %d.. (a batch whose rows never reached the disk)",
+                                    directory, first)
+                        return rows, record.offset
+                    rows = first + count
+                return rows, None
+            finally:
+                vectors.close()
+                ids.close()
+
+
+def _batch_intact(vectors: RowFile, ids: RowFile, first: int, count: int, vectors_crc: int, ids_crc: int) -> bool:
+    if min(vectors.rows_fitting(), ids.rows_fitting()) < first + count:
+        return False
+    return (crc32c.crc32c(vectors.rows(first + count)[first:].data.cast("B")) == vectors_crc
+            and crc32c.crc32c(ids.rows(first + count)[first:].data.cast("B")) == ids_crc)
+
+
+def _record_size(journal: Journal) -> int:
+    return (16 + BATCH.size + journal.alignment - 1) // journal.alignment * journal.alignment
+
+
+def last_record(journal: Journal) -> bytes:
+    """The body of a sealed journal's last batch record, in O(1): every
+    record has the same size, so it ends the journal; its checksum is
+    verified (no walk of the record chain)."""
+    offset = journal.end - _record_size(journal)
+    chunk = RecordChunk(np.array([offset], dtype=np.int64), np.zeros(1, dtype=np.uint32),
+                        np.array([BATCH.size], dtype=np.int64), np.zeros(1, dtype=bool), 0)
+    return bytes(journal.bodies(chunk)[0])
+
+
+def _check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> bytes:
+    meta = msgpack.unpackb(journal.metadata)
+    if meta.get("shard") != shard_id or meta.get("dim") != dim:
+        raise ShardDamaged(directory, f"journal says shard {meta.get('shard')} of dim {meta.get('dim')}; "
+                           f"expected shard {shard_id} of dim {dim}")
+    return bytes(meta["uuid"])
+
+
+def _open_rows(directory: Path, uid: bytes, dim: int, writable: bool) -> tuple[RowFile, RowFile]:
+    """Both row files, their headers checked against the shard (closed again on failure)."""
+    opened: list[RowFile] = []
+    try:
+        for name, want in (("vectors", (VECTORS, "<f4", dim)), ("ids", (IDS, "<i8", 1))):
+            try:
+                column = RowFile.open(directory / name, writable)
+            except DAMAGE as exc:
+                raise ShardDamaged(directory, f"row file: {exc}") from exc
+            opened.append(column)
+            header = column.header
+            if (header.column, header.dtype, header.width) != want or header.uuid != uid:
+                raise ShardDamaged(directory, f"{name}: header {header} does not belong to this shard")
+    except BaseException:
+        for column in opened:
+            column.close()
+        raise
+    return opened[0], opened[1]
+
+
+def ref_of(shard: int, rows: np.ndarray) -> np.ndarray:
+    return (np.int64(shard) << np.int64(ROW_BITS)) | rows.astype(np.int64)
+
+
+def split_refs(refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    refs = np.asarray(refs, dtype=np.int64)
+    return refs >> np.int64(ROW_BITS), refs & np.int64((1 << ROW_BITS) - 1)
+

@@ -1,0 +1,239 @@
+"""The vector store: named collections of append-only shards.
+
+Embedded use (``shardmgr.open``) and the server component (service.py)
+share this class.
+
+Durability: an append is durable at the next flush of the shared flusher;
+``durable=True`` returns only after it (vectors, ids and the batch record
+are then all on disk). Refs returned by an append name (shard, row) and
+stay valid for the life of the data.
+
+Threads: one write lock (``_write``) serialises everything that changes
+state (create, append, seal); its holder is the owner. Searches and gets
+run on the caller's thread, concurrently with appends, on a snapshot of the
+shards (rows are never rewritten, and faiss releases the GIL while it
+computes). A maintenance thread seals shards that stay idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.journal import Flusher, FlusherConfig, Ticket
+from common.journal.filesystem import make_dirs
+from common.journal.lockfile import LockFile
+from shardmgr.errors import UnknownCollection
+
+from . import batch, index
+from .collection import Collection, check_name
+from .config import StoreConfig
+
+log = logging.getLogger(__name__)
+
+
+class Store:
+    """Collections under ``data_dir/shards``."""
+
+    def __init__(self, data_dir: str | Path, config: StoreConfig | None = None, *, flusher: Flusher | None = None,
+                 lock: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.root = self.data_dir / "shards"
+        self.config = (config or StoreConfig()).validate()
+        self._own_flusher = flusher is None
+        self.flusher = flusher or Flusher(FlusherConfig())
+        self._lock_file = LockFile(self.data_dir) if lock else None
+        self._write = threading.Lock()
+        self._collections: dict[str, Collection] = {}
+        self._index_failed: set[Path] = set()  # shards whose index build failed (index thread)
+        self._stop = threading.Event()
+        self._maintenance = threading.Thread(target=self._maintain, name="shardmgr-maintenance", daemon=True)
+        self._indexer = threading.Thread(target=self._index, name="shardmgr-index", daemon=True)
+
+    # -------------------------------------------------------------- lifecycle
+
+    def open(self) -> Store:
+        self.recover()
+        self.start()
+        return self
+
+    def recover(self) -> None:
+        """Lock the directory (embedded use), open every collection and
+        shard (replaying and sealing mid-build ones, quarantining damaged
+        ones). Nothing is served before this returns."""
+        make_dirs(self.root)
+        if self._lock_file is not None:
+            self._lock_file.acquire()
+        if self._own_flusher:
+            self.flusher.start()
+        started = time.monotonic()
+        try:
+            for directory in sorted(p for p in self.root.iterdir() if (p / "collection").exists()):
+                collection = Collection.open(directory, self.flusher, self.config)
+                self._collections[collection.name] = collection
+        except BaseException:  # e.g. too many open files: release everything, so a retry can start clean
+            self.close()
+            raise
+        shards = sum(len(c.shards) for c in self._collections.values())
+        log.info("shardmgr: opened %d collections, %d shards (%d quarantined) in %.3f s", len(self._collections),
+                 shards, sum(len(c.quarantined) for c in self._collections.values()), time.monotonic() - started)
+
+    def start(self) -> None:
+        self._maintenance.start()
+        self._indexer.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in (self._maintenance, self._indexer):
+            if thread.is_alive():
+                thread.join()
+        with self._write:
+            for collection in self._collections.values():
+                collection.close()
+            self._collections.clear()
+        if self._own_flusher:
+            self.flusher.stop()
+        if self._lock_file is not None:
+            self._lock_file.release()
+
+    def abandon(self) -> None:
+        """Stop at once, as a crash would: no further flush, files released
+        unsynced (crash tests)."""
+        self._stop.set()
+        if self._maintenance.is_alive():
+            self._maintenance.join()
+        if self._own_flusher:
+            self.flusher.stop(flush=False)
+        with self._write:
+            for collection in self._collections.values():
+                for shard in collection.shards.values():
+                    shard.journal.abandon()
+                    shard.vectors.close()
+                    shard.ids.close()
+            self._collections.clear()
+        if self._lock_file is not None:
+            self._lock_file.release()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _maintain(self) -> None:
+        while not self._stop.wait(1.0):
+            idle_since = time.monotonic() - self.config.idle_seal_s
+            for collection in list(self._collections.values()):
+                with self._write:
+                    try:
+                        collection.seal_idle(idle_since)
+                    except Exception:  # keep maintaining the others; the error is in the log
+                        log.exception("shardmgr: sealing an idle shard of %s failed", collection.name)
+
+    def _index(self) -> None:
+        """Build approximate indexes of sealed shards, one at a time, off the write lock."""
+        while not self._stop.wait(0.5):
+            with self._write:
+                todo = [(c, s) for c in list(self._collections.values()) for s in c.unindexed()
+                        if s.directory not in self._index_failed]
+            for collection, shard in todo[:1]:
+                try:
+                    built = index.build(shard.view().vectors, collection.metric, self.config.hnsw_m)
+                    index.save(shard.directory, built, shard.rows, self.config.hnsw_m, shard.uuid)
+                except Exception:  # the shard stays searched exactly; not retried until a restart
+                    log.exception("shardmgr: building the index of %s failed", shard.directory)
+                    self._index_failed.add(shard.directory)
+                    continue
+                with self._write:
+                    collection.install_index(shard, built)
+                log.info("shardmgr: %s: hnsw index of %d rows built", shard.directory, shard.rows)
+
+    def wait_for_indexes(self, timeout: float = 600.0) -> None:
+        """Block until every sealed shard that should have an index has one (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while any(s.directory not in self._index_failed for c in list(self._collections.values())
+                  for s in c.unindexed()):
+            if time.monotonic() > deadline:
+                raise TimeoutError("indexes were not built in time")
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------ collections
+
+    def collection(self, name: str) -> Collection:
+        found = self._collections.get(name)
+        if found is None:
+            raise UnknownCollection(f"no collection named {name!r}")
+        return found
+
+    def create_collection(self, name: str, dim: int, metric: str = "l2", index: str = "flat") -> dict[str, Any]:
+        """Create a collection; idempotent for the same parameters, an error
+        (CollectionConflict) for different ones."""
+        check_name(name)
+        with self._write:
+            existing = self._collections.get(name)
+            if existing is not None:
+                existing.matches(dim, metric, index)
+                return existing.info()
+            collection = Collection.create(self.root, name, dim, metric, index, self.flusher, self.config)
+            self._collections[name] = collection
+            return collection.info()
+
+    def collections(self) -> list[str]:
+        return sorted(self._collections)
+
+    def collection_info(self, name: str) -> dict[str, Any]:
+        return self.collection(name).info()
+
+    # ----------------------------------------------------------------- writes
+
+    def append_async(self, name: str, vectors: Any, ids: Any) -> tuple[np.ndarray, Ticket]:
+        """Append a batch; returns its refs and the ticket that says when it is durable."""
+        collection = self.collection(name)
+        checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
+        checked_ids = batch.ids(ids, len(checked))
+        with self._write:
+            return collection.append(checked, checked_ids)
+
+    def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
+        """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row."""
+        refs, ticket = self.append_async(name, vectors, ids)
+        if durable:
+            ticket.journal.wait_durable(ticket)
+        return refs
+
+    def flush(self) -> None:
+        """Make every append so far durable now."""
+        self.flusher.flush_now()
+
+    # ------------------------------------------------------------------ reads
+
+    def search(self, name: str, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Exact top-k over every shard: (scores, ids, refs), each [nq, k];
+        missing results have ref -1."""
+        collection = self.collection(name)
+        checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.config.max_queries)
+        hits = collection.search(checked, batch.k(k, self.config.max_k))
+        return hits.scores, hits.ids, hits.refs
+
+    def get(self, name: str, refs: Any) -> np.ndarray:
+        """The vectors [n, dim] stored at ``refs``."""
+        return self.rows(name, refs)[0]
+
+    def ids(self, name: str, refs: Any) -> np.ndarray:
+        """The ids [n] stored with ``refs``."""
+        return self.rows(name, refs)[1]
+
+    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors [n, dim], ids [n]) stored at ``refs``."""
+        return self.collection(name).rows(batch.refs(refs, self.config.max_batch_rows))
+
+    def stats(self) -> dict[str, int]:
+        infos = [c.info() for c in list(self._collections.values())]  # creators may add one meanwhile
+        return {"collections": len(infos), "rows": sum(i["rows"] for i in infos),
+                "shards": sum(i["shards"] for i in infos), "growing_shards": sum(i["growing"] for i in infos),
+                "quarantined_shards": sum(len(i["quarantined"]) for i in infos)}

@@ -1,0 +1,134 @@
+"""``shardmgr verify``: an offline integrity check of a whole data directory.
+
+Read-only and lock-free unless ``repair`` is asked for, so it is safe beside
+a live server (files being written may show REPAIRABLE findings that are
+only writes in flight; sealed files give consistent results). It walks
+``DATA/workq`` (workq/check.py) and ``DATA/shards`` (shardmgr/check.py) on
+top of the journal checks (common/check.py); everything else in the
+directory but ``LOCK`` and ``quarantine/`` is reported as unknown.
+
+The default run checks structure, headers, sealed checkpoints, sizes and
+tails: O(1) per sealed file. ``deep`` also walks every record and verifies
+every checksum (records, row batches, index files).
+
+Exit status (:attr:`Report.exit_code`): 0 clean (notes only), 1 only
+problems recovery repairs by itself, 2 data corruption, 3 could not run.
+With ``repair`` (offline: it takes the directory's lock), corrupt shards,
+collections and queue files are moved to quarantine (never deleted), then
+the queue's and the store's own recovery runs, then the directory is
+checked again; the report is that second check, with the actions taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from common.journal.check import Findings, Problem, Severity
+from common.journal.errors import CannotCheck
+from shardmgr.errors import CannotVerify
+
+from . import queue_checks as queue_check
+from . import shard_checks as store_check
+
+EXIT_CLEAN, EXIT_REPAIRABLE, EXIT_CORRUPT, EXIT_CANNOT_RUN = 0, 1, 2, 3
+QUARANTINE = "quarantine"  # DATA/quarantine: what --repair moved aside (shards go to their collection's)
+
+
+@dataclasses.dataclass(slots=True)
+class Report:
+    """What a verify run found."""
+
+    data_dir: str
+    deep: bool
+    problems: list[Problem]
+    files: int
+    bytes_read: int
+    seconds: float
+    repaired: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """2 if a rule found corruption; else 3 if some unit could not be
+        checked (``check_failed``: no verdict on it); else 1 or 0."""
+        judged = [p.severity for p in self.problems if p.what != "check_failed"]
+        worst = max(judged, default=Severity.NOTE)
+        if worst == Severity.CORRUPT:
+            return EXIT_CORRUPT
+        if len(judged) < len(self.problems):
+            return EXIT_CANNOT_RUN
+        return EXIT_REPAIRABLE if worst == Severity.REPAIRABLE else EXIT_CLEAN
+
+    def count(self, severity: Severity) -> int:
+        return sum(p.severity == severity for p in self.problems)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"data_dir": self.data_dir, "deep": self.deep, "exit_code": self.exit_code, "files": self.files,
+                "bytes_read": self.bytes_read, "seconds": round(self.seconds, 6),
+                "counts": {s.name.lower(): self.count(s) for s in Severity},
+                "problems": [p.as_dict() for p in self.problems], "repaired": self.repaired}
+
+
+def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
+           on_file: Callable[[Path, int], None] | None = None) -> Report:
+    """Check ``data_dir`` (see the module docstring); CannotVerify if it
+    cannot run. ``on_file(path, bytes)`` hears of each file checked."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise CannotVerify(f"{root} is not a directory")
+    if not repair:
+        return scan(root, deep, on_file)
+    from .repair import Repair  # repair opens the queue and the store: only when asked
+
+    with Repair(root) as fixer:
+        before = scan(root, deep, on_file)
+        actions = fixer.run(before.problems)
+        try:
+            after = scan(root, deep, None)
+        except CannotVerify as exc:  # say what was done before saying the check could not finish
+            raise CannotVerify(f"repaired ({'; '.join(actions) or 'nothing'}), then the second check could "
+                               f"not run: {exc}") from exc
+    after.repaired = actions
+    return after
+
+
+def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = None) -> Report:
+    """One read-only pass over the directory."""
+    started = time.perf_counter()
+    findings = Findings(on_file=on_file)
+    try:
+        for entry in sorted(root.iterdir()):
+            if entry.name == "LOCK" and entry.is_file():
+                continue
+            if entry.name == "workq" and entry.is_dir():
+                queue_check.check(entry, findings, deep)
+            elif entry.name == "shards" and entry.is_dir():
+                store_check.check(entry, findings, deep)
+            elif entry.name == QUARANTINE and entry.is_dir():
+                for moved in sorted(entry.rglob("*")):
+                    if moved.parent.parent == entry:  # quarantine/<workq|shards>/<item>
+                        findings.add(moved, Severity.NOTE, "quarantined", "nothing in quarantine",
+                                     "moved aside by verify --repair")
+            else:
+                findings.unknown(entry, "LOCK, workq/, shards/, quarantine/")
+    except PermissionError as exc:
+        raise CannotVerify(f"cannot read {exc.filename}: {exc.strerror}") from exc
+    except CannotCheck as exc:
+        raise CannotVerify(f"stopped, nothing concluded: {exc}") from exc
+    except OSError as exc:  # listing a directory failed: the run cannot cover it
+        raise CannotVerify(f"cannot read {exc.filename or root}: {exc.strerror or exc}") from exc
+    return Report(str(root), deep, findings.problems, findings.files, findings.bytes_read,
+                  time.perf_counter() - started)
+
+
+def count_files(root: Path) -> int:
+    """About how many files a run will check (for a progress bar): all but
+    LOCK and what is in quarantine."""
+    total = 0
+    for _, directories, files in os.walk(root):
+        directories[:] = [d for d in directories if d != QUARANTINE]
+        total += sum(name != "LOCK" for name in files)
+    return total

@@ -1,0 +1,331 @@
+"""Checking the vector store's files offline: its part of ``shardmgr verify``.
+
+Read-only; safe beside a live server. Per collection: the ``collection``
+metadata journal; per shard: the batch journal (common/check.py), the shard's
+metadata, both row files' headers (checksum, column, dtype, width, and the
+shard's uuid, so a file swapped in from another shard is caught), their
+sizes against the rows the journal holds, and, with ``deep``, every batch's
+crc32c of its vector and id bytes; the HNSW index files against the shard's
+row count, their recorded size and checksum. Leftover ``<id>.tmp``
+directories (a creation a crash cut short) are REPAIRABLE; quarantined
+shards and unknown files are NOTEs.
+
+Severity of row damage follows durability: rows of a batch a flush confirmed
+(or of a sealed shard) are CORRUPT when wrong or missing; rows of a batch
+past the last checkpoint are REPAIRABLE (recovery drops that batch: it was
+never confirmed).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import crc32c
+import msgpack
+import numpy as np
+
+from common.journal.check import Findings, JournalCheck, Severity, read_regular
+from common.journal.errors import CorruptJournal, FormatError
+from shardmgr.store import index
+from shardmgr.store.collection import META_KIND, quarantine_reason
+from shardmgr.store.config import INDEX_TYPES
+from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
+from shardmgr.store.shard import BATCH, JOURNAL_KIND, TMP_SUFFIX, last_record
+
+from .row_checksums import batch_crcs
+
+SHARD_FILES = ("journal", "vectors", "ids")
+INDEX_FILES = (index.INDEX_FILE, index.META_FILE)
+
+
+def check(root: Path, findings: Findings, deep: bool) -> None:
+    """Check ``DATA/shards`` (``root``)."""
+    for entry in sorted(root.iterdir()):
+        if not entry.is_dir():
+            findings.unknown(entry, "one directory per collection")
+        elif not (entry / "collection").exists():
+            if any(p.name != "collection.tmp" for p in entry.iterdir()):
+                findings.add(entry / "collection", Severity.CORRUPT, "missing", "the collection's metadata file",
+                             "none: the collection's shards are not served")
+            else:  # the store ignores it; create_collection finishes it
+                findings.add(entry, Severity.NOTE, "unfinished_collection", "a collection metadata file",
+                             "none yet: a creation in progress or cut short (no data)")
+        else:
+            with findings.guard(entry):
+                _collection(entry, findings, deep)
+
+
+def _collection(directory: Path, findings: Findings, deep: bool) -> None:
+    dim = _collection_meta(directory, findings)
+    for entry in sorted(directory.iterdir()):
+        if entry.name == "collection":
+            continue
+        if entry.name == "quarantine" and entry.is_dir():
+            for moved in sorted(entry.iterdir()):
+                findings.add(moved, Severity.NOTE, "quarantined", "no quarantined shard",
+                             f"quarantined: {quarantine_reason(moved)}")
+        elif entry.is_dir() and entry.name.endswith(TMP_SUFFIX) and entry.name[:-len(TMP_SUFFIX)].isdigit():
+            findings.add(entry, Severity.REPAIRABLE, "unfinished_shard", "no half-created shard",
+                         "a creation a crash cut short (no data); removed at the next start")
+        elif entry.is_dir() and entry.name.isdigit():
+            with findings.guard(entry):  # checked even if the collection's metadata is not (dim None)
+                _shard(entry, int(entry.name), dim, findings, deep)
+        else:
+            findings.unknown(entry, "collection, <id>/ shard directories, quarantine/")
+
+
+def _collection_meta(directory: Path, findings: Findings) -> int | None:
+    """The collection's dimension, or None if its metadata is unusable."""
+    path = directory / "collection"
+    check = findings.journal(path, META_KIND, deep=True)  # a header-only journal: the deep walk is free
+    try:
+        if check.journal is None:
+            return None
+        meta = msgpack.unpackb(check.journal.metadata)
+        dim, metric, kind = meta["dim"], meta["metric"], meta["index"]
+        if meta["name"] != directory.name or not isinstance(dim, int) or metric not in ("l2", "ip") \
+                or kind not in INDEX_TYPES:
+            raise ValueError(f"{ {k: meta.get(k) for k in ('name', 'dim', 'metric', 'index')} }")
+        return dim
+    except (ValueError, KeyError, TypeError) as exc:
+        findings.add(path, Severity.CORRUPT, "metadata", f"{{name: {directory.name!r}, dim, metric, index}}",
+                     str(exc), 64)
+        return None
+    finally:
+        check.close()
+
+
+def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, deep: bool) -> None:
+    names = {p.name for p in directory.iterdir()}
+    for name in sorted(names - set(SHARD_FILES) - set(INDEX_FILES)):
+        findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta")
+    for name in SHARD_FILES:
+        if name not in names:
+            findings.add(directory / name, Severity.CORRUPT, "missing", "journal, vectors and ids in every shard",
+                         "no such file: the shard is not served")
+    # each file on its own first, so that damage to one is reported whatever the state of the others
+    headers: dict[str, RowHeader | None] = {c: _row_header(directory / c, findings) for c in ("vectors", "ids")
+                                             if c in names}
+    known = None
+    if "journal" in names:
+        check = findings.journal(directory / "journal", JOURNAL_KIND, deep)
+        try:
+            if check.journal is not None:
+                known = _rows(directory, shard_id, dim, check, headers, findings, deep)
+        finally:
+            check.close()
+    _index(directory, known, findings, deep)
+
+
+def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, headers: dict[str, RowHeader | None],
+          findings: Findings, deep: bool) -> tuple[int, bytes] | None:
+    """Check the row files against the journal; returns the shard's row
+    count and uuid (None if the journal cannot say)."""
+    assert check.journal is not None
+    meta = _shard_meta(directory, shard_id, dim, check, findings)
+    batches = _batches(check, deep, findings)
+    if meta is None or batches is None:
+        return None
+    uid, dim = meta
+    rows = batches[-1][0] + batches[-1][1] if batches else 0
+    if len(headers) < 2 or not _headers_match(directory, headers, uid, dim, findings):
+        return rows, uid
+    sealed = check.journal.sealed
+    durable_rows = rows if sealed else _rows_below(check, batches)
+    for column, header in headers.items():
+        assert header is not None
+        _row_sizes(directory / column, header, rows, durable_rows, sealed, findings)
+        if deep and not sealed:
+            _zero_tail(directory / column, HEADER_SIZE + rows * header.row_bytes, findings)
+    if deep:
+        _batch_checksums(directory, headers, batches, check, sealed, findings)
+    return rows, uid
+
+
+def _shard_meta(directory: Path, shard_id: int, dim: int | None, check: JournalCheck,
+                findings: Findings) -> tuple[bytes, int] | None:
+    """The shard's uuid and dimension, from its journal's metadata (checked
+    against its path and, when known, the collection's dimension)."""
+    assert check.journal is not None
+    try:
+        meta = msgpack.unpackb(check.journal.metadata)
+        if meta["shard"] != shard_id or dim not in (None, meta["dim"]) or meta["collection"] != directory.parent.name:
+            raise ValueError(f"shard {meta['shard']} of dim {meta['dim']} in {meta['collection']!r}")
+        return bytes(meta["uuid"]), int(meta["dim"])
+    except (ValueError, KeyError, TypeError) as exc:
+        findings.add(directory / "journal", Severity.CORRUPT, "metadata",
+                     f"shard {shard_id} of dim {dim} in {directory.parent.name!r}", str(exc), 64)
+        return None
+
+
+def _batches(check: JournalCheck, deep: bool, findings: Findings) -> list[tuple[int, int, int, int, int]] | None:
+    """(first row, count, vectors crc, ids crc, journal offset) per batch;
+    only the last one of a sealed journal unless ``deep`` (O(1)). None if
+    a batch record is damaged (reported: by the journal's deep check, or here)."""
+    journal = check.journal
+    assert journal is not None
+    try:
+        if journal.sealed and not deep:
+            if not journal.count:
+                return []
+            return [(*BATCH.unpack(last_record(journal)), journal.end)]
+        return [(*BATCH.unpack(r.body), r.offset) for r in journal.records()]
+    except CorruptJournal as exc:
+        if not deep:
+            findings.add(journal.path, Severity.CORRUPT, "checksum", "the last batch record's crc32c", exc.detail,
+                         exc.offset)
+        return None
+    except struct.error as exc:
+        findings.add(journal.path, Severity.CORRUPT, "batch_record", f"{BATCH.size}-byte batch records", str(exc))
+        return None
+
+
+def _rows_below(check: JournalCheck, batches: list[tuple[int, int, int, int, int]]) -> int:
+    """Rows of the batches the newest checkpoint declared durable."""
+    durable = [b for b in batches if b[4] < check.durable_end]
+    return durable[-1][0] + durable[-1][1] if durable else 0
+
+
+def _row_header(path: Path, findings: Findings) -> RowHeader | None:
+    try:
+        raw = read_regular(path, HEADER_SIZE)
+        header = RowHeader.decode(raw, path)
+    except FormatError as exc:
+        findings.add(path, Severity.CORRUPT, "row_header", "a valid row file header", exc.detail, exc.offset)
+        return None
+    nonzero = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8)[HEADER_USED:])
+    if len(nonzero):
+        first = HEADER_USED + int(nonzero[0])
+        findings.add(path, Severity.REPAIRABLE, "header_padding", f"zero bytes from {HEADER_USED} to {HEADER_SIZE}",
+                     f"{len(nonzero)} non-zero bytes (outside the checksum: no data is affected)", first,
+                     HEADER_SIZE - first)
+    return header
+
+
+def _headers_match(directory: Path, headers: dict[str, RowHeader | None], uid: bytes, dim: int,
+                   findings: Findings) -> bool:
+    ok = True
+    for column, want in (("vectors", (VECTORS, "<f4", dim)), ("ids", (IDS, "<i8", 1))):
+        header = headers[column]
+        if header is None:
+            ok = False
+        elif (header.column, header.dtype, header.width) != want or header.uuid != uid:
+            findings.add(directory / column, Severity.CORRUPT, "foreign_file",
+                         f"the {column} of this shard ({want[0]!r}, {want[1]}, width {want[2]}, its uuid)",
+                         f"{header.column!r}, {header.dtype}, width {header.width}, uuid "
+                         f"{'matching' if header.uuid == uid else 'of another shard'}", 12)
+            ok = False
+    return ok
+
+
+def _row_sizes(path: Path, header: RowHeader, rows: int, durable_rows: int, sealed: bool,
+               findings: Findings) -> None:
+    size = os.path.getsize(path)
+    need, need_durable = HEADER_SIZE + rows * header.row_bytes, HEADER_SIZE + durable_rows * header.row_bytes
+    findings.done(path, HEADER_SIZE)
+    if size < need_durable:
+        findings.add(path, Severity.CORRUPT, "rows_missing", f"at least {need_durable} bytes ({durable_rows} "
+                     f"confirmed rows)", f"{size} bytes", size)
+    elif size < need:
+        findings.add(path, Severity.REPAIRABLE, "rows_missing", f"{need} bytes ({rows} rows)",
+                     f"{size} bytes; recovery drops the unconfirmed batches", size)
+    elif sealed and size > need:
+        findings.add(path, Severity.REPAIRABLE, "rows_tail", f"{need} bytes (sealing trims the file)",
+                     f"{size - need} more bytes", need)
+
+
+def _zero_tail(path: Path, end: int, findings: Findings) -> None:
+    """Deep, unsealed shards: past the rows the journal holds a row file has
+    only preallocated zeros or the rows of a batch a crash cut short."""
+    with open(path, "rb") as f:
+        f.seek(end)
+        at = end
+        while block := f.read(16 << 20):
+            findings.read(len(block))
+            nonzero = np.flatnonzero(np.frombuffer(block, dtype=np.uint8))
+            if len(nonzero):
+                findings.add(path, Severity.REPAIRABLE, "unconfirmed_tail", f"zeros after the {end} bytes of the rows "
+                             "the journal holds", "non-zero bytes (rows of an unfinished batch, or garbage); "
+                             "recovery cuts them when it seals the shard", at + int(nonzero[0]))
+                return
+            at += len(block)
+
+
+def _batch_checksums(directory: Path, headers: dict[str, RowHeader | None],
+                     batches: list[tuple[int, int, int, int, int]], check: JournalCheck, sealed: bool,
+                     findings: Findings) -> None:
+    expected = 0
+    for first, count, _, _, offset in batches:
+        if first != expected:
+            findings.add(directory / "journal", Severity.CORRUPT, "batch_chain", f"a batch starting at row "
+                         f"{expected}", f"one starting at row {first}", offset)
+        expected = first + count
+    for column, at in (("vectors", 2), ("ids", 3)):
+        header = headers[column]
+        assert header is not None
+        path, width = directory / column, header.row_bytes
+        spans = [(HEADER_SIZE + b[0] * width, b[1] * width) for b in batches]
+        crcs = batch_crcs(path, spans, sealed)
+        findings.read(sum(n for (_, n), crc in zip(spans, crcs) if crc is not None))
+        for batch, (start, _), crc in zip(batches, spans, crcs):
+            if crc is not None and crc != batch[at]:  # a short file is reported by _row_sizes
+                first, count, offset = batch[0], batch[1], batch[4]
+                severity = Severity.CORRUPT if sealed or offset < check.durable_end else Severity.REPAIRABLE
+                findings.add(path, severity, "rows_checksum", f"rows {first}..{first + count} matching the "
+                             "batch's crc32c", "different bytes", start)
+
+
+def _index(directory: Path, known: tuple[int, bytes] | None, findings: Findings, deep: bool) -> None:
+    """The index files against each other and (``known``: rows and uuid) the shard.
+    Everything here is at most REPAIRABLE: a server rebuilds a bad index."""
+    faiss_file, meta_file = directory / index.INDEX_FILE, directory / index.META_FILE
+    if not meta_file.exists():
+        if faiss_file.exists():
+            findings.add(meta_file, Severity.REPAIRABLE, "missing", "index.meta beside index.faiss",
+                         "no such file: the index is rebuilt at the next start")
+        return
+    built = _index_meta(meta_file, findings)
+    if built is None:
+        if faiss_file.exists():
+            findings.add(faiss_file, Severity.REPAIRABLE, "index", "an index.meta that describes this file",
+                         "an unusable index.meta: the index is rebuilt at the next start")
+        return
+    built_rows, size, crc, shard = built
+    rows = known[0] if known is not None else None
+    if known is not None and shard != known[1]:
+        findings.add(meta_file, Severity.REPAIRABLE, "index", "the index.meta of this shard (its uuid)",
+                     "the index.meta of another shard; rebuilt at the next start", 64)
+    if not faiss_file.exists() or faiss_file.stat().st_size != size or rows not in (None, built_rows):
+        findings.add(faiss_file, Severity.REPAIRABLE, "index", f"an index of {rows} rows, {size} bytes",
+                     f"{faiss_file.stat().st_size if faiss_file.exists() else 'no'} bytes built for {built_rows} "
+                     f"rows; rebuilt at the next start")
+    elif not deep:
+        findings.done(faiss_file, 0)
+    else:
+        try:
+            data = read_regular(faiss_file)
+        except FormatError as exc:
+            findings.add(faiss_file, Severity.REPAIRABLE, "index", "a regular file", exc.detail)
+            return
+        findings.done(faiss_file, len(data))
+        if crc32c.crc32c(data) != crc:
+            findings.add(faiss_file, Severity.REPAIRABLE, "index", "the crc32c recorded when it was built",
+                         "different bytes; rebuilt at the next start")
+
+
+def _index_meta(path: Path, findings: Findings) -> tuple[int, int, int, bytes | None] | None:
+    """(rows, bytes, crc, shard uuid) the index was built with, or None if unusable (reported)."""
+    check = findings.journal(path, index.META_KIND, deep=True, cap=Severity.REPAIRABLE)
+    try:
+        if check.journal is None:
+            return None
+        meta = msgpack.unpackb(check.journal.metadata)
+        return int(meta["rows"]), int(meta["bytes"]), int(meta["crc"]), meta.get("shard")
+    except (ValueError, KeyError, TypeError) as exc:
+        findings.add(path, Severity.REPAIRABLE, "index", "{type, rows, bytes, crc, m, ef_construction, shard}",
+                     f"{exc}; the index is rebuilt at the next start", 64)
+        return None
+    finally:
+        check.close()

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import numpy as np
+import pytest
+
+from common.journal.errors import RecordNotFound, RecordTooLarge
+from common.journal.marker import MARKER_TAG, MARKER_VALUES, Marker
+from common.journal.record import BATCH_CONTINUES, LENGTH_MASK, RECORD_HEADER_SIZE, check_record, encode_batch
+
+
+def test_marker_codewords_are_far_apart_and_tagged() -> None:
+    values = [int(v) for v in MARKER_VALUES]
+    assert 0 not in values
+    for v in values:
+        assert v >> 24 == MARKER_TAG
+    for i, a in enumerate(values):
+        for b in values[i + 1:]:
+            assert bin(a ^ b).count("1") >= 12, (hex(a), hex(b))
+
+
+def test_encode_batch_layout_is_byte_exact() -> None:
+    batch = encode_batch([b"abc", b"", b"0123456789"], first_seq=7, alignment=8)
+    assert batch.offsets.tolist() == [0, 24, 40]
+    assert len(batch.data) == 40 + 32
+    data = bytes(batch.data)
+    marker, crc, length_word, seq = struct.unpack_from("<IIII", data, 0)
+    assert marker == Marker.LIVE
+    assert length_word == 3 | BATCH_CONTINUES
+    assert seq == 7
+    assert crc == crc32c.crc32c(data[8:16 + 3])
+    assert data[16:19] == b"abc" and data[19:24] == bytes(5)
+    _, _, length_word, seq = struct.unpack_from("<IIII", data, 40)
+    assert length_word == 10 and seq == 9  # the last record closes the batch
+
+
+def test_encode_fixed_width_array_matches_list_encoding() -> None:
+    rows = np.arange(60, dtype=np.uint8).reshape(5, 12)
+    as_array = encode_batch(rows, first_seq=0, alignment=16, marker=Marker.BURIED)
+    as_list = encode_batch([r.tobytes() for r in rows], first_seq=0, alignment=16, marker=Marker.BURIED)
+    assert bytes(as_array.data) == bytes(as_list.data)
+
+
+def test_seq_wraps_modulo_2_32() -> None:
+    batch = encode_batch([b"a", b"b"], first_seq=2**32 - 1, alignment=8)
+    assert [struct.unpack_from("<I", batch.data, int(o) + 12)[0] for o in batch.offsets] == [2**32 - 1, 0]
+
+
+def test_too_large_body_is_refused_naming_it() -> None:
+    with pytest.raises(RecordTooLarge, match="body 1 of the batch has 11 bytes"):
+        encode_batch([b"ok", b"x" * 11], first_seq=0, alignment=8, max_record_bytes=10)
+
+
+def test_check_record_rejects_each_broken_rule() -> None:
+    data = bytearray(encode_batch([b"hello world"], first_seq=0, alignment=8).data)
+    end = len(data)
+    assert check_record(data, 0, end, 8).length == 11
+    with pytest.raises(RecordNotFound, match="aligned"):
+        check_record(data, 4, end, 8)
+    with pytest.raises(RecordNotFound, match="fit"):
+        check_record(data, 0, RECORD_HEADER_SIZE + 5, 8)
+    flipped = bytearray(data)
+    flipped[20] ^= 1
+    with pytest.raises(RecordNotFound, match="checksum mismatch"):
+        check_record(flipped, 0, end, 8)
+    bad_marker = bytearray(data)
+    bad_marker[0] ^= 1
+    with pytest.raises(RecordNotFound, match="not a valid marker"):
+        check_record(bad_marker, 0, end, 8)
+    assert LENGTH_MASK == 2**28 - 1
+
+
+def test_prefix_is_placed_before_each_body() -> None:
+    prefix = np.arange(30, dtype=np.uint8).reshape(3, 10)
+    with_prefix = encode_batch([b"a", b"bb", b""], first_seq=0, alignment=8, prefix=prefix)
+    joined = encode_batch([bytes(prefix[0]) + b"a", bytes(prefix[1]) + b"bb", bytes(prefix[2])],
+                          first_seq=0, alignment=8)
+    assert bytes(with_prefix.data) == bytes(joined.data)
+    rows = np.full((3, 5), 7, dtype=np.uint8)
+    assert bytes(encode_batch(rows, first_seq=0, alignment=8, prefix=prefix).data) == bytes(
+        encode_batch([bytes(prefix[i]) + bytes(rows[i]) for i in range(3)], first_seq=0, alignment=8).data)

@@ -1,0 +1,197 @@
+"""Shards after crashes and damage: torn tails, a journal ahead of or behind
+its row files, power cuts, quarantine, O(1) opens of sealed shards."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import shardmgr
+from common.journal.anchors import Anchors
+from common.journal.header import HEADER_SIZE
+from common.journal.testing import PowerCut
+from shardmgr.errors import UnknownRef
+from shardmgr.store.shard import Shard
+
+
+def rows_of(n: int, dim: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+
+
+def shard_dir(data: Path, collection: str = "c", shard: int = 1) -> Path:
+    return data / "shards" / collection / f"{shard:08d}"
+
+
+def test_journal_ahead_of_its_rows_drops_the_unconfirmed_batch(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data)
+    store.create_collection("c", 8)
+    a = rows_of(100, 8, 1)
+    kept = store.append("c", a, np.arange(100), durable=True)
+    store.flush()
+    journal = shard_dir(data) / "journal"
+    header_when_a_was_durable = journal.read_bytes()[:HEADER_SIZE]
+    store.append("c", rows_of(50, 8, 2), np.arange(100, 150), durable=True)
+    store.close()
+    with open(journal, "r+b") as f:  # as if the crash came before the flush that covered the second batch
+        f.write(header_when_a_was_durable)
+    os.truncate(shard_dir(data) / "vectors", 4096 + 120 * 32)  # ... and only part of its rows reached the disk
+    store = shardmgr.open(data)
+    info = store.collection_info("c")
+    assert info["rows"] == 100 and not info["quarantined"]
+    np.testing.assert_array_equal(store.get("c", kept), a)
+    with pytest.raises(UnknownRef):
+        store.get("c", [kept[-1] + 1])
+    store.close()
+
+
+def test_row_files_longer_than_the_journal_are_cut(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data)
+    store.create_collection("c", 8)
+    refs = store.append("c", rows_of(10, 8, 1), np.arange(10), durable=True)
+    store.close()
+    for name, extra in (("vectors", 7 * 32 + 5), ("ids", 3 * 8)):
+        with open(shard_dir(data) / name, "ab") as f:
+            f.write(os.urandom(extra))  # rows written, batch record never made it
+    with open(shard_dir(data) / "journal", "ab") as f:
+        f.write(os.urandom(100))  # and a torn journal tail
+    store = shardmgr.open(data)
+    assert store.collection_info("c")["rows"] == 10
+    assert os.path.getsize(shard_dir(data) / "vectors") == 4096 + 10 * 32
+    np.testing.assert_array_equal(store.ids("c", refs), np.arange(10))
+    store.close()
+
+
+def test_a_damaged_sealed_shard_is_quarantined_and_the_rest_served(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    first = store.append("c", rows_of(200, 8, 1), np.arange(200), durable=True)  # fills shard 1
+    second = store.append("c", rows_of(20, 8, 2), np.arange(200, 220), durable=True)  # seals it, shard 2
+    store.close()
+    os.truncate(shard_dir(data, shard=1) / "ids", 4096 + 199 * 8)  # a sealed shard lost its last id
+    store = shardmgr.open(data, seal_bytes=4096)
+    info = store.collection_info("c")
+    assert len(info["quarantined"]) == 1 and "ids has" in info["quarantined"][0]
+    assert info["rows"] == 20 and store.stats()["quarantined_shards"] == 1
+    assert list((data / "shards" / "c" / "quarantine").iterdir())  # moved aside, not deleted
+    np.testing.assert_array_equal(store.ids("c", second), np.arange(200, 220))
+    with pytest.raises(UnknownRef):
+        store.get("c", first[:1])
+    assert (store.append("c", rows_of(1, 8, 3), [9]) >> 40)[0] == 3  # shard ids are never reused
+    moved = data / "shards" / "c" / "quarantine"
+    assert not [p for p in Path("/proc/self/fd").iterdir() if str(moved) in os.path.realpath(p)]  # nothing held
+    store.close()
+    store = shardmgr.open(data, seal_bytes=4096)  # still reported after another restart
+    assert store.collection_info("c")["quarantined"] == info["quarantined"]
+    assert store.stats()["quarantined_shards"] == 1
+    store.close()
+
+
+def test_errors_of_the_moment_never_quarantine_a_healthy_shard(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    refs = store.append("c", rows_of(300, 8, 1), np.arange(300), durable=True)
+    store.close()
+    too_many = OSError(errno.EMFILE, "Too many open files")
+    with mock.patch("shardmgr.store.rows.RowFile.open", side_effect=too_many), \
+            pytest.raises(OSError, match="open files"):
+        shardmgr.open(data, seal_bytes=4096)
+    assert not (data / "shards" / "c" / "quarantine").exists()
+    store = shardmgr.open(data, seal_bytes=4096)
+    np.testing.assert_array_equal(store.ids("c", refs), np.arange(300))
+    store.close()
+
+
+def test_a_failed_shard_creation_leaves_nothing_and_blocks_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    first = store.append("c", rows_of(200, 8, 1), np.arange(200), durable=True)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with mock.patch("shardmgr.store.shard.Journal.write_empty", side_effect=full), pytest.raises(OSError):
+        store.append("c", rows_of(1, 8, 2), [200])  # needs a new shard
+    assert not list((data / "shards" / "c").glob("*.tmp"))
+    later = store.append("c", rows_of(1, 8, 3), [201], durable=True)  # the next attempt works
+    store.close()
+    store = shardmgr.open(data, seal_bytes=4096)
+    np.testing.assert_array_equal(store.ids("c", np.concatenate([first, later])), np.arange(202)[[*range(200), 201]])
+    assert store.collection_info("c")["quarantined"] == []
+    store.close()
+
+
+def test_a_failed_mapping_fails_the_append_and_commits_nothing(tmp_path: Path) -> None:
+    import mmap as mmap_module
+
+    data = tmp_path / "data"
+    store = shardmgr.open(data, extent_bytes=4096)
+    store.create_collection("c", 8)
+    store.append("c", rows_of(10, 8, 1), np.arange(10))
+    real = mmap_module.mmap
+    with mock.patch("shardmgr.store.rows.mmap.mmap", side_effect=[OSError(errno.ENOMEM, "Cannot allocate memory")]):
+        with pytest.raises(OSError):
+            store.append("c", rows_of(1000, 8, 2), np.arange(10, 1010))  # must grow and remap
+    assert mmap_module.mmap is real and store.collection_info("c")["rows"] == 10
+    refs = store.append("c", rows_of(1000, 8, 3), np.arange(10, 1010), durable=True)
+    np.testing.assert_array_equal(store.get("c", refs), rows_of(1000, 8, 3))
+    store.close()
+    store = shardmgr.open(data)
+    assert store.collection_info("c")["rows"] == 1010
+    store.close()
+
+
+def test_sealed_shards_open_without_replay(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    for i in range(5):
+        store.append("c", rows_of(130, 8, i), np.arange(130))
+    store.close()  # the last shard is mid-build: the next open replays it (only it)
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.close()
+    with mock.patch.object(Shard, "_replay", side_effect=AssertionError("replayed a sealed shard")), \
+            mock.patch.object(Anchors, "build", side_effect=AssertionError("walked a sealed journal")):
+        store = shardmgr.open(data, seal_bytes=4096)
+    assert store.collection_info("c")["rows"] == 650
+    store.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_power_cut_keeps_every_confirmed_row(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    confirmed: dict[int, tuple[np.ndarray, int]] = {}
+    for life in range(3):
+        (data / "shards").mkdir(parents=True, exist_ok=True)
+        with PowerCut(data, seed=seed * 7 + life) as cut:
+            store = shardmgr.open(data, seal_bytes=rng.choice([8192, 1 << 20]), extent_bytes=65536)
+            store.create_collection("c", 16)
+            for step in range(rng.randint(3, 25)):
+                n = rng.randint(1, 60)
+                vectors = rows_of(n, 16, seed * 1000 + life * 100 + step)
+                ids = np.arange(n) + step * 1000
+                durable = rng.random() < 0.6
+                refs = store.append("c", vectors, ids, durable=durable)
+                if durable:
+                    confirmed.update((int(r), (v, int(i))) for r, v, i in zip(refs, vectors, ids))
+            store.abandon()
+            cut.crash()
+    store = shardmgr.open(data)
+    refs = np.array(sorted(confirmed), dtype=np.int64)
+    if len(refs):
+        vectors = np.stack([confirmed[int(r)][0] for r in refs])
+        np.testing.assert_array_equal(store.get("c", refs), vectors)
+        np.testing.assert_array_equal(store.ids("c", refs), [confirmed[int(r)][1] for r in refs])
+        _, _, nearest = store.search("c", vectors, k=1)
+        assert (nearest[:, 0] == refs).all(), "a confirmed row is not its own nearest neighbour"
+    store.close()
+    shutil.rmtree(data)

@@ -1,0 +1,237 @@
+"""An input segment: one key's journal and the broker's positions in it.
+
+The broker keeps no per-item index. Per segment it keeps, in memory:
+
+* per job, a cursor (no pending item of that job lies before it) and the
+  number of that job's pending items in the segment;
+* ``held``: offsets that must not be dispatched now (leased, completing, or
+  released with a delay), at most the items in flight;
+* byte and record counts for the operator view.
+
+Dispatch walks a job's records from its cursor with the vectorised journal
+scan and takes the first pending ones; giving an item back moves that job's
+cursor back to it (only this segment, only this job).
+
+Threads: owned by the broker's owner thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
+from common.journal.anchors import contains
+from common.journal.header import HEADER_SIZE
+from common.journal.scan import RecordChunk
+from workq.config import REPLY_ITEM_BYTES
+from workq.protocol import Key
+
+from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, SEGMENT_SUFFIX, TIME_AT, heads, segment_file
+
+SUFFIX = SEGMENT_SUFFIX
+LIVE = np.uint32(Marker.LIVE)
+RETIRED = np.uint32(Marker.RETIRED)
+
+
+def scan_window(journal: Journal, records: int) -> int:
+    """Bytes to scan per step to find about ``records`` records (twice the
+    average record size each, at least 64 KiB): small steps for small takes."""
+    average = (journal.end - HEADER_SIZE) // max(1, journal.count)
+    return max(64 * 1024, 2 * records * average)
+
+
+def budgeted(costs: np.ndarray, budget: int, first: bool) -> int:
+    """How many of ``costs`` (taken in order) fit in ``budget`` bytes; with
+    ``first``, at least one (a response is never empty for want of room)."""
+    fits = int(np.searchsorted(np.cumsum(costs), budget, side="right"))
+    return max(fits, min(1, len(costs))) if first else fits
+
+
+@dataclasses.dataclass(slots=True)
+class JobCursor:
+    """Where a job's pending items in one segment start, and how many."""
+
+    cursor: int
+    pending: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Taken:
+    """Items a dispatch took from one segment for one job (not yet committed)."""
+
+    segment: Segment
+    job: int
+    offsets: np.ndarray
+    positions: np.ndarray
+    payloads: list[memoryview]
+    cursor: int  # the job's cursor once these are committed
+    cost: int  # response bytes: payloads plus REPLY_ITEM_BYTES each
+
+
+class Segment:
+    """One ``WQSG`` journal plus its in-memory positions."""
+
+    def __init__(self, journal: Journal, segment_id: int, key: Key, *, recovered: bool) -> None:
+        self.journal = journal
+        self.id = segment_id
+        self.key = key
+        self.recovered = recovered  # existed before this broker started
+        self.jobs: dict[int, JobCursor] = {}
+        self.held: set[int] = set()
+        self._held_sorted: np.ndarray | None = np.zeros(0, dtype=np.int64)
+        self.dead_bytes = 0
+        self.pins = 0
+        self.last_append = time.monotonic()
+
+    # ---------------------------------------------------------------- creation
+
+    @classmethod
+    def create(cls, directory: Path, segment_id: int, key: Key, flusher: Flusher, capacity: int) -> Segment:
+        meta = msgpack.packb({"segment": segment_id, "model": key.model, "shape": key.shape, "lane": key.lane})
+        journal = Journal.create(directory / segment_file(segment_id), kind=SEGMENT_KIND, flusher=flusher,
+                                 metadata=meta, config=JournalConfig(capacity_bytes=capacity))
+        return cls(journal, segment_id, key, recovered=False)
+
+    @staticmethod
+    def describe(journal: Journal) -> tuple[int, Key]:
+        """(segment id, key) from a segment journal's metadata."""
+        meta = msgpack.unpackb(journal.metadata)
+        return int(meta["segment"]), Key(meta["model"], meta["shape"], meta["lane"])
+
+    # ---------------------------------------------------------------- counts
+
+    @property
+    def records(self) -> int:
+        return self.journal.count
+
+    @property
+    def retired(self) -> int:
+        return self.journal.count_of(Marker.RETIRED)
+
+    @property
+    def buried(self) -> int:
+        return self.journal.count_of(Marker.BURIED)
+
+    @property
+    def pending(self) -> int:
+        return sum(j.pending for j in self.jobs.values())
+
+    @property
+    def finished(self) -> bool:
+        """Sealed and every item retired: the collector may delete it."""
+        return self.journal.sealed and self.retired == self.records
+
+    # ---------------------------------------------------------------- writes
+
+    def append(self, job: int, first_position: int,
+               payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket]:
+        """Append one job's tasks as one batch; they become pending."""
+        n = len(payloads)
+        head = heads(job, first_position + np.arange(n, dtype=np.uint64), time.time_ns(), n)
+        offsets, ticket = self.journal.append_batch(payloads, prefix=head)
+        cursor = self.jobs.get(job)
+        if cursor is None:
+            self.jobs[job] = JobCursor(int(offsets[0]), n)
+        else:
+            cursor.cursor = min(cursor.cursor, int(offsets[0]))
+            cursor.pending += n
+        self.last_append = time.monotonic()
+        return offsets, ticket
+
+    # -------------------------------------------------------------- dispatch
+
+    def take(self, job: int, limit: int, max_bytes: int | None = None, first: bool = False) -> Taken | None:
+        """Plan: the first ``limit`` pending items of ``job`` whose payloads
+        (plus REPLY_ITEM_BYTES each) fit in ``max_bytes`` (at least one
+        with ``first``); reads their payloads."""
+        state = self.jobs.get(job)
+        if state is None or state.pending <= 0 or limit <= 0:
+            return None
+        held = self._held_array()
+        budget = max_bytes if max_bytes is not None else 1 << 62
+        pieces: list[tuple[RecordChunk, np.ndarray]] = []
+        got, cost, cursor = 0, 0, self.journal.end
+        for chunk in self.journal.scan(start=state.cursor, window=scan_window(self.journal, limit)):
+            jobs = self.journal.fields(chunk, JOB_AT, "<u8")
+            mask = (chunk.markers == LIVE) & (jobs == np.uint64(job))
+            if len(held):
+                mask &= ~contains(held, chunk.offsets)
+            picked = np.flatnonzero(mask)[: limit - got]
+            costs = chunk.lengths[picked] - HEAD_BYTES + REPLY_ITEM_BYTES
+            kept = budgeted(costs, budget - cost, first and not got)
+            if kept:
+                pieces.append((chunk, picked[:kept]))
+                got += kept
+                cost += int(costs[:kept].sum())
+            if got >= limit or kept < len(picked):
+                ends = chunk.ends(self.journal.alignment)
+                cursor = int(ends[picked[kept - 1]]) if kept else int(chunk.offsets[picked[0]])
+                break
+        if not pieces:
+            if cursor == self.journal.end:
+                state.cursor, state.pending = cursor, 0  # nothing pending after all: repair the count
+            return None
+        return self._taken(job, pieces, cursor, cost)
+
+    def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int, cost: int) -> Taken:
+        offsets, positions, payloads = [], [], []
+        for chunk, picked in pieces:
+            sub = RecordChunk(chunk.offsets[picked], chunk.markers[picked], chunk.lengths[picked],
+                              chunk.continues[picked], 0)
+            offsets.append(sub.offsets)
+            positions.append(self.journal.fields(sub, POSITION_AT, "<u8"))
+            payloads += self.journal.bodies(sub, skip=HEAD_BYTES)
+        return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor, cost)
+
+    def commit_take(self, taken: Taken) -> None:
+        """Commit: the taken items are held (in flight); the cursor moves on."""
+        state = self.jobs[taken.job]
+        state.cursor = taken.cursor
+        state.pending -= len(taken.offsets)
+        self.hold(taken.offsets)
+
+    def hold(self, offsets: np.ndarray) -> None:
+        self.held.update(offsets.tolist())
+        self._held_sorted = None
+
+    def unhold(self, offsets: np.ndarray) -> None:
+        self.held.difference_update(offsets.tolist())
+        self._held_sorted = None
+
+    def give_back(self, job: int, offsets: np.ndarray) -> None:
+        """Held items become pending again: rewind this job's cursor to them."""
+        self.unhold(offsets)
+        state = self.jobs.setdefault(job, JobCursor(int(offsets.min())))
+        state.cursor = min(state.cursor, int(offsets.min()))
+        state.pending += len(offsets)
+
+    def _held_array(self) -> np.ndarray:
+        if self._held_sorted is None:
+            self._held_sorted = np.fromiter(self.held, dtype=np.int64, count=len(self.held))
+            self._held_sorted.sort()
+        return self._held_sorted
+
+    # ------------------------------------------------------------- inspection
+
+    def heads_of(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(job ids, positions, current markers) of item offsets, proven
+        record starts (RecordNotFound otherwise)."""
+        markers = self.journal.markers(offsets)
+        chunk = RecordChunk(offsets, markers, np.full(len(offsets), HEAD_BYTES, dtype=np.int64),
+                            np.zeros(len(offsets), dtype=bool), 0)
+        return self.journal.fields(chunk, JOB_AT, "<u8"), self.journal.fields(chunk, POSITION_AT, "<u8"), markers
+
+    def oldest_unfinished(self) -> tuple[int, int, int, int] | None:
+        """(offset, job, enqueued_ns, marker) of the first item not retired, if any."""
+        for chunk in self.journal.scan():
+            alive = np.flatnonzero(chunk.markers != RETIRED)
+            if len(alive):
+                first = chunk[int(alive[0]):int(alive[0]) + 1]
+                return (int(first.offsets[0]), int(self.journal.fields(first, JOB_AT, "<u8")[0]),
+                        int(self.journal.fields(first, TIME_AT, "<u8")[0]), int(first.markers[0]))
+        return None

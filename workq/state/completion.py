@@ -1,0 +1,190 @@
+"""Completing items: result durable, then tombstone, then retire.
+
+Three steps, so the owner thread never waits for a flush:
+
+1. :func:`plan` checks every handle and every result (changes nothing). A
+   handle whose item is retired, completing, or in a collected segment is a
+   *duplicate*: its result is dropped, since the item already has one (the
+   first result wins, whichever worker sent it). Unknown handles, oversized
+   results and wrong types fail the whole call.
+2. :func:`start` appends the accepted results to their jobs' completion logs
+   (one batch per job and segment) and marks the items completing, so no
+   one dispatches or completes them meanwhile, and no consumer sees their
+   results before they are durable. It returns the tickets to wait for.
+3. :func:`finish`, once the tickets are durable: rewrite each input's marker
+   to RETIRED in place, and retire the items in memory.
+
+A crash between 2 and 3 leaves durable results for LIVE inputs; recovery
+finishes them (recovery.py). If the results cannot be made durable,
+:func:`abort` strands the items until a restart (never a second result).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from common.journal import Marker
+from common.journal.errors import JournalError, RecordNotFound
+from workq import protocol as handles
+from workq.errors import PayloadTooLarge, ResultsNotRecorded, UnknownHandle
+from workq.protocol import Handle
+
+from .queue import COMPLETED, DUPLICATE, CompletionGroup, CompletionPlan, JobCounts
+
+log = logging.getLogger(__name__)
+
+RETIRED = np.uint32(Marker.RETIRED)
+BURIED = np.uint32(Marker.BURIED)
+
+if TYPE_CHECKING:
+    from .queue import QueueState
+
+
+def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | list[bytes]) -> CompletionPlan:
+    """Validate a batch of results; nothing is changed."""
+    if len(packed) != len(payloads):
+        raise ValueError(f"{len(packed)} handles but {len(payloads)} results")
+    sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    too_big = np.flatnonzero(sizes > state.config.result_limit)
+    if len(too_big):
+        raise PayloadTooLarge(f"result {int(too_big[0])} has {int(sizes[too_big[0]])} bytes; "
+                              f"the limit is {state.config.result_limit}")
+    packed = np.asarray(packed, dtype=np.uint64)
+    accept = np.zeros(len(packed), dtype=bool)
+    first = np.zeros(len(packed), dtype=bool)
+    first[np.unique(packed, return_index=True)[1]] = True  # the first of repeated handles counts
+    if state.completing:
+        completing = state.completing
+        first &= np.fromiter((h not in completing for h in packed.tolist()), dtype=bool, count=len(packed))
+    groups: list[CompletionGroup] = []
+    segment_ids, offsets = handles.unpack(packed)
+    for segment_id in np.unique(segment_ids).tolist():
+        rows = np.flatnonzero(segment_ids == segment_id)
+        segment = state.segments.get(segment_id)
+        if segment is None:
+            if not 0 < segment_id < state.next_segment_id:
+                raise UnknownHandle(f"item {Handle.unpack(int(packed[rows[0]]))}: no such segment")
+            continue  # the segment was collected: every item in it already has its result
+        try:
+            jobs, positions, markers = segment.heads_of(offsets[rows])
+        except RecordNotFound as exc:
+            raise UnknownHandle(f"segment {segment_id}: {exc}") from None
+        ok = first[rows] & (markers != RETIRED)
+        accept[rows[ok]] = True
+        for job in np.unique(jobs[ok]).tolist():
+            picks = ok & (jobs == np.uint64(job))
+            chosen = rows[picks]
+            groups.append(CompletionGroup(job, segment, offsets[chosen], packed[chosen], positions[picks],
+                                          markers[picks], [payloads[r] for r in chosen.tolist()]))
+    return CompletionPlan([COMPLETED if a else DUPLICATE for a in accept.tolist()], groups)
+
+
+def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
+    """Append the results and mark their items completing.
+
+    If an append fails (full disk, I/O error), the results written before
+    it still complete: the plan keeps only their groups and ``plan.error``
+    says what failed; the rest of the call changes nothing.
+    """
+    written: list[CompletionGroup] = []
+    by_job: dict[int, list[CompletionGroup]] = {}
+    for group in plan.groups:
+        by_job.setdefault(group.job, []).append(group)
+    for job, groups in by_job.items():
+        appended = state.logs[job].append(np.concatenate([g.handles for g in groups]),
+                                          np.concatenate([g.positions for g in groups]),
+                                          [p for g in groups for p in g.payloads])
+        plan.tickets += appended.tickets
+        if appended.error is not None:
+            written += _first(groups, appended.written)
+            plan.error = ResultsNotRecorded(f"{appended.written} of this call's results for job "
+                                            f"{state.job_name(job)!r} were written, then: {appended.error}")
+            plan.error.__cause__ = appended.error
+            break
+        written += groups
+    plan.groups = written
+    for group in written:
+        _mark_completing(state, group)
+    return plan
+
+
+def _first(groups: list[CompletionGroup], n: int) -> list[CompletionGroup]:
+    """The first ``n`` results of a job's groups, in append order."""
+    out = []
+    for group in groups:
+        if n <= 0:
+            break
+        k = min(n, len(group.offsets))
+        out.append(CompletionGroup(group.job, group.segment, group.offsets[:k], group.handles[:k],
+                                   group.positions[:k], group.markers[:k], group.payloads[:k]))
+        n -= k
+    return out
+
+
+def _mark_completing(state: QueueState, group: CompletionGroup) -> None:
+    """Each item leaves its current state (leased, delayed, pending, buried)."""
+    counts = state.counts.setdefault(group.job, JobCounts())
+    listed = group.handles.tolist()
+    ended = state.leases.remove(listed)
+    delayed = sum(batch.worker is None for _, batch in ended)
+    leased = {h for h, _ in ended}
+    loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
+    buried = int((loose & (group.markers == BURIED)).sum())
+    pending = int(loose.sum()) - buried
+    counts.pending -= delayed + pending
+    counts.buried -= buried
+    counts.in_flight += delayed + pending + buried
+    counts.completing += len(listed)
+    cursor = group.segment.jobs.get(group.job)
+    if cursor is not None:
+        cursor.pending -= pending
+    state.completing.update(listed)
+    group.segment.hold(group.offsets)
+
+
+def finish(state: QueueState, plan: CompletionPlan) -> list[str]:
+    """The results are durable: tombstone the inputs and retire them. The
+    tombstones' tickets go to the job's log: it keeps its segments until
+    they are durable too. Items whose input segment has failed (an earlier
+    flush error) cannot be tombstoned: they stay completing until a restart
+    (see :func:`abort`); their results are durable, so they count as done."""
+    for group in plan.groups:
+        try:
+            ticket = group.segment.journal.set_markers(group.offsets, Marker.RETIRED)
+        except JournalError as exc:
+            _stranded(state, [group], exc)
+            continue
+        job_log = state.logs[group.job]
+        job_log.tombstones.append(ticket)
+        if len(job_log.tombstones) > 64:
+            job_log.tombstones_durable()  # prunes: keep the list short between collections
+        group.segment.unhold(group.offsets)
+        group.segment.dead_bytes += int(group.segment.journal.sizes(group.offsets).sum())
+        state.completing.difference_update(group.handles.tolist())
+        state.leases.forget(group.handles.tolist())
+        counts = state.counts.setdefault(group.job, JobCounts())
+        counts.in_flight -= len(group.offsets)
+        counts.completing -= len(group.offsets)
+    state.result_changes += 1
+    return plan.statuses
+
+
+def abort(state: QueueState, plan: CompletionPlan, error: Exception) -> None:
+    """The results could not be made durable (their log's flush failed).
+
+    They may or may not be on disk, so their items can neither retire nor
+    be offered again (either could give an item two results): they stay
+    completing (in flight, never dispatched, their results never handed
+    out) until the broker restarts, when recovery settles each item from
+    what the disk holds.
+    """
+    _stranded(state, plan.groups, error)
+
+
+def _stranded(state: QueueState, groups: list[CompletionGroup], error: Exception) -> None:
+    count = sum(len(g.offsets) for g in groups)
+    state.stranded += count
+    log.error("workq: %d completing items are stranded until a restart: %s", count, error)
