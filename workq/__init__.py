@@ -9,24 +9,42 @@ Over the network (``shardmgr serve`` hosts it)::
 
     client = workq.connect("127.0.0.1:7300")
     worker = workq.Worker("127.0.0.1:7300", "gpu-3", models=["llama-7b"])
+
+The package: ``protocol`` (what crosses the wire, shared by both sides),
+``broker`` (the one API of every queue operation, on its owner thread:
+``loop``; results in flight: ``delivery``), ``state/`` (the in-memory state
+machine), ``disk/`` (the files), ``service`` (the server component),
+``client`` and ``worker`` (network clients), ``config``, ``errors``,
+``testing`` (crash a broker in tests).
+
+May import: ``common``; never ``shardmgr``. The clients import only
+``protocol``, ``errors`` and ``common.wire``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .broker import Broker, Item, Result
+from common.journal import FlusherConfig
+
+from .broker import Broker
 from .client import QueueClient
 from .config import WorkqConfig
 from .errors import DiskFull, NotLeased, PayloadTooLarge, ResultsNotRecorded, UnknownHandle, UnknownJob, WorkqError
-from .protocol import Handle, Key
+from .protocol import Handle, Item, Key, Result
 from .worker import Worker
 
 
-def open(data_dir: str | Path, **config: Any) -> Broker:  # noqa: A001 - the public name is fixed
-    """Open (and recover) the work queue in ``data_dir``; ``config`` are WorkqConfig fields."""
-    return Broker(data_dir, WorkqConfig(**config)).open()
+def open(data_dir: str | Path, config: WorkqConfig | None = None, *,  # noqa: A001 - the public name is fixed
+         flusher: FlusherConfig | None = None, **fields: Any) -> Broker:
+    """Open (and recover) the work queue in ``data_dir``. ``config`` and
+    ``flusher`` are the typed settings ``shardmgr serve`` uses too
+    (``ServerConfig.workq`` and ``ServerConfig.flusher``); ``fields``
+    override single WorkqConfig fields."""
+    base = config or WorkqConfig()
+    return Broker(data_dir, dataclasses.replace(base, **fields), flush=flusher).open()
 
 
 def connect(address: str, **options: Any) -> QueueClient:

@@ -13,13 +13,10 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from common.wire.client import RpcClient
 
-from .broker import Result
-from .protocol import OFFSET_UNIT, Handle
-from .service import joined, split
+from . import errors  # noqa: F401 - registers the workq.* error codes, so replies raise those classes
+from .protocol import Handle, Result, decode_results, joined
 
 REMEMBERED_RESULTS = 1_000_000
 
@@ -61,12 +58,8 @@ class QueueClient:
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of ``job`` (waits up to ``wait`` s for the first)."""
         reply = self.rpc.call("workq.results", {"job": job, "max_items": max_items, "wait": float(wait)})
-        parts = reply.parts
         seen = self._seen.setdefault(job, _Seen(REMEMBERED_RESULTS))
-        payloads = split(parts["data"], parts["lengths"])
-        return [Result(Handle.unpack(h), bytes(p), pos)
-                for h, p, pos in zip(parts["handles"].tolist(), payloads, parts["positions"].tolist())
-                if seen.add_new(h)]
+        return [r for r in decode_results(reply.parts) if seen.add_new(r.handle.packed)]
 
     def job_status(self, job: str) -> dict[str, int]:
         return self.rpc.call("workq.job_status", {"job": job}).result
@@ -87,10 +80,3 @@ class QueueClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def handles_array(handles: Sequence[Handle]) -> np.ndarray:
-    """Packed handles (uint64) for a sequence of (segment, offset) pairs."""
-    if not len(handles):
-        return np.zeros(0, dtype=np.uint64)
-    pairs = np.array(handles, dtype=np.int64).reshape(-1, 2)
-    return (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | (pairs[:, 1].astype(np.uint64) // np.uint64(OFFSET_UNIT))

@@ -1,19 +1,35 @@
-"""Handles and keys: how items are named.
+"""What crosses the wire between the queue and its clients, defined once.
 
-A handle names an item by (segment id, byte offset of its record). It
-packs into one unsigned 64-bit integer, which is what crosses the wire::
+The service (service.py) encodes with these functions and the clients
+(client.py, worker.py) decode with them, so neither side imports the
+other. docs/workq.md lists every command and its parts.
+
+Items are named by a *handle*: (segment id, byte offset of its record),
+packed into one unsigned 64-bit integer, which is what crosses the wire::
 
     bits 63..32  segment id (uint32, never reused by a broker)
     bits 31..0   record offset / 8 (records are 8-byte aligned; segments < 32 GiB)
+
+Byte strings (payloads, results) travel as one concatenated ``data`` part
+(uint8) plus a ``lengths`` part, never one part each.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from common.wire.errors import BadRequest
+
 OFFSET_UNIT = 8
+#: Dtypes a ``lengths`` part may have.
+LENGTH_DTYPES = ("<u4", "<i4", "<u8", "<i8")
+#: What ``complete`` answers per handle.
+COMPLETED = "completed"
+DUPLICATE = "duplicate"  # the item already had a result: this one was dropped
 
 
 class Handle(NamedTuple):
@@ -46,6 +62,14 @@ def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             (packed & np.uint64(0xFFFFFFFF)).astype(np.int64) * OFFSET_UNIT)
 
 
+def pack_handles(handles: Sequence[Handle] | Sequence[tuple[int, int]]) -> np.ndarray:
+    """Packed handles (uint64) for a sequence of (segment, offset) pairs."""
+    if not len(handles):
+        return np.zeros(0, dtype=np.uint64)
+    pairs = np.array(handles, dtype=np.int64).reshape(-1, 2)
+    return (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | (pairs[:, 1].astype(np.uint64) // np.uint64(OFFSET_UNIT))
+
+
 class Key(NamedTuple):
     """What a segment holds: one model, one prompt shape, one length lane."""
 
@@ -67,3 +91,110 @@ class Key(NamedTuple):
                 raise ValueError(f"{name} must be a non-empty string of at most 128 bytes, got {value!r}")
             parts.append(value)
         return cls(*parts)
+
+
+class Item(NamedTuple):
+    """A leased task."""
+
+    handle: Handle
+    payload: bytes
+    job: str
+    key: Key
+    position: int  # the task's index in its job, in enqueue order
+    deliveries: int  # times it was handed out, this one included
+
+
+class Result(NamedTuple):
+    """A completed task's result."""
+
+    handle: Handle
+    payload: bytes
+    position: int
+
+
+@dataclasses.dataclass(slots=True)
+class Leased:
+    """Items one lease took from one segment for one job, as handed out."""
+
+    key: Key
+    job: str
+    handles: np.ndarray  # packed, uint64
+    positions: np.ndarray  # uint64
+    deliveries: np.ndarray  # uint32
+    payloads: list[memoryview]
+
+    def items(self) -> list[Item]:
+        return [Item(Handle.unpack(h), bytes(p), self.job, self.key, pos, d) for h, p, pos, d in
+                zip(self.handles.tolist(), self.payloads, self.positions.tolist(), self.deliveries.tolist())]
+
+
+Parts = dict[str, np.ndarray]
+
+
+def split(data: np.ndarray, lengths: np.ndarray) -> list[memoryview]:
+    """Byte strings sent as one concatenated part plus their lengths
+    (BadRequest if the lengths do not add up)."""
+    if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != data.nbytes:
+        raise BadRequest(f"lengths must be non-negative and sum to the {data.nbytes} data bytes")
+    view = data.data.cast("B")
+    ends = np.cumsum(lengths).tolist()
+    return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def joined(payloads: Sequence[memoryview | bytes]) -> Parts:
+    """The inverse of split: the parts for a list of byte strings."""
+    lengths = np.fromiter((len(p) for p in payloads), dtype=np.uint32, count=len(payloads))
+    return {"data": np.frombuffer(b"".join(payloads), dtype=np.uint8), "lengths": lengths}
+
+
+def encode_lease(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
+    """A lease response: per item, its batch's job and key by index."""
+    jobs = sorted({b.job for b in batches})
+    keys = sorted({b.key for b in batches})
+    job_index = {j: i for i, j in enumerate(jobs)}
+    key_index = {k: i for i, k in enumerate(keys)}
+    sizes = [len(b.handles) for b in batches]
+    empty = np.zeros(0, dtype=np.uint64)
+    parts: Parts = {
+        "handles": np.concatenate([b.handles for b in batches]) if batches else empty,
+        "positions": np.concatenate([b.positions for b in batches]).astype(np.uint64) if batches else empty,
+        "deliveries": np.concatenate([b.deliveries for b in batches]) if batches else empty.astype(np.uint32),
+        "job_index": np.repeat(np.array([job_index[b.job] for b in batches], dtype=np.uint32), sizes),
+        "key_index": np.repeat(np.array([key_index[b.key] for b in batches], dtype=np.uint32), sizes),
+        **joined([p for b in batches for p in b.payloads]),
+    }
+    return {"jobs": jobs, "keys": [list(k) for k in keys]}, parts
+
+
+def decode_lease(result: dict[str, Any], parts: Parts) -> list[Item]:
+    """The items of a lease response."""
+    jobs = result["jobs"]
+    keys = [Key(*k) for k in result["keys"]]
+    payloads = split(parts["data"], parts["lengths"])
+    return [Item(Handle.unpack(h), bytes(p), jobs[j], keys[k], pos, d) for h, p, j, k, pos, d in zip(
+        parts["handles"].tolist(), payloads, parts["job_index"].tolist(), parts["key_index"].tolist(),
+        parts["positions"].tolist(), parts["deliveries"].tolist())]
+
+
+def encode_results(handles: np.ndarray, positions: np.ndarray,
+                   payloads: Sequence[memoryview | bytes]) -> tuple[dict[str, Any], Parts]:
+    """A results response."""
+    return {"count": len(payloads)}, {"handles": handles.astype(np.uint64, copy=False),
+                                      "positions": positions.astype(np.uint64, copy=False), **joined(payloads)}
+
+
+def decode_results(parts: Parts) -> list[Result]:
+    """The results of a results response, in log order."""
+    payloads = split(parts["data"], parts["lengths"])
+    return [Result(Handle.unpack(h), bytes(p), pos)
+            for h, p, pos in zip(parts["handles"].tolist(), payloads, parts["positions"].tolist())]
+
+
+def encode_statuses(statuses: list[str]) -> tuple[dict[str, Any], Parts]:
+    """A complete response: one byte per handle, 1 for completed."""
+    status = np.fromiter((s == COMPLETED for s in statuses), dtype=np.uint8, count=len(statuses))
+    return {"completed": int(status.sum())}, {"status": status}
+
+
+def decode_statuses(parts: Parts) -> list[str]:
+    return [COMPLETED if s else DUPLICATE for s in parts["status"].tolist()]

@@ -1,70 +1,52 @@
-"""workq as a component of ``shardmgr serve``: its commands on the wire.
+"""workq as a component of ``shardmgr serve``: frames in, Broker calls, frames out.
 
-Arguments are checked on the connection's thread; the operation then runs on
-the broker's owner thread, which answers the request. Commands and their
-parts are documented in docs/workq.md.
+Each command's arguments and parts are checked on the connection's thread
+and become one :class:`~workq.broker.Broker` call; its future's answer
+(on the broker's owner thread) becomes the reply. Every queue rule lives
+in the broker; what is here is the wire's own: which worker a connection
+is, which results responses are on their way to which connection, and the
+byte budget of a response. Commands and their parts are in docs/workq.md;
+the encodings in protocol.py.
 
 A worker names itself with ``workq.hello`` (reporting the handles it holds)
 before it leases; when its connection drops, its leases end after the
 disconnect grace period unless it comes back and reports them.
 
 Results are marked delivered when the response carrying them has been
-written to the consumer's socket; if the connection closes first, they are
-handed out again. ``_lock`` guards the per-connection maps (connection
-threads, writer threads and the owner thread all touch them).
+written to the consumer's socket (its ``on_sent``); if the connection
+closes first, they are dropped and handed out again (delivery.py).
+
+Threads: ``_lock`` guards the per-connection maps, which connection
+threads, writer threads and the owner thread all touch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from common.journal import Flusher
 from common.wire.component import Component, Request
-from common.wire.errors import BadRequest, Internal, ServiceError
+from common.wire.errors import BadRequest, Internal, ServiceError, Unavailable
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
-from workq.disk.completion_log import CompletionLog, Outgoing
-from workq.state.dispatch import Filters
-from workq.state.queue import COMPLETED, Leased
-from workq.state.stats import key_stats, totals
 
 from .broker import Broker
 from .config import WorkqConfig
-from .protocol import Key
-from .state import leasing
+from .delivery import Delivery
+from .protocol import LENGTH_DTYPES, Key, Parts, encode_lease, encode_statuses, split
+from .state.dispatch import Filters
 
 log = logging.getLogger(__name__)
 
-LENGTH_DTYPES = ("<u4", "<i4", "<u8", "<i8")
-
-
-def split(data: np.ndarray, lengths: np.ndarray) -> list[memoryview]:
-    """Byte strings sent as one concatenated part plus their lengths."""
-    if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != data.nbytes:
-        raise BadRequest(f"lengths must be non-negative and sum to the {data.nbytes} data bytes")
-    view = data.data.cast("B")
-    ends = np.cumsum(lengths).tolist()
-    return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-
-
-def joined(payloads: Sequence[memoryview | bytes]) -> dict[str, np.ndarray]:
-    """The inverse of split: the parts for a list of byte strings."""
-    lengths = np.fromiter((len(p) for p in payloads), dtype=np.uint32, count=len(payloads))
-    return {"data": np.frombuffer(b"".join(payloads), dtype=np.uint8), "lengths": lengths}
-
-
-class _Delivery:
-    """One results response: sent (confirm) or dropped, exactly once."""
-
-    def __init__(self, job_log: CompletionLog, batch: list[Outgoing]) -> None:
-        self.job_log, self.batch = job_log, batch
-        self.state = "sending"
+T = TypeVar("T")
+Reply = tuple[dict[str, Any], Parts]
 
 
 class WorkqService(Component):
@@ -83,7 +65,7 @@ class WorkqService(Component):
         self._lock = threading.Lock()
         self._workers: dict[int, str] = {}  # connection -> worker name
         self._filters: dict[int, Filters] = {}  # connection -> what its worker serves
-        self._deliveries: dict[int, list[_Delivery]] = {}  # connection -> results in flight to it
+        self._deliveries: dict[int, set[Delivery]] = {}  # connection -> results responses on their way to it
         self._handlers: dict[str, Callable[[Request], None]] = {
             "workq.enqueue": self._enqueue, "workq.results": self._results, "workq.job_status": self._job_status,
             "workq.hello": self._hello, "workq.lease": self._lease, "workq.complete": self._complete,
@@ -107,7 +89,7 @@ class WorkqService(Component):
 
     def stats(self) -> dict[str, float | int]:
         try:
-            return self.broker.call(lambda f: f.set_result(totals(self.broker.state)), timeout=10)
+            return dict(self.broker.totals_async().result(timeout=10))
         except Exception:  # the owner thread is stopping or stuck: report nothing rather than hang
             return {}
 
@@ -120,34 +102,36 @@ class WorkqService(Component):
             if worker in self._workers.values():
                 worker = None  # the worker is connected again (or twice): its leases stay
             self._filters.pop(connection_id, None)
-            deliveries = self._deliveries.pop(connection_id, [])
-            dropped = [d for d in deliveries if d.state == "sending"]
-            for delivery in dropped:
-                delivery.state = "dropped"
-        if worker is not None or dropped:
-            self._on_owner(None, lambda: self._closed(worker, dropped))
-
-    def _closed(self, worker: str | None, dropped: list[_Delivery]) -> None:
+            deliveries = self._deliveries.pop(connection_id, set())
+        for delivery in deliveries:
+            delivery.drop()
         if worker is not None:
-            leasing.worker_gone(self.broker.state, worker, time.monotonic())
-        for delivery in dropped:
-            self.broker.state.drop_results(delivery.job_log, delivery.batch)
+            with contextlib.suppress(Unavailable):  # closed: leases are in memory only
+                self.broker.worker_gone(worker)
 
     # ---------------------------------------------------------------- helpers
 
-    def _on_owner(self, request: Request | None, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on the owner thread; errors become the request's answer."""
+    def _answer(self, request: Request, future: Future[T], reply: Callable[[T], Reply | dict[str, Any]]) -> None:
+        """Reply to ``request`` from ``future``'s answer (nothing if cancelled)."""
 
-        def run() -> None:
+        def done(f: Future[T]) -> None:
+            if f.cancelled():
+                return
+            error = f.exception()
+            if error is not None:
+                _fail(request, error)
+                return
             try:
-                fn()
-            except Exception as exc:
-                if request is None:
-                    log.exception("workq: cleanup failed")
-                else:
-                    _fail(request, exc)
+                answer = reply(f.result())
+            except Exception as exc:  # encoding a reply failed: still answer the request
+                _fail(request, exc)
+                return
+            if isinstance(answer, tuple):
+                request.reply(*answer)
+            else:
+                request.reply(answer)
 
-        self.broker.submit(run)
+        future.add_done_callback(done)
 
     def _worker(self, request: Request) -> str:
         with self._lock:
@@ -157,86 +141,59 @@ class WorkqService(Component):
         return worker
 
     @staticmethod
-    def _handles(request: Request) -> np.ndarray:
-        return request.part("handles", "<u8", ndim=1)
-
-    @staticmethod
     def _payloads(request: Request) -> list[memoryview]:
         return split(request.part("data", "|u1", ndim=1), request.part("lengths", LENGTH_DTYPES, ndim=1))
+
+    @staticmethod
+    def _handles(request: Request) -> np.ndarray:
+        return request.part("handles", "<u8", ndim=1)
 
     # --------------------------------------------------------------- producers
 
     def _enqueue(self, request: Request) -> None:
-        job = request.arg("job", str)
-        key = _key(request)
-        durable = request.arg("durable", bool, False)
-        payloads = self._payloads(request)
-
-        def run() -> None:
-            packed, ticket = self.broker.state.enqueue(job, key, payloads)
-            reply = lambda: request.reply({}, {"handles": packed})  # noqa: E731
-            if durable:
-                self.broker.after_durable([ticket], reply, lambda exc: _fail(request, exc))
-            else:
-                reply()
-
-        self._on_owner(request, run)
+        try:
+            key = Key.of(request.args.get("model"), request.args.get("shape"), request.args.get("lane"))
+        except ValueError as exc:
+            raise BadRequest(f"{request.cmd}: {exc}") from None
+        future = self.broker.enqueue_async(request.arg("job", str), key, self._payloads(request),
+                                           request.arg("durable", bool, False))
+        self._answer(request, future, lambda packed: ({}, {"handles": packed}))
 
     def _job_status(self, request: Request) -> None:
-        job = request.arg("job", str)
-        self._on_owner(request, lambda: request.reply(self.broker.state.job_status(job)))
+        self._answer(request, self.broker.job_status_async(request.arg("job", str)), lambda status: status)
 
     def _results(self, request: Request) -> None:
-        job = request.arg("job", str)
-        limit = request.arg("max_items", int, 1000)
-        wait = request.arg("wait", float, 0.0)
-        if limit < 0 or wait < 0:
-            raise BadRequest("workq.results: max_items and wait must be >= 0")
+        future = self.broker.results_async(request.arg("job", str), request.arg("max_items", int, 1000),
+                                           request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
+                                           alive=lambda: request.connection_open)
+        future.add_done_callback(lambda f: self._send(request, f))
 
-        def attempt(final: bool) -> bool:
-            if not request.connection_open:
-                return True  # nobody to answer
-            job_log, batch = self.broker.state.take_results(job, limit, self.reply_bytes)
-            if not batch and not final:
-                return False
-            self._send_results(request, job_log, batch)
-            return True
-
-        def run() -> None:
-            self.broker.state.job(job)
-            self.broker.park(time.monotonic() + wait, attempt, "results", lambda exc: _fail(request, exc))
-
-        self._on_owner(request, run)
-
-    def _send_results(self, request: Request, job_log: CompletionLog, batch: list[Outgoing]) -> None:
-        payloads = [p for out in batch for p in out.payloads]
-        parts = {"handles": np.concatenate([o.handles for o in batch]) if batch else np.zeros(0, np.uint64),
-                 "positions": np.concatenate([o.positions for o in batch]) if batch else np.zeros(0, np.uint64),
-                 **joined(payloads)}
-        if not batch:
-            request.reply({"count": 0}, parts)
+    def _send(self, request: Request, future: Future[Delivery]) -> None:
+        """Owner thread: reply with the results; they count as delivered once written."""
+        if future.cancelled():
             return
-        delivery = _Delivery(job_log, batch)
+        if future.exception() is not None:
+            _fail(request, future.exception())  # type: ignore[arg-type]
+            return
+        delivery = future.result()
+        if not len(delivery):
+            request.reply(*delivery.encode())
+            return
+        connection = request.connection_id
         with self._lock:
-            if request.connection_open:
-                self._deliveries.setdefault(request.connection_id, []).append(delivery)
-            else:
-                delivery.state = "dropped"
-        if delivery.state == "dropped":
-            self.broker.state.drop_results(job_log, batch)
+            sending = request.connection_open
+            if sending:
+                self._deliveries.setdefault(connection, set()).add(delivery)
+        if not sending:
+            delivery.drop()
             return
-        request.reply({"count": len(payloads)}, parts, on_sent=lambda: self._sent(request.connection_id, delivery))
+        request.reply(*delivery.encode(), on_sent=lambda: self._sent(connection, delivery))
 
-    def _sent(self, connection_id: int, delivery: _Delivery) -> None:
+    def _sent(self, connection: int, delivery: Delivery) -> None:
         """Writer thread: the response is on the socket."""
         with self._lock:
-            if delivery.state != "sending":
-                return
-            delivery.state = "sent"
-            mine = self._deliveries.get(connection_id)
-            if mine is not None and delivery in mine:
-                mine.remove(delivery)
-        self._on_owner(None, lambda: self.broker.state.confirm_results(delivery.job_log, delivery.batch))
+            self._deliveries.get(connection, set()).discard(delivery)
+        delivery.confirm().add_done_callback(_log_unconfirmed)
 
     # ----------------------------------------------------------------- workers
 
@@ -252,31 +209,19 @@ class WorkqService(Component):
         with self._lock:
             self._workers[request.connection_id] = worker
             self._filters[request.connection_id] = filters
-
-        def run() -> None:
-            dropped = leasing.hello(self.broker.state, worker, held.tolist(), time.monotonic())
-            request.reply({"kept": len(set(held.tolist())) - len(dropped)},
-                          {"dropped": np.array(dropped, dtype=np.uint64)})
-
-        self._on_owner(request, run)
+        reported = len(set(held.tolist()))
+        self._answer(request, self.broker.hello_async(worker, held),
+                     lambda dropped: ({"kept": reported - len(dropped)},
+                                      {"dropped": np.array(dropped, dtype=np.uint64)}))
 
     def _lease(self, request: Request) -> None:
         worker = self._worker(request)
-        limit = request.arg("max_items", int, 1)
-        wait = request.arg("wait", float, 0.0)
-        if limit < 0 or wait < 0:
-            raise BadRequest("workq.lease: max_items and wait must be >= 0")
         with self._lock:
             filters = self._filters[request.connection_id]
-
-        def attempt(final: bool) -> bool:
-            if not request.connection_open:
-                return True
-            return self.broker.try_lease(worker, filters, limit, final, lambda b: request.reply(*_lease_reply(b)),
-                                         self.reply_bytes)
-
-        self._on_owner(request, lambda: self.broker.park(time.monotonic() + wait, attempt, "items",
-                                                         lambda exc: _fail(request, exc)))
+        future = self.broker.lease_async(worker, filters, request.arg("max_items", int, 1),
+                                         request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
+                                         alive=lambda: request.connection_open)
+        self._answer(request, future, encode_lease)
 
     def _complete(self, request: Request) -> None:
         self._worker(request)
@@ -284,47 +229,26 @@ class WorkqService(Component):
         payloads = self._payloads(request)
         if len(payloads) != len(packed):
             raise BadRequest(f"workq.complete: {len(packed)} handles but {len(payloads)} results")
-
-        def answer(statuses: list[str]) -> None:
-            status = np.fromiter((s == COMPLETED for s in statuses), dtype=np.uint8, count=len(statuses))
-            request.reply({"completed": int(status.sum())}, {"status": status})
-
-        self._on_owner(request, lambda: self.broker.complete_async(packed, payloads, answer,
-                                                                   lambda exc: _fail(request, exc)))
+        self._answer(request, self.broker.complete_async(packed, payloads), encode_statuses)
 
     def _release(self, request: Request) -> None:
-        worker = self._worker(request)
-        packed = self._handles(request).tolist()
-        delay = request.arg("delay", float, 0.0)
-        if delay < 0:
-            raise BadRequest("workq.release: delay must be >= 0")
-        def run() -> None:
-            leasing.release(self.broker.state, worker, packed, delay, time.monotonic())
-            request.reply()
-
-        self._on_owner(request, run)
+        future = self.broker.release_async(self._worker(request), self._handles(request),
+                                           request.arg("delay", float, 0.0))
+        self._answer(request, future, lambda _: {})
 
     def _touch(self, request: Request) -> None:
-        worker = self._worker(request)
-        packed = self._handles(request).tolist()
-        def run() -> None:
-            leasing.touch(self.broker.state, worker, packed, time.monotonic())
-            request.reply()
-
-        self._on_owner(request, run)
+        self._answer(request, self.broker.touch_async(self._worker(request), self._handles(request)), lambda _: {})
 
     # ---------------------------------------------------------------- operator
 
     def _kick(self, request: Request) -> None:
-        job = request.arg("job", str)
-        self._on_owner(request, lambda: request.reply({"kicked": self.broker.state.kick(job)}))
+        self._answer(request, self.broker.kick_async(request.arg("job", str)), lambda kicked: {"kicked": kicked})
 
     def _stats(self, request: Request) -> None:
-        self._on_owner(request, lambda: request.reply({"totals": totals(self.broker.state),
-                                                       "keys": key_stats(self.broker.state)}))
+        self._answer(request, self.broker.stats_async(), lambda stats: stats)
 
 
-def _fail(request: Request, exc: Exception) -> None:
+def _fail(request: Request, exc: BaseException) -> None:
     """Answer ``request`` with ``exc`` as a coded error (ValueError: bad_request)."""
     if isinstance(exc, ServiceError):
         request.fail(exc)
@@ -335,27 +259,6 @@ def _fail(request: Request, exc: Exception) -> None:
         request.fail(Internal(f"{request.cmd}: {type(exc).__name__}: {exc}"))
 
 
-def _key(request: Request) -> Key:
-    try:
-        return Key.of(request.args.get("model"), request.args.get("shape"), request.args.get("lane"))
-    except ValueError as exc:
-        raise BadRequest(f"{request.cmd}: {exc}") from None
-
-
-def _lease_reply(batches: list[Leased]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Arrays for a lease response: per item, its batch's job and key by index."""
-    jobs = sorted({b.job for b in batches})
-    keys = sorted({b.key for b in batches})
-    job_index = {j: i for i, j in enumerate(jobs)}
-    key_index = {k: i for i, k in enumerate(keys)}
-    sizes = [len(b.handles) for b in batches]
-    empty = np.zeros(0, dtype=np.uint64)
-    parts: dict[str, np.ndarray] = {
-        "handles": np.concatenate([b.handles for b in batches]) if batches else empty,
-        "positions": np.concatenate([b.positions for b in batches]).astype(np.uint64) if batches else empty,
-        "deliveries": np.concatenate([b.deliveries for b in batches]) if batches else empty.astype(np.uint32),
-        "job_index": np.repeat(np.array([job_index[b.job] for b in batches], dtype=np.uint32), sizes),
-        "key_index": np.repeat(np.array([key_index[b.key] for b in batches], dtype=np.uint32), sizes),
-        **joined([p for b in batches for p in b.payloads]),
-    }
-    return {"jobs": jobs, "keys": [list(k) for k in keys]}, parts
+def _log_unconfirmed(future: Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("workq: results written to a consumer could not be marked delivered: %s", future.exception())

@@ -18,12 +18,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from common.wire.client import ConnectionLost, RpcClient
-from workq.state.queue import COMPLETED, DUPLICATE
 
-from .broker import Item
-from .client import handles_array
-from .protocol import Handle, Key
-from .service import joined, split
+from . import errors  # noqa: F401 - registers the workq.* error codes, so replies raise those classes
+from .protocol import Handle, Item, decode_lease, decode_statuses, joined, pack_handles
 
 T = TypeVar("T")
 
@@ -57,13 +54,8 @@ class Worker:
     def lease(self, max_items: int = 1, wait: float = 0.0) -> list[Item]:
         """Lease up to ``max_items`` tasks, waiting up to ``wait`` s for the first."""
         reply = self._retrying(lambda: self.rpc.call("workq.lease", {"max_items": max_items, "wait": float(wait)}))
-        parts, jobs = reply.parts, reply.result["jobs"]
-        keys = [Key(*k) for k in reply.result["keys"]]
-        payloads = split(parts["data"], parts["lengths"])
-        items = [Item(Handle.unpack(h), bytes(p), jobs[j], keys[k], pos, d) for h, p, j, k, pos, d in zip(
-            parts["handles"].tolist(), payloads, parts["job_index"].tolist(), parts["key_index"].tolist(),
-            parts["positions"].tolist(), parts["deliveries"].tolist())]
-        self.held.update(parts["handles"].tolist())
+        items = decode_lease(reply.result, reply.parts)
+        self.held.update(reply.parts["handles"].tolist())
         return items
 
     def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes]) -> str | list[str]:
@@ -72,22 +64,22 @@ class Worker:
         single = isinstance(handles, Handle)
         handle_list: list[Handle] = [handles] if single else list(handles)  # type: ignore[list-item, arg-type]
         result_list: list[bytes] = [results] if single else list(results)  # type: ignore[list-item, arg-type]
-        packed = handles_array(handle_list)
+        packed = pack_handles(handle_list)
         reply = self._retrying(lambda: self.rpc.call("workq.complete", None,
                                                      {"handles": packed, **joined(result_list)}))
         self.held.difference_update(packed.tolist())
-        statuses = [COMPLETED if s else DUPLICATE for s in reply.parts["status"].tolist()]
+        statuses = decode_statuses(reply.parts)
         return statuses[0] if single else statuses
 
     def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:
         """Give items back (pending again after ``delay`` seconds)."""
-        packed = handles_array([handles] if isinstance(handles, Handle) else handles)
+        packed = pack_handles([handles] if isinstance(handles, Handle) else handles)
         self._retrying(lambda: self.rpc.call("workq.release", {"delay": float(delay)}, {"handles": packed}))
         self.held.difference_update(packed.tolist())
 
     def touch(self, handles: Handle | Sequence[Handle]) -> None:
         """Extend the leases (another full lease period from now)."""
-        packed = handles_array([handles] if isinstance(handles, Handle) else handles)
+        packed = pack_handles([handles] if isinstance(handles, Handle) else handles)
         self._retrying(lambda: self.rpc.call("workq.touch", None, {"handles": packed}))
 
     def close(self) -> None:

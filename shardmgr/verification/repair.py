@@ -39,6 +39,7 @@ from shardmgr.store.store import Store
 from workq.broker import Broker
 from workq.disk.catalog import FILE as CATALOG_FILE
 from workq.disk.catalog import Catalog, Entry
+from workq.disk.records import QUARANTINE_DIR, quarantine_name
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +141,10 @@ class Repair:
         return unit.parent.parent == self.root / "shards" and unit.name.isdigit()
 
     def _move_aside(self, unit: Path) -> Path:
+        """A queue file or a whole collection to ``DATA/quarantine/<workq|shards>/``."""
         relative = unit.relative_to(self.root)
-        target = self.root / "quarantine" / relative.parts[0] / (
-            "_".join(relative.parts[1:]) + f"-{time.strftime('%Y%m%dT%H%M%S')}")
+        target = self.root / QUARANTINE_DIR / relative.parts[0] / quarantine_name(
+            Path(*relative.parts[1:]), time.strftime('%Y%m%dT%H%M%S'))
         make_dirs(target.parent)
         os.rename(unit, target)
         fsync_dir(unit.parent)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.journal import Flusher
 from workq import Broker, DiskFull, Handle, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob
 
 
@@ -222,11 +223,11 @@ def test_results_sent_but_not_confirmed_come_back_and_pin_their_segment(open_bro
     broker = open_broker()
     [h] = broker.enqueue("j", "m", "s", "l", [b"x"])
     broker.complete([broker.lease(1)[0].handle], [b"r"])
-    on_owner = lambda fn: broker.call(lambda f: f.set_result(fn()))  # noqa: E731
-    log, batch = on_owner(lambda: broker.state.take_results("j", 10))
-    assert len(batch) == 1
-    assert on_owner(lambda: log.take(10)) == []  # in delivery: not handed out twice
-    on_owner(lambda: broker.state.drop_results(log, batch))  # the connection closed before the send
+    delivery = broker.results_async("j", 10).result()
+    assert len(delivery) == 1
+    assert len(broker.results_async("j", 10).result()) == 0  # in delivery: not handed out twice
+    delivery.drop()  # the connection closed before the send
+    delivery.confirm().result()  # too late: dropped, so this does nothing
     assert [r.payload for r in broker.results("j")] == [b"r"]
     assert h.segment == 1
 
@@ -248,15 +249,9 @@ def test_collection_never_pulls_a_segment_from_under_a_reader(open_broker: Calla
     reader.close()
 
 
-def on_owner(broker: Broker, fn: Callable[[], object]) -> object:
-    return broker.call(lambda f: f.set_result(fn()))
-
-
 def test_hello_and_release_count_a_repeated_handle_once(broker: Broker) -> None:
-    from workq.state import leasing
-
     h1, h2 = broker.enqueue("j", "m", "s", 1, [b"a", b"b"])
-    dropped = on_owner(broker, lambda: leasing.hello(broker.state, "w", [h1.packed, h1.packed], time.monotonic()))
+    dropped = broker.hello("w", [h1, h1])
     assert dropped == [] and status(broker, "j") == (2, 1, 1, 0, 0, 0)
     assert [i.handle for i in broker.lease(10, worker="w2")] == [h2]  # still dispatched
     broker.release([h1, h1], worker="w")
@@ -282,7 +277,11 @@ def test_a_damaged_payload_is_buried_and_waiting_leases_still_answer(open_broker
     assert status(broker, "j") == (2, 0, 1, 0, 0, 1)  # the damaged one is buried, for an operator to see
 
 
-def test_a_parked_call_whose_retry_raises_is_answered(broker: Broker) -> None:
+def test_a_parked_call_whose_retry_raises_is_answered(flusher: Flusher) -> None:
+    from concurrent.futures import Future
+
+    from workq.loop import OwnerLoop
+
     calls = []
 
     def attempt(final: bool) -> bool:
@@ -291,19 +290,21 @@ def test_a_parked_call_whose_retry_raises_is_answered(broker: Broker) -> None:
             raise RuntimeError("boom")
         return False
 
-    from concurrent.futures import Future
-    done: Future = Future()
-    broker.submit(lambda: broker.park(time.monotonic() + 0.2, attempt, "items", done.set_exception))
+    loop = OwnerLoop(flusher, tick=lambda now: None, changes=lambda: (len(calls), 0), stop=lambda: None)
+    loop.start()
+    done: Future[None] = Future()
+    loop.submit(lambda: loop.park(time.monotonic() + 0.2, attempt, "items", done.set_exception))
     with pytest.raises(RuntimeError, match="boom"):
         done.result(10)
+    loop.stop()
 
 
 def test_finished_jobs_hold_no_open_files(open_broker: Callable[..., Broker], monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    import workq.broker
+    import workq.state.queue
 
-    monkeypatch.setattr(workq.broker, "REST_AFTER_S", 0.0)
+    monkeypatch.setattr(workq.state.queue, "REST_AFTER_S", 0.0)
     broker = open_broker()
     before = len(os.listdir("/proc/self/fd"))
     for n in range(200):

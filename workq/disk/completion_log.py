@@ -233,6 +233,13 @@ class CompletionLog:
             return seq
         return None
 
+    def tombstoned(self, ticket: Ticket) -> None:
+        """An input of a result here was tombstoned: the log keeps its
+        segments until that ticket is durable (see tombstones_durable)."""
+        self.tombstones.append(ticket)
+        if len(self.tombstones) > 64:
+            self.tombstones_durable()  # prunes: keep the list short between collections
+
     def tombstones_durable(self) -> bool:
         """Are the input tombstones of every result finished here durable?
         Until they are, no segment may go: after a power cut an input

@@ -25,12 +25,17 @@ yet delivered) and DELIVERED. Recovery reads the markers and the fixed
 from __future__ import annotations
 
 import hashlib
+import re
+from pathlib import Path
 
 import numpy as np
 
 #: Where each file lives under ``DATA/workq`` (named once, here).
 SEGMENTS_DIR, RESULTS_DIR = "segments", "results"
 SEGMENT_SUFFIX, RESULTS_SUFFIX = ".wqsg", ".wqcl"
+#: ``DATA/<this>/workq``: where ``verify --repair`` moves damaged queue files
+#: (see :func:`quarantine_name`).
+QUARANTINE_DIR = "quarantine"
 
 SEGMENT_KIND = b"WQSG"
 RESULTS_KIND = b"WQCL"
@@ -76,3 +81,22 @@ def job_dir(job: int) -> str:
 def log_file(seq: int) -> str:
     """``results/<job>/<this>``: a completion-log segment's file name."""
     return f"{seq:08d}{RESULTS_SUFFIX}"
+
+
+def quarantine_name(relative: Path, stamp: str) -> str:
+    """The name a queue file at ``relative`` (under ``DATA/workq``) gets in
+    ``DATA/quarantine/workq``: its path with ``_`` for ``/``, then the time,
+    e.g. ``segments_0000000003.wqsg-20261201T101500``. Recovery reads the
+    segment ids back from these names (:func:`quarantined_segment_ids`)."""
+    return "_".join(relative.parts) + f"-{stamp}"
+
+
+_QUARANTINED_SEGMENT = re.compile(rf"^{SEGMENTS_DIR}_(\d+){re.escape(SEGMENT_SUFFIX)}-")
+
+
+def quarantined_segment_ids(root: Path) -> list[int]:
+    """Ids of the input segments moved to quarantine from ``root`` (``DATA/workq``)."""
+    directory = root.parent / QUARANTINE_DIR / root.name
+    if not directory.is_dir():
+        return []
+    return [int(m.group(1)) for p in directory.iterdir() if (m := _QUARANTINED_SEGMENT.match(p.name))]

@@ -85,7 +85,6 @@ class Segment:
         self.held: set[int] = set()
         self._held_sorted: np.ndarray | None = np.zeros(0, dtype=np.int64)
         self.dead_bytes = 0
-        self.pins = 0
         self.last_append = time.monotonic()
 
     # ---------------------------------------------------------------- creation
@@ -130,16 +129,12 @@ class Segment:
 
     def append(self, job: int, first_position: int,
                payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket]:
-        """Append one job's tasks as one batch; they become pending."""
+        """Append one job's tasks as one batch; returns their offsets and the
+        ticket that says when they are durable (the caller counts them
+        pending: workq.state.items)."""
         n = len(payloads)
         head = heads(job, first_position + np.arange(n, dtype=np.uint64), time.time_ns(), n)
         offsets, ticket = self.journal.append_batch(payloads, prefix=head)
-        cursor = self.jobs.get(job)
-        if cursor is None:
-            self.jobs[job] = JobCursor(int(offsets[0]), n)
-        else:
-            cursor.cursor = min(cursor.cursor, int(offsets[0]))
-            cursor.pending += n
         self.last_append = time.monotonic()
         return offsets, ticket
 
@@ -149,14 +144,14 @@ class Segment:
         """Plan: the first ``limit`` pending items of ``job`` whose payloads
         (plus REPLY_ITEM_BYTES each) fit in ``max_bytes`` (at least one
         with ``first``); reads their payloads."""
-        state = self.jobs.get(job)
-        if state is None or state.pending <= 0 or limit <= 0:
+        mine = self.jobs.get(job)
+        if mine is None or mine.pending <= 0 or limit <= 0:
             return None
         held = self._held_array()
         budget = max_bytes if max_bytes is not None else 1 << 62
         pieces: list[tuple[RecordChunk, np.ndarray]] = []
         got, cost, cursor = 0, 0, self.journal.end
-        for chunk in self.journal.scan(start=state.cursor, window=scan_window(self.journal, limit)):
+        for chunk in self.journal.scan(start=mine.cursor, window=scan_window(self.journal, limit)):
             jobs = self.journal.fields(chunk, JOB_AT, "<u8")
             mask = (chunk.markers == LIVE) & (jobs == np.uint64(job))
             if len(held):
@@ -174,7 +169,7 @@ class Segment:
                 break
         if not pieces:
             if cursor == self.journal.end:
-                state.cursor, state.pending = cursor, 0  # nothing pending after all: repair the count
+                mine.cursor, mine.pending = cursor, 0  # nothing pending after all: repair the count
             return None
         return self._taken(job, pieces, cursor, cost)
 
@@ -190,9 +185,9 @@ class Segment:
 
     def commit_take(self, taken: Taken) -> None:
         """Commit: the taken items are held (in flight); the cursor moves on."""
-        state = self.jobs[taken.job]
-        state.cursor = taken.cursor
-        state.pending -= len(taken.offsets)
+        mine = self.jobs[taken.job]
+        mine.cursor = taken.cursor
+        mine.pending -= len(taken.offsets)
         self.hold(taken.offsets)
 
     def hold(self, offsets: np.ndarray) -> None:
@@ -206,9 +201,24 @@ class Segment:
     def give_back(self, job: int, offsets: np.ndarray) -> None:
         """Held items become pending again: rewind this job's cursor to them."""
         self.unhold(offsets)
-        state = self.jobs.setdefault(job, JobCursor(int(offsets.min())))
-        state.cursor = min(state.cursor, int(offsets.min()))
-        state.pending += len(offsets)
+        self.add_pending(job, int(offsets.min()), len(offsets))
+
+    def add_pending(self, job: int, first: int, n: int) -> None:
+        """``n`` more pending items of ``job``, none before offset ``first``
+        that was not pending already: the cursor moves back to it if need be."""
+        cursor = self.jobs.get(job)
+        if cursor is None:
+            self.jobs[job] = JobCursor(first, n)
+        else:
+            cursor.cursor = min(cursor.cursor, first)
+            cursor.pending += n
+
+    def drop_pending(self, job: int, n: int) -> None:
+        """``n`` pending items of ``job`` left the pending state elsewhere
+        than through a dispatch (adopted, buried, completed)."""
+        cursor = self.jobs.get(job)
+        if cursor is not None:
+            cursor.pending -= n
 
     def _held_array(self) -> np.ndarray:
         if self._held_sorted is None:

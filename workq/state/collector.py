@@ -43,10 +43,7 @@ def collect_segments(state: QueueState) -> int:
     if done and state.catalog is not None:  # durable tombstones first: a missing file must mean collected
         state.catalog.retire_durably([Entry(SEGMENT, s.id) for s in done])
     for segment in done:
-        del state.segments[segment.id]
-        state.keys[segment.key].remove(segment)
-        if not state.keys[segment.key]:
-            del state.keys[segment.key]
+        state.remove_segment(segment)
         path = segment.journal.path
         segment.journal.close()
         path.unlink()

@@ -21,26 +21,32 @@ finishes them (recovery.py). If the results cannot be made durable,
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.journal import Marker
+from common.journal import Marker, Ticket
 from common.journal.errors import JournalError, RecordNotFound
-from workq import protocol as handles
 from workq.errors import PayloadTooLarge, ResultsNotRecorded, UnknownHandle
-from workq.protocol import Handle
+from workq.protocol import COMPLETED, DUPLICATE, Handle, unpack
 
-from .queue import COMPLETED, DUPLICATE, CompletionGroup, CompletionPlan, JobCounts
-
-log = logging.getLogger(__name__)
-
-RETIRED = np.uint32(Marker.RETIRED)
-BURIED = np.uint32(Marker.BURIED)
+from .items import Completion
 
 if TYPE_CHECKING:
     from .queue import QueueState
+
+RETIRED = np.uint32(Marker.RETIRED)
+
+
+@dataclasses.dataclass(slots=True)
+class CompletionPlan:
+    """What one complete call does: a status per handle and the accepted results."""
+
+    statuses: list[str]
+    groups: list[Completion]
+    tickets: list[Ticket] = dataclasses.field(default_factory=list)
+    error: Exception | None = None  # set by start: only some results were written
 
 
 def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | list[bytes]) -> CompletionPlan:
@@ -56,11 +62,11 @@ def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | lis
     accept = np.zeros(len(packed), dtype=bool)
     first = np.zeros(len(packed), dtype=bool)
     first[np.unique(packed, return_index=True)[1]] = True  # the first of repeated handles counts
-    if state.completing:
-        completing = state.completing
+    completing = state.items.completing
+    if completing:
         first &= np.fromiter((h not in completing for h in packed.tolist()), dtype=bool, count=len(packed))
-    groups: list[CompletionGroup] = []
-    segment_ids, offsets = handles.unpack(packed)
+    groups: list[Completion] = []
+    segment_ids, offsets = unpack(packed)
     for segment_id in np.unique(segment_ids).tolist():
         rows = np.flatnonzero(segment_ids == segment_id)
         segment = state.segments.get(segment_id)
@@ -77,8 +83,8 @@ def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | lis
         for job in np.unique(jobs[ok]).tolist():
             picks = ok & (jobs == np.uint64(job))
             chosen = rows[picks]
-            groups.append(CompletionGroup(job, segment, offsets[chosen], packed[chosen], positions[picks],
-                                          markers[picks], [payloads[r] for r in chosen.tolist()]))
+            groups.append(Completion(job, segment, offsets[chosen], packed[chosen], positions[picks],
+                                     markers[picks], [payloads[r] for r in chosen.tolist()]))
     return CompletionPlan([COMPLETED if a else DUPLICATE for a in accept.tolist()], groups)
 
 
@@ -89,8 +95,8 @@ def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
     it still complete: the plan keeps only their groups and ``plan.error``
     says what failed; the rest of the call changes nothing.
     """
-    written: list[CompletionGroup] = []
-    by_job: dict[int, list[CompletionGroup]] = {}
+    written: list[Completion] = []
+    by_job: dict[int, list[Completion]] = {}
     for group in plan.groups:
         by_job.setdefault(group.job, []).append(group)
     for job, groups in by_job.items():
@@ -107,42 +113,21 @@ def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
         written += groups
     plan.groups = written
     for group in written:
-        _mark_completing(state, group)
+        state.items.began_completing(group)
     return plan
 
 
-def _first(groups: list[CompletionGroup], n: int) -> list[CompletionGroup]:
+def _first(groups: list[Completion], n: int) -> list[Completion]:
     """The first ``n`` results of a job's groups, in append order."""
     out = []
     for group in groups:
         if n <= 0:
             break
         k = min(n, len(group.offsets))
-        out.append(CompletionGroup(group.job, group.segment, group.offsets[:k], group.handles[:k],
-                                   group.positions[:k], group.markers[:k], group.payloads[:k]))
+        out.append(Completion(group.job, group.segment, group.offsets[:k], group.handles[:k],
+                              group.positions[:k], group.markers[:k], group.payloads[:k]))
         n -= k
     return out
-
-
-def _mark_completing(state: QueueState, group: CompletionGroup) -> None:
-    """Each item leaves its current state (leased, delayed, pending, buried)."""
-    counts = state.counts.setdefault(group.job, JobCounts())
-    listed = group.handles.tolist()
-    ended = state.leases.remove(listed)
-    delayed = sum(batch.worker is None for _, batch in ended)
-    leased = {h for h, _ in ended}
-    loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
-    buried = int((loose & (group.markers == BURIED)).sum())
-    pending = int(loose.sum()) - buried
-    counts.pending -= delayed + pending
-    counts.buried -= buried
-    counts.in_flight += delayed + pending + buried
-    counts.completing += len(listed)
-    cursor = group.segment.jobs.get(group.job)
-    if cursor is not None:
-        cursor.pending -= pending
-    state.completing.update(listed)
-    group.segment.hold(group.offsets)
 
 
 def finish(state: QueueState, plan: CompletionPlan) -> list[str]:
@@ -153,22 +138,11 @@ def finish(state: QueueState, plan: CompletionPlan) -> list[str]:
     (see :func:`abort`); their results are durable, so they count as done."""
     for group in plan.groups:
         try:
-            ticket = group.segment.journal.set_markers(group.offsets, Marker.RETIRED)
+            ticket = state.items.retired(group)
         except JournalError as exc:
-            _stranded(state, [group], exc)
+            state.items.stranded_by([group], exc)
             continue
-        job_log = state.logs[group.job]
-        job_log.tombstones.append(ticket)
-        if len(job_log.tombstones) > 64:
-            job_log.tombstones_durable()  # prunes: keep the list short between collections
-        group.segment.unhold(group.offsets)
-        group.segment.dead_bytes += int(group.segment.journal.sizes(group.offsets).sum())
-        state.completing.difference_update(group.handles.tolist())
-        state.leases.forget(group.handles.tolist())
-        counts = state.counts.setdefault(group.job, JobCounts())
-        counts.in_flight -= len(group.offsets)
-        counts.completing -= len(group.offsets)
-    state.result_changes += 1
+        state.logs[group.job].tombstoned(ticket)
     return plan.statuses
 
 
@@ -181,10 +155,4 @@ def abort(state: QueueState, plan: CompletionPlan, error: Exception) -> None:
     out) until the broker restarts, when recovery settles each item from
     what the disk holds.
     """
-    _stranded(state, plan.groups, error)
-
-
-def _stranded(state: QueueState, groups: list[CompletionGroup], error: Exception) -> None:
-    count = sum(len(g.offsets) for g in groups)
-    state.stranded += count
-    log.error("workq: %d completing items are stranded until a restart: %s", count, error)
+    state.items.stranded_by(plan.groups, error)

@@ -1,20 +1,23 @@
 """Items in flight: who holds them, until when, and their delivery counts.
 
-LeaseTable are kept in batches: one batch per dispatched group of items (one
-segment, one job, one holder, one deadline), since items are leased,
-extended and given back in batches. ``by_handle`` maps each item to its
-batch (dict updates run in C), and the expiry heap holds one entry per
-batch, not per item. Touching some items of a batch moves them to a new
-batch with the new deadline.
+Leases are kept in batches: one :class:`Lease` per dispatched group of
+items (one segment, one job, one holder, one deadline), since items are
+leased, extended and given back in batches. ``by_handle`` maps each item to
+its lease (dict updates run in C), and the expiry heap holds one entry per
+lease, not per item. Touching some items of a lease moves them to a new
+lease with the new deadline.
 
 A lease ends when its item is completed, released, reclaimed after its
 deadline, or reclaimed after its worker disconnected for longer than the
-grace period. A release with a delay is a batch with no holder that
+grace period. A release with a delay is a lease with no holder that
 expires when the delay ends.
 
 Delivery counts live in memory only: after a broker restart they start
 again at 0 (1 for items a worker reports back). An item that comes back
 after ``max_deliveries`` deliveries is buried.
+
+The table is a data structure: the item-state transitions that use it, and
+their counts, are in items.py.
 
 Threads: owned by the broker's owner thread.
 """
@@ -40,7 +43,7 @@ class Lease:
 
 
 class LeaseTable:
-    """The lease table."""
+    """Every lease of one queue: by item, by worker, and by deadline."""
 
     def __init__(self) -> None:
         self.by_handle: dict[int, Lease] = {}
@@ -56,59 +59,59 @@ class LeaseTable:
         return handle in self.by_handle
 
     def add(self, segment: int, job: int, worker: str | None, deadline: float, handles: Iterable[int]) -> Lease:
-        """Lease ``handles`` (none may be leased already) as one batch."""
-        batch = Lease(segment, job, worker, deadline, set(handles))
-        self.by_handle.update(dict.fromkeys(batch.handles, batch))
+        """Lease ``handles`` (none may be leased already) as one lease."""
+        lease = Lease(segment, job, worker, deadline, set(handles))
+        self.by_handle.update(dict.fromkeys(lease.handles, lease))
         if worker is not None:
-            self.by_worker.setdefault(worker, set()).add(batch)
-        heapq.heappush(self._heap, (deadline, next(self._order), batch))
-        return batch
+            self.by_worker.setdefault(worker, set()).add(lease)
+        heapq.heappush(self._heap, (deadline, next(self._order), lease))
+        return lease
 
     def remove(self, handles: Iterable[int]) -> list[tuple[int, Lease]]:
         """End the leases of those of ``handles`` that are leased; returns
-        (handle, batch it was in) for each."""
+        (handle, lease it was in) for each."""
         ended = []
         for handle in handles:
-            batch = self.by_handle.pop(handle, None)
-            if batch is not None:
-                batch.handles.discard(handle)
-                ended.append((handle, batch))
-                if not batch.handles:
-                    self._drop_batch(batch)
+            lease = self.by_handle.pop(handle, None)
+            if lease is not None:
+                lease.handles.discard(handle)
+                ended.append((handle, lease))
+                if not lease.handles:
+                    self._drop(lease)
         return ended
 
-    def _drop_batch(self, batch: Lease) -> None:
-        if batch.worker is not None:
-            mine = self.by_worker.get(batch.worker)
+    def _drop(self, lease: Lease) -> None:
+        if lease.worker is not None:
+            mine = self.by_worker.get(lease.worker)
             if mine is not None:
-                mine.discard(batch)
+                mine.discard(lease)
                 if not mine:
-                    del self.by_worker[batch.worker]
+                    del self.by_worker[lease.worker]
 
     def extend(self, handles: Iterable[int], deadline: float) -> None:
-        """Give leased ``handles`` a new deadline (moving them to a new batch)."""
+        """Give leased ``handles`` a new deadline (moving them to a new lease)."""
         moved: dict[int, tuple[Lease, list[int]]] = {}
-        for handle, batch in self.remove(handles):
-            moved.setdefault(id(batch), (batch, []))[1].append(handle)
-        for batch, hs in moved.values():
-            self.add(batch.segment, batch.job, batch.worker, deadline, hs)
+        for handle, lease in self.remove(handles):
+            moved.setdefault(id(lease), (lease, []))[1].append(handle)
+        for lease, hs in moved.values():
+            self.add(lease.segment, lease.job, lease.worker, deadline, hs)
 
     def of_worker(self, worker: str) -> list[Lease]:
         return list(self.by_worker.get(worker, ()))
 
     def expired(self, now: float) -> list[tuple[Lease, list[int]]]:
-        """End every lease whose deadline has passed: (batch, its handles)."""
+        """End every lease whose deadline has passed: (lease, its handles)."""
         out = []
         while self._heap and self._heap[0][0] <= now:
-            _, _, batch = heapq.heappop(self._heap)
-            if not batch.handles:
+            _, _, lease = heapq.heappop(self._heap)
+            if not lease.handles:
                 continue
-            handles = list(batch.handles)
+            handles = list(lease.handles)
             for handle in handles:
                 del self.by_handle[handle]
-            batch.handles = set()
-            self._drop_batch(batch)
-            out.append((batch, handles))
+            lease.handles = set()
+            self._drop(lease)
+            out.append((lease, handles))
         return out
 
     def next_deadline(self) -> float | None:

@@ -1,30 +1,17 @@
-"""The work queue's state machine. Single-threaded: the broker's owner
-thread makes every call.
+"""The queue of one data directory, in memory: its files and its jobs.
 
-Item states and where each lives (no per-item index):
+:class:`QueueState` holds the input segments (by id and by key), each job's
+completion log, the next position per job, and :class:`~.items.Items`, which
+owns every item's state and count. Operations that span modules live beside
+it: leasing.py (dispatch, touch, release, worker reports), completion.py
+(result durable, then tombstone, then retire), recovery.py (start-up from
+the markers), collector.py (deleting finished files), stats.py.
 
-==========  =====================  ==========================================
-state       on disk (marker)       in memory
-==========  =====================  ==========================================
-pending     LIVE                   counted in its segment's job cursor
-leased      LIVE                   LeaseTable (holder, deadline); segment.held
-delayed     LIVE                   LeaseTable with no holder; segment.held
-completing  LIVE or BURIED         ``completing``; segment.held
-retired     RETIRED                (nothing; the segment's RETIRED count)
-buried      BURIED                 counted per job
-==========  =====================  ==========================================
-
-Completion follows the spec's order: the result is appended to the job's
-completion log and made durable, then the input's marker is rewritten to
-RETIRED in place, then the item is retired in memory. ``complete`` is split
-in three so the owner thread never blocks on a flush: ``plan_complete``
-(validate, changes nothing), ``start_complete`` (append results, mark
-completing) and ``finish_complete`` (once durable: tombstone and retire).
+Threads: single-threaded; the broker's owner thread makes every call.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -34,71 +21,24 @@ import numpy as np
 from common.journal import Flusher, Marker, Ticket
 from common.journal.filesystem import make_dirs
 from common.wire.errors import BadRequest
-from workq import protocol as handles
 from workq.config import SEGMENT_OVERHEAD, WorkqConfig
 from workq.disk.catalog import MAX_SEGMENT, SEGMENT, Catalog, Entry
 from workq.disk.completion_log import CompletionLog, Outgoing
 from workq.disk.records import HEAD_BYTES, RESULTS_DIR, SEGMENTS_DIR, check_job, job_dir, job_id
 from workq.disk.segment import Segment
 from workq.errors import DiskFull, PayloadTooLarge, UnknownJob
-from workq.protocol import Key
+from workq.protocol import Key, pack
 
-from .lease_table import LeaseTable
+from .items import Items
 
-DUPLICATE = "duplicate"
-COMPLETED = "completed"
-
-
-@dataclasses.dataclass(slots=True)
-class JobCounts:
-    """Per-job item counts the broker keeps (results are counted by the CompletionLog)."""
-
-    pending: int = 0  # including items released with a delay
-    in_flight: int = 0  # leased or completing
-    buried: int = 0
-    completing: int = 0  # of in_flight: results written, not yet durable
-
-    @property
-    def idle(self) -> bool:
-        """Nothing pending, in flight or buried."""
-        return not (self.pending or self.in_flight or self.buried)
-
-
-@dataclasses.dataclass(slots=True)
-class Leased:
-    """Items one lease took from one segment for one job, as handed out."""
-
-    key: Key
-    job: str
-    handles: np.ndarray  # packed, uint64
-    positions: np.ndarray  # uint64
-    deliveries: np.ndarray  # uint32
-    payloads: list[memoryview]
-
-
-@dataclasses.dataclass(slots=True)
-class CompletionGroup:
-    """Accepted results of one job from one segment."""
-
-    job: int
-    segment: Segment
-    offsets: np.ndarray
-    handles: np.ndarray  # packed, uint64
-    positions: np.ndarray
-    markers: np.ndarray  # uint32, when planned
-    payloads: list[memoryview]
-
-
-@dataclasses.dataclass(slots=True)
-class CompletionPlan:
-    statuses: list[str]
-    groups: list[CompletionGroup]
-    tickets: list[Ticket] = dataclasses.field(default_factory=list)
-    error: Exception | None = None  # set by start: only some results were written
+BURIED = np.uint32(Marker.BURIED)
+#: Seconds a finished job's log (nothing pending, in flight or buried, all
+#: delivered) stays open before it rests (completion_log.py).
+REST_AFTER_S = 1.0
 
 
 class QueueState:
-    """Segments, completion logs, leases and counts of one data directory."""
+    """Segments, completion logs and items of one data directory."""
 
     def __init__(self, root: Path, config: WorkqConfig, flusher: Flusher) -> None:
         self.root = root
@@ -109,19 +49,14 @@ class QueueState:
         self.segments: dict[int, Segment] = {}
         self.keys: dict[Key, list[Segment]] = {}
         self.logs: dict[int, CompletionLog] = {}
-        self.counts: dict[int, JobCounts] = {}
+        self.items = Items(self.config)
         self.next_position: dict[int, int] = {}
-        self.leases = LeaseTable()
-        self.completing: set[int] = set()
-        self.stranded = 0  # completing items a flush error left for recovery to settle
         self.next_segment_id = 1
         self.window_ends = 0.0  # monotonic: recovered segments are not dispatched before it
         self.key_turn = 0
         self.job_turn = 0
-        self.item_changes = 0  # bumped whenever items may have become pending
-        self.result_changes = 0  # bumped whenever results may have become deliverable
         self._disk_checked = (0.0, True)
-        self.catalog: Catalog | None = None  # opened by recovery
+        self.catalog: Catalog | None = None  # opened by recovery; an audit record of files (catalog.py)
 
     # ------------------------------------------------------------------ jobs
 
@@ -136,14 +71,18 @@ class QueueState:
         log = self.logs.get(job)
         return log.name if log is not None else job_dir(job)
 
+    def add_log(self, log: CompletionLog) -> None:
+        """A job's completion log, created or found at start-up."""
+        self.logs[log.job] = log
+        self.items.counts(log.job)
+
     def _job_for_enqueue(self, name: str) -> CompletionLog:
         job = job_id(name)
         log = self.logs.get(job)
         if log is None:
             log = CompletionLog.create(self.results_dir, name, job, self.flusher, self.config.segment_bytes,
                                        self.catalog)
-            self.logs[job] = log
-            self.counts[job] = JobCounts()
+            self.add_log(log)
         elif log.name == job_dir(job) and log.name != name:  # recreated without its name (a lost log)
             log.adopt_name(name)
         elif log.name != name:
@@ -151,12 +90,8 @@ class QueueState:
         return log
 
     def job_status(self, name: str) -> dict[str, int]:
-        log = self.job(name)
-        counts = self.counts.setdefault(log.job, JobCounts())
-        completed = log.completed - counts.completing  # written, but not complete until durable
-        return {"enqueued": counts.pending + counts.in_flight + counts.buried + completed,
-                "pending": counts.pending, "in_flight": counts.in_flight, "completed": completed,
-                "delivered": log.delivered, "buried": counts.buried}
+        """Counts: enqueued, pending, in_flight, completed, delivered, buried."""
+        return self.items.status(self.job(name))
 
     # ------------------------------------------------------------- enqueue
 
@@ -182,9 +117,8 @@ class QueueState:
         first = self.next_position.get(log.job, 0)
         offsets, ticket = segment.append(log.job, first, payloads)
         self.next_position[log.job] = first + len(payloads)
-        self.counts[log.job].pending += len(payloads)
-        self.item_changes += 1
-        return handles.pack(segment.id, offsets), ticket
+        self.items.enqueued(segment, log.job, offsets)
+        return pack(segment.id, offsets), ticket
 
     def _check_disk(self) -> None:
         floor = self.config.disk_floor_bytes
@@ -214,14 +148,35 @@ class QueueState:
         self.next_segment_id += 1
         if self.catalog is not None:  # the file is durable: record it
             self.catalog.add([Entry(SEGMENT, segment.id)])
-        self.segments[segment.id] = segment
-        segments.append(segment)
+        self.add_segment(segment)
         return segment
+
+    def add_segment(self, segment: Segment) -> None:
+        """An input segment, created or found at start-up (keys stay in id order)."""
+        self.segments[segment.id] = segment
+        self.keys.setdefault(segment.key, []).append(segment)
+        self.next_segment_id = max(self.next_segment_id, segment.id + 1)
+
+    def remove_segment(self, segment: Segment) -> None:
+        """Forget a segment the collector deletes."""
+        del self.segments[segment.id]
+        self.keys[segment.key].remove(segment)
+        if not self.keys[segment.key]:
+            del self.keys[segment.key]
 
     # -------------------------------------------------------------- leasing
 
     def dispatchable(self, segment: Segment, now: float) -> bool:
+        """False for segments recovered at start-up, during the reconnect window."""
         return not (segment.recovered and now < self.window_ends)
+
+    def end_window(self, now: float) -> bool:
+        """Close the reconnect window once it is over; True if it just closed."""
+        if self.window_ends and now >= self.window_ends:
+            self.window_ends = 0.0
+            self.items.changed(items=True)
+            return True
+        return False
 
     # ------------------------------------------------------------ consumers
 
@@ -230,16 +185,18 @@ class QueueState:
         REPLY_ITEM_BYTES each within ``max_bytes``): they are in delivery
         until confirm_results (sent) or drop_results (not sent)."""
         log = self.job(name)
-        batch = log.take(max(0, limit), max_bytes, self.completing)
+        batch = log.take(max(0, limit), max_bytes, self.items.completing)
         log.sending(batch)
         return log, batch
 
     def confirm_results(self, log: CompletionLog, batch: list[Outgoing]) -> list[Ticket]:
+        """The results were handed over: DELIVERED (durable with the tickets)."""
         return log.confirm(batch)
 
     def drop_results(self, log: CompletionLog, batch: list[Outgoing]) -> None:
+        """The results never left: deliverable again."""
         log.drop(batch)
-        self.result_changes += 1
+        self.items.changed(results=True)
 
     # ------------------------------------------------------------- operator
 
@@ -251,20 +208,52 @@ class QueueState:
             if not segment.buried:
                 continue
             for chunk in segment.journal.scan():
-                mask = chunk.markers == np.uint32(Marker.BURIED)
+                mask = chunk.markers == BURIED
                 if not mask.any():
                     continue
                 jobs = segment.journal.fields(chunk, 0, "<u8")
                 offsets = chunk.offsets[mask & (jobs == np.uint64(log.job))]
                 offsets = np.array([o for o in offsets.tolist() if o not in segment.held], dtype=np.int64)
-                if not len(offsets):
-                    continue
-                segment.journal.set_markers(offsets, Marker.LIVE, expect=Marker.BURIED)
-                segment.give_back(log.job, offsets)
-                self.leases.forget(handles.pack(segment.id, offsets).tolist())
-                kicked += len(offsets)
-        counts = self.counts.setdefault(log.job, JobCounts())
-        counts.buried -= kicked
-        counts.pending += kicked
-        self.item_changes += 1
+                if len(offsets):
+                    self.items.kicked(segment, log.job, offsets)
+                    kicked += len(offsets)
         return kicked
+
+    # ---------------------------------------------------------- maintenance
+
+    def seal_idle(self, now: float) -> None:
+        """Seal active segments and logs unused for ``idle_seal_s``; rest
+        logs with nothing left to do (completion_log.py)."""
+        idle = self.config.idle_seal_s
+        for segments in self.keys.values():
+            active = segments[-1]
+            if not active.journal.sealed and now - active.last_append > idle:
+                active.journal.seal()
+        for log in self.logs.values():
+            if log.rested is not None:
+                continue
+            journal = log.active
+            if not journal.sealed and journal.count and now - log.last_append > idle:
+                journal.seal()
+            elif log.restable(now, REST_AFTER_S if self.items.counts(log.job).idle else idle):
+                log.rest()
+
+    def close(self) -> None:
+        """Close every file (each flushes first)."""
+        for log in self.logs.values():
+            for journal in log.segments.values():
+                journal.close()
+        for segment in self.segments.values():
+            segment.journal.close()
+        if self.catalog is not None:
+            self.catalog.close()
+
+    def abandon(self) -> None:
+        """Release every file unsynced, as a crash would (tests)."""
+        for log in self.logs.values():
+            for journal in log.segments.values():
+                journal.abandon()
+        for segment in self.segments.values():
+            segment.journal.abandon()
+        if self.catalog is not None:
+            self.catalog.abandon()

@@ -26,12 +26,9 @@ STATE_NAMES = {int(Marker.LIVE): "pending or leased", int(Marker.BURIED): "burie
 
 def totals(state: QueueState) -> dict[str, int]:
     """Flat counters for ``stats`` and Prometheus."""
-    counts = state.counts.values()
     return {
         "segments": len(state.segments), "keys": len(state.keys), "jobs": len(state.logs),
-        "pending": sum(c.pending for c in counts), "in_flight": sum(c.in_flight for c in counts),
-        "buried": sum(c.buried for c in counts), "leases": len(state.leases), "completing": len(state.completing),
-        "stranded": state.stranded,
+        **state.items.totals(),
         "results_undelivered": sum(log.undelivered for log in state.logs.values()),
         "segment_bytes": sum(s.journal.end for s in state.segments.values()),
         "reconnect_window_open": int(state.window_ends > time.monotonic()),
@@ -42,9 +39,9 @@ def key_stats(state: QueueState) -> list[dict[str, Any]]:
     """Per key: pending, in flight, buried, oldest pending age, segments,
     live and dead bytes, and the oldest item pinning its oldest segment."""
     in_flight: dict[int, int] = {}
-    for batches in state.leases.by_worker.values():
-        for batch in batches:
-            in_flight[batch.segment] = in_flight.get(batch.segment, 0) + len(batch.handles)
+    for leases in state.items.leases.by_worker.values():
+        for lease in leases:
+            in_flight[lease.segment] = in_flight.get(lease.segment, 0) + len(lease.handles)
     now_ns = time.time_ns()
     out = []
     for key, segments in sorted(state.keys.items()):

@@ -58,21 +58,49 @@ def test_files_are_recorded_and_collection_tombstones_first(open_broker: Callabl
 def test_recovery_finishes_a_collection_cut_before_the_unlink(open_broker: Callable[..., Broker],
                                                               tmp_path: Path) -> None:
     root = tmp_path / "data"
+    segment = root / "workq" / "segments" / "0000000001.wqsg"
     broker = open_broker(segment_bytes=64 << 10, idle_seal_s=0.001)
     broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
     broker.close()
-    broker = open_broker(segment_bytes=64 << 10)  # recovery seals segment 1; the new items go to segment 2
+    broker = open_broker(segment_bytes=64 << 10)  # recovery seals segment 1; the new item goes to segment 2
+    broker.enqueue("job", "m", "s", 0, [b"y"], durable=True)
+    items = [i for i in broker.lease(100) if i.handle.segment == 1]
+    broker.complete([i.handle for i in items], [b"r"] * len(items))  # every marker of segment 1 is RETIRED
+    kept = segment.read_bytes()
+    broker.close()  # the collector retires its catalog record durably, then unlinks it
+    assert not segment.exists() and catalog_of(root)[Entry(SEGMENT, 1)] == Marker.RETIRED
+    segment.write_bytes(kept)  # as if a crash came before the unlink
+    assert ("segments/0000000001.wqsg", Severity.REPAIRABLE, "collected") in findings_of(root)
+    broker = open_broker(segment_bytes=64 << 10)
+    broker.tick()  # its own markers say it is finished: the collector deletes it
+    assert not segment.exists()
+    assert broker.job_status("job")["pending"] == 1 and broker.job_status("job")["completed"] == 50
+    broker.close()
+    assert findings_of(root) == []
+
+
+def test_the_markers_win_over_a_catalog_that_calls_a_live_segment_collected(open_broker: Callable[..., Broker],
+                                                                            tmp_path: Path) -> None:
+    """The catalog is an audit record: recovery never obeys it. A catalog
+    that says a segment with pending items was collected loses nothing."""
+    root = tmp_path / "data"
+    broker = open_broker(segment_bytes=64 << 10, idle_seal_s=0.001)
+    broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
+    broker.close()
+    broker = open_broker(segment_bytes=64 << 10)
     broker.enqueue("job", "m", "s", 0, [b"y"], durable=True)
     broker.close()
-    with Flusher(FlusherConfig()) as flusher:  # the collector's durable tombstone, then a crash
+    with Flusher(FlusherConfig()) as flusher:  # a wrong, durable tombstone in the catalog
         book = Catalog.open(root / "workq", flusher)
         book.retire_durably([Entry(SEGMENT, 1)])
         book.close()
-    assert ("segments/0000000001.wqsg", Severity.REPAIRABLE, "collected") in findings_of(root)
     broker = open_broker(segment_bytes=64 << 10)
-    assert not (root / "workq" / "segments" / "0000000001.wqsg").exists()
-    assert broker.job_status("job")["pending"] == 1  # segment 1's 50 items went with it, as the collector decided
+    broker.tick()
+    assert (root / "workq" / "segments" / "0000000001.wqsg").exists()
+    assert broker.job_status("job")["pending"] == 51
+    assert len(broker.lease(100)) == 51
     broker.close()
+    assert catalog_of(root)[Entry(SEGMENT, 1)] == Marker.LIVE  # the audit record follows the files again
     assert findings_of(root) == []
 
 
@@ -128,30 +156,35 @@ def test_nothing_is_unlinked_after_a_failed_tombstone_flush(open_broker: Callabl
 
     import common.journal.syncer
     from common.journal.errors import FlushFailed
+    from workq.config import WorkqConfig
     from workq.state import collector
+    from workq.state.queue import QueueState
+    from workq.state.recovery import recover
+    from workq.testing import crash
 
     broker = open_broker(segment_bytes=64 << 10)
     fill(broker, segments=3)
-    catalog = broker.state.catalog
-    assert catalog is not None
-    real = os.fdatasync
+    crash(broker)  # finished segments the collector has not deleted yet stay behind
+    with Flusher(FlusherConfig(interval=0.002)) as flusher:
+        state = QueueState(tmp_path / "data" / "workq", WorkqConfig(segment_bytes=64 << 10), flusher)
+        recover(state)
+        catalog = state.catalog
+        assert catalog is not None
+        real = os.fdatasync
 
-    def fdatasync(fd: int) -> None:  # the catalog's disk fails: its tombstones never become durable
-        if fd == catalog.journal._file.fd:
-            raise OSError(errno.EIO, "Input/output error")
-        real(fd)
+        def fdatasync(fd: int) -> None:  # the catalog's disk fails: its tombstones never become durable
+            if fd == catalog.journal._file.fd:
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
 
-    monkeypatch.setattr(common.journal.syncer.os, "fdatasync", fdatasync)
-    segments = sorted((tmp_path / "data" / "workq" / "segments").glob("*.wqsg"))
-
-    def attempt(future: object) -> None:
+        monkeypatch.setattr(common.journal.syncer.os, "fdatasync", fdatasync)
+        segments = sorted((tmp_path / "data" / "workq" / "segments").glob("*.wqsg"))
+        assert len(segments) > 1 and any(s.finished for s in state.segments.values())
         for _ in range(2):  # the second try finds the tombstones already set in memory
             with contextlib.suppress(FlushFailed):
-                collector.collect_segments(broker.state)
-        future.set_result(None)  # type: ignore[attr-defined]
-
-    broker.call(attempt)
-    assert all(p.exists() for p in segments)
+                collector.collect_segments(state)
+        assert all(p.exists() for p in segments)
+        state.abandon()
 
 
 def test_segment_ids_are_never_reused_after_the_newest_is_lost(open_broker: Callable[..., Broker],
@@ -205,13 +238,9 @@ def test_a_clean_stop_collects_completions_it_confirmed_last(open_broker: Callab
         broker.enqueue("job", "m", "s", 0, [b"x" * 1000] * 50, durable=True)
     leased = broker.lease(1000, worker="w")
     packed = np.array([i.handle.packed for i in leased], dtype=np.uint64)
-
-    def complete(future: object) -> None:  # answered only when durable: the stop comes first
-        broker.complete_async(packed, [b"r"] * len(leased), lambda _: None, lambda _: None)
-        future.set_result(None)  # type: ignore[attr-defined]
-
-    broker.call(complete)
+    completed = broker.complete_async(packed, [b"r"] * len(leased))  # answered only when durable: the stop comes first
     broker.close()
+    assert set(completed.result()) == {"completed"}
     assert findings_of(tmp_path / "data") == []
 
 

@@ -1,0 +1,254 @@
+"""The broker's owner thread: one thread runs every queue operation, in order.
+
+Submitted functions run on the owner thread in the order submitted, so the
+queue's state needs no locks. Work that must wait never blocks the thread:
+
+* a *continuation* (:meth:`OwnerLoop.after_durable`) runs once every ticket
+  it names is durable; the shared flusher's round listener wakes the loop;
+* a *waiter* (:meth:`OwnerLoop.park`) is a call with a deadline (a lease or
+  results call with ``wait``) that is tried again whenever what it waits
+  for may have changed, and answered at its deadline at the latest;
+* timers run every TICK_S between batches of messages.
+
+Threads: any thread may submit; everything else runs on the owner thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Literal, TypeVar
+
+from common.journal import Flusher, Ticket
+from common.wire.errors import DurabilityLost, Unavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TICK_S = 0.25
+#: Messages run per wake-up before continuations, timers and waiters run.
+BATCH = 1024
+Wants = Literal["items", "results"]
+
+_WAKE = object()
+_STOP = object()
+_ABANDON = object()
+
+
+@dataclasses.dataclass(slots=True)
+class _Continuation:
+    tickets: list[Ticket]
+    done: Callable[[], None]
+    failed: Callable[[Exception], None]
+
+
+@dataclasses.dataclass(slots=True)
+class _Waiter:
+    deadline: float
+    attempt: Callable[[bool], bool]  # (final) -> answered?
+    wants: Wants  # which changes are worth a retry
+    fail: Callable[[Exception], None]  # answers the call if an attempt raises
+
+    def run(self, final: bool) -> bool:
+        """One attempt; True once the call is answered (by it or by fail)."""
+        try:
+            return self.attempt(final)
+        except Exception as exc:
+            log.exception("workq: a waiting call failed")
+            self.fail(exc)
+            return True
+
+
+class OwnerLoop:
+    """Runs messages, continuations, waiters and timers on one thread.
+
+    ``tick(now)`` runs the timers; ``changes()`` returns counters that move
+    whenever items (first) or results (second) may have become available;
+    ``stop()`` runs once on the owner thread at a clean stop.
+    """
+
+    def __init__(self, flusher: Flusher, tick: Callable[[float], None], changes: Callable[[], tuple[int, int]],
+                 stop: Callable[[], None]) -> None:
+        self.flusher = flusher
+        self._tick = tick
+        self._changes = changes
+        self._on_stop = stop
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._continuations: list[_Continuation] = []
+        self._waiters: list[_Waiter] = []
+        self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
+        self._next_tick = 0.0
+        self._seen = (-1, -1)  # changes() at the last retry of waiters
+        self.closed = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.flusher.add_listener(self._flushed)
+        self._thread.start()
+
+    def stop(self, *, abandon: bool = False) -> None:
+        """Stop the thread: cleanly (waiters answered, continuations run or
+        failed, then ``stop``), or, with ``abandon``, at once as a crash would."""
+        self.closed = True
+        self._inbox.put(_ABANDON if abandon else _STOP)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # ------------------------------------------------------------- submitting
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the owner thread (any thread may call this)."""
+        if self.closed:
+            raise Unavailable("the work queue is closed")
+        self._inbox.put(fn)
+
+    def future(self, fn: Callable[[Future[T]], None]) -> Future[T]:
+        """Run ``fn(future)`` on the owner thread; ``fn`` (or whatever it
+        parks) answers the future. An exception ``fn`` raises answers it too."""
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                fn(future)
+            except BaseException as exc:  # delivered to the caller, not lost on the owner thread
+                settle(future, error=exc)
+
+        try:
+            self.submit(run)
+        except Unavailable as exc:
+            settle(future, error=exc)
+        return future
+
+    def after_durable(self, tickets: Sequence[Ticket | None], done: Callable[[], None],
+                      failed: Callable[[Exception], None]) -> None:
+        """Owner thread: run ``done`` once every ticket is durable, or
+        ``failed`` (DurabilityLost) once one of their journals failed."""
+        real = [t for t in tickets if t is not None and not t.durable]
+        if not real:
+            done()
+            return
+        self._continuations.append(_Continuation(real, done, failed))
+        self.flusher.hurry()
+
+    def park(self, deadline: float, attempt: Callable[[bool], bool], wants: Wants,
+             fail: Callable[[Exception], None]) -> None:
+        """Owner thread: call ``attempt(False)`` now and again whenever what it
+        ``wants`` may have changed, until it answers; at ``deadline`` call
+        ``attempt(True)``, which must answer. If an attempt raises, ``fail``
+        answers the call with the error."""
+        waiter = _Waiter(deadline, attempt, wants, fail)
+        if not waiter.run(deadline <= time.monotonic()):
+            self._waiters.append(waiter)
+
+    # ---------------------------------------------------------------- the loop
+
+    def _flushed(self) -> None:
+        if self._continuations:
+            self._inbox.put(_WAKE)
+
+    def _run(self) -> None:
+        while True:
+            wait = max(0.0, min(self._next_tick, self._next_waiter()) - time.monotonic())
+            try:
+                batch = [self._inbox.get(timeout=min(wait, TICK_S))]
+            except queue.Empty:
+                batch = []
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for message in batch:
+                if message is _STOP:
+                    self._stop()
+                    return
+                if message is _ABANDON:
+                    return
+                if message is not _WAKE:
+                    self.guarded(message)
+            self._after()
+
+    def guarded(self, fn: Callable[[], object]) -> None:
+        """Run ``fn``, logging (not raising) what it raises."""
+        try:
+            fn()
+        except Exception:
+            log.exception("workq: unexpected error on the owner thread")
+
+    def _after(self) -> None:
+        """Continuations, timers and waiters, after each batch of messages."""
+        self.run_continuations()
+        now = time.monotonic()
+        if now >= self._next_tick:
+            self.guarded(lambda: self._tick(now))
+            self._next_tick = now + TICK_S
+        self._serve_waiters(now)
+
+    def run_continuations(self) -> None:
+        """Owner thread: run the continuations whose tickets are durable (or failed)."""
+        ready = []
+        for cont in self._continuations:
+            failed = next((t.journal.failed for t in cont.tickets if t.journal.failed is not None), None)
+            if failed is not None or all(t.durable for t in cont.tickets):
+                ready.append((cont, failed))
+        if not ready:
+            return
+        self._continuations = [c for c in self._continuations if all(c is not r for r, _ in ready)]
+        for cont, failed in ready:
+            if failed is not None:
+                self.guarded(functools.partial(cont.failed, DurabilityLost(str(failed))))
+            else:
+                self.guarded(cont.done)
+
+    def _next_waiter(self) -> float:
+        return min((w.deadline for w in self._waiters), default=float("inf"))
+
+    def _serve_waiters(self, now: float) -> None:
+        """Retry waiting calls when what they want changed since the last
+        try, and answer those whose deadline passed."""
+        if not self._waiters:
+            return
+        seen = self._changes()
+        changed = {"items": seen[0] != self._seen[0], "results": seen[1] != self._seen[1]}
+        self._seen = seen
+        waiting = self._waiters
+        self._waiters = []
+        for waiter in waiting:
+            final = now >= waiter.deadline
+            if not (changed[waiter.wants] or final):
+                self._waiters.append(waiter)
+                continue
+            if not waiter.run(final):
+                self._waiters.append(waiter)
+
+    def _stop(self) -> None:
+        for waiter in self._waiters:
+            waiter.run(True)
+        self._waiters = []
+        self.flusher.flush_now()
+        self.run_continuations()
+        self.guarded(self._on_stop)
+        self.run_continuations()
+        closed = Unavailable("the work queue closed before the write was durable")
+        for cont in self._continuations:
+            self.guarded(functools.partial(cont.failed, closed))
+        self._continuations = []
+
+
+def settle(future: Future[T], value: T | None = None, *, error: BaseException | None = None) -> None:
+    """Answer ``future`` unless it is answered or cancelled already (a
+    caller may cancel it from another thread at any time)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass
