@@ -1,4 +1,4 @@
-"""The catalog: which queue files exist, so that a lost one is noticed.
+"""The catalog: an audit record of which queue files exist, for ``verify``.
 
 The collector deletes segments as part of normal work, so a missing file
 proves nothing by itself. ``workq/catalog.wqct`` is a journal (kind
@@ -13,22 +13,24 @@ the record's marker says what became of the file::
     LIVE      the file exists. Appended after the file's creation is
               durable, so a LIVE record never names a file a crash undid.
     RETIRED   collected. The tombstone is made durable before the file is
-              unlinked; a crash in between leaves the file for recovery to
-              delete (input segments) or to keep (see below).
+              unlinked.
     BURIED    lost or quarantined, and acknowledged by ``verify --repair``.
 
-A completion-log segment is retired only after the ledger entry that counts
-its results is durable, so the ledger, not the catalog, decides whether a
-completion-log file that is still there was collected.
+Verify reports a LIVE record without its file as data loss, and a file
+whose record is RETIRED as a collection a crash cut short.
 
-Verify reports a LIVE record without its file as data loss; a file without
-a record (created just before a crash, or a directory from before the
-catalog existed) is catalogued by recovery. Recovery rewrites the catalog
-with its LIVE and BURIED records (new file, fsync, rename) when most records
-are RETIRED; the new file's metadata ``{next_segment}`` keeps the segment
-high-water mark, so segment ids (and handles) are never reused, not even
-after a quarantined newest segment. A damaged catalog does not stop the
-queue: recovery renames it aside and starts a new one.
+Recovery never obeys the catalog: every file's fate comes from the file's
+own markers (workq/state/recovery.py; docs/durability.md). Recovery only
+writes to it: files present that it lacks (created just before a crash, a
+directory older than the catalog, or a record it wrongly calls RETIRED) get
+a new LIVE record, and files recovery deletes are retired first, as the
+collector does. Recovery compacts the catalog (new file, fsync, rename) to
+its LIVE and BURIED records when most records are RETIRED. A damaged
+catalog does not stop the queue: it is renamed aside and a new one begun
+(a file lost before then goes unnoticed by verify). The only thing read
+back is :meth:`Catalog.next_seq`, a naming hint: a new completion-log
+segment takes a number no recorded one had, so verify can still tell a
+lost log segment from its successor.
 
 Threads: the broker's owner thread.
 """
@@ -42,13 +44,12 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import msgpack
 import numpy as np
 
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.errors import CorruptJournal, FormatError
 from common.journal.filesystem import fsync_dir
-from common.journal.header import HEADER_SIZE, Identity
+from common.journal.header import HEADER_SIZE
 
 from .records import RESULTS_DIR, RESULTS_SUFFIX, SEGMENT_SUFFIX, SEGMENTS_DIR, job_dir, log_file, segment_file
 
@@ -106,16 +107,11 @@ def read(journal: Journal) -> dict[Entry, tuple[int, Marker]]:
 class Catalog:
     """The catalog of one queue directory, open for writing."""
 
-    def __init__(self, journal: Journal, floor: int = 1) -> None:
+    def __init__(self, journal: Journal) -> None:
         self.journal = journal
         self.entries = read(journal)
         if any(e.kind not in (SEGMENT, RESULTS) or (e.kind == SEGMENT and e.id >= MAX_SEGMENT) for e in self.entries):
             raise CorruptJournal(journal.path, HEADER_SIZE, "a record of an unknown kind or a segment id past 2**32")
-        if journal.metadata:
-            floor = max(floor, int(msgpack.unpackb(journal.metadata).get("next_segment", 1)))
-        #: Above every segment id ever created, collected, lost or quarantined: a new segment never
-        #: reuses one (its handles would name the old items, whose results may still be in a log).
-        self.next_segment = max([floor] + [e.id + 1 for e in self.entries if e.kind == SEGMENT])
         self._next_seqs: dict[int, int] = {}  # job id -> above its highest completion-log seq recorded
         self._note_seqs(list(self.entries))
 
@@ -139,26 +135,22 @@ class Catalog:
 
     @classmethod
     def _rebuilt(cls, path: Path, flusher: Flusher, exc: Exception) -> Catalog:
-        """Move a damaged catalog aside (never deleted) and begin a new one,
-        keeping its segment high-water mark if its header still says it."""
-        floor = _floor_of(path)
+        """Move a damaged catalog aside (never deleted) and begin a new one."""
         stamp = time.strftime("%Y%m%dT%H%M%S")
         aside = next(a for n in range(1000) if not (a := path.with_name(f"{FILE}.damaged-{stamp}-{n}")).exists())
         log.error("workq: the catalog is damaged (%s); moved to %s and rebuilt from the files present: a queue "
                   "file lost before now goes unnoticed", exc, aside.name)
         os.rename(path, aside)
         fsync_dir(path.parent)
-        meta = msgpack.packb({"next_segment": floor})
-        return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG, metadata=meta), floor)
+        return cls(Journal.create(path, kind=KIND, flusher=flusher, config=CONFIG))
 
     def _compacted(self, flusher: Flusher) -> Catalog:
         """A new file with the LIVE and BURIED records (losses stay
-        acknowledged) and the segment high-water mark; renamed into place."""
+        acknowledged); renamed into place."""
         path = self.journal.path
         tmp = path.with_name(path.name + ".new")
         tmp.unlink(missing_ok=True)
-        meta = msgpack.packb({"next_segment": self.next_segment})
-        fresh = Journal.create(tmp, kind=KIND, flusher=flusher, config=CONFIG, metadata=meta)
+        fresh = Journal.create(tmp, kind=KIND, flusher=flusher, config=CONFIG)
         for marker in (Marker.LIVE, Marker.BURIED):
             kept = [e for e, (_, m) in self.entries.items() if m == marker]
             if kept:
@@ -244,12 +236,3 @@ def _open_checked(path: Path, flusher: Flusher) -> Journal:
         raise
     return journal
 
-
-def _floor_of(path: Path) -> int:
-    """The ``next_segment`` mark in a (damaged) catalog's header, if it is readable."""
-    try:
-        with open(path, "rb") as f:
-            metadata = Identity.decode(f.read(HEADER_SIZE), str(path)).metadata
-        return int(msgpack.unpackb(metadata).get("next_segment", 1)) if metadata else 1
-    except (OSError, FormatError, ValueError, TypeError):
-        return 1
