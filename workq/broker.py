@@ -176,7 +176,7 @@ class Broker:
         that covers them completed."""
 
         def run(future: Future[np.ndarray]) -> None:
-            packed, ticket = self._state.enqueue(job, key, list(payloads))  # type: ignore[arg-type]
+            packed, ticket = self._state.enqueue(job, key, payloads)
             if durable:
                 self._loop.after_durable([ticket], lambda: settle(future, packed),
                                          lambda exc: settle(future, error=exc))
@@ -290,7 +290,7 @@ class Broker:
         once the results are durable (completion.py)."""
 
         def run(future: Future[list[str]]) -> None:
-            plan = completion.start(self._state, completion.plan(self._state, packed, list(results)))  # type: ignore[arg-type]
+            plan = completion.start(self._state, completion.plan(self._state, packed, results))
 
             def done() -> None:
                 statuses = completion.finish(self._state, plan)

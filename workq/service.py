@@ -172,8 +172,9 @@ class WorkqService(Component):
         """Owner thread: reply with the results; they count as delivered once written."""
         if future.cancelled():
             return
-        if future.exception() is not None:
-            _fail(request, future.exception())  # type: ignore[arg-type]
+        error = future.exception()
+        if error is not None:
+            _fail(request, error)
             return
         delivery = future.result()
         if not len(delivery):

@@ -38,7 +38,8 @@ def contains(sorted_values: np.ndarray, queries: np.ndarray) -> np.ndarray:
     if not len(sorted_values):
         return np.zeros(len(queries), dtype=bool)
     at = np.minimum(np.searchsorted(sorted_values, queries), len(sorted_values) - 1)
-    return sorted_values[at] == queries
+    found: np.ndarray = sorted_values[at] == queries
+    return found
 
 
 class Anchors:

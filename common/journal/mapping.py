@@ -84,5 +84,5 @@ class MappedFile:
         self.words = np.zeros(0, dtype="<u4")
         if not self.snapshot:
             with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping dies with it
-                self.mm.close()  # type: ignore[union-attr]
+                self.mm.close()
         os.close(self.fd)

@@ -56,7 +56,7 @@ def is_marker(words: np.ndarray) -> np.ndarray:
     """Boolean mask: which words are valid markers (four comparisons: cheaper
     than np.isin, which sorts)."""
     words = np.asarray(words, dtype=np.uint32)
-    mask = words == MARKER_VALUES[0]
+    mask: np.ndarray = words == MARKER_VALUES[0]
     for value in MARKER_VALUES[1:]:
         mask |= words == value
     return mask

@@ -101,7 +101,8 @@ class RecordReader:
         if not len(chunk):
             return np.zeros(0, dtype=np.int64)
         _, _, _, stored, computed = self._checksummed(chunk)
-        return chunk.offsets[computed != stored]
+        bad: np.ndarray = chunk.offsets[computed != stored]
+        return bad
 
     def _checksummed(self, chunk: RecordChunk) -> tuple[memoryview, list[int], list[int], np.ndarray, np.ndarray]:
         """The chunk's bytes (one copy), each record's start and end in
@@ -136,7 +137,8 @@ class RecordReader:
         with self._lock:
             dirty = self._file.bytes[np.minimum(at, self._end - 1)] != 0
         owner = np.repeat(np.arange(len(pads)), pads)
-        return chunk.offsets[np.unique(owner[dirty])]
+        found: np.ndarray = chunk.offsets[np.unique(owner[dirty])]
+        return found
 
     @staticmethod
     def _copy_scattered(mm: mmap.mmap, offsets: np.ndarray, lengths: np.ndarray) -> tuple[memoryview, list[int]]:
@@ -153,7 +155,8 @@ class RecordReader:
             offs, _ = self._locate(offsets)
             lengths = self._file.words[offs // 4 + 2] & LENGTH_MASK
         align = self.alignment
-        return (lengths.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)
+        sizes: np.ndarray = (lengths.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)
+        return sizes
 
     def fields(self, chunk: RecordChunk, at: int, dtype: str) -> np.ndarray:
         """One fixed-width field of every record of a chunk from this
@@ -164,6 +167,7 @@ class RecordReader:
         size = np.dtype(dtype).itemsize
         starts = chunk.offsets + RECORD_HEADER_SIZE + at
         fits = chunk.lengths >= at + size
+        values: np.ndarray
         with self._lock:
             buf = self._file.bytes
             if (RECORD_HEADER_SIZE + at) % size == 0:  # aligned (record starts are 8-aligned): one typed gather
@@ -206,7 +210,7 @@ class RecordReader:
             first_seq = 0
             if start < stop:
                 self._locate([start])
-                first_seq = RecordHeader.unpack(self._file.mm, start).seq  # type: ignore[arg-type]
+                first_seq = RecordHeader.unpack(self._file.mm, start).seq
         walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
                     max_record_bytes=self.identity.max_record_bytes, window=window)
         for chunk in walk:

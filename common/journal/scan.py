@@ -72,7 +72,8 @@ class RecordChunk:
 
     def ends(self, alignment: int) -> np.ndarray:
         """Offset just past each record's padding (the next record's start)."""
-        return self.offsets + ((self.lengths + RECORD_HEADER_SIZE + alignment - 1) & ~(alignment - 1))
+        ends: np.ndarray = self.offsets + ((self.lengths + RECORD_HEADER_SIZE + alignment - 1) & ~(alignment - 1))
+        return ends
 
 
 class Walk:

@@ -148,7 +148,7 @@ class RpcClient:
             header["args"] = args
         buffers = framing.encode(header, parts)
         try:
-            framing.send_buffers(self._sock, buffers)  # type: ignore[arg-type]
+            framing.send_buffers(self._sock, buffers)
         except OSError as exc:
             self._lost(exc)
         self._waiting.add(request_id)
@@ -182,7 +182,7 @@ class RpcClient:
             self._lost(exc)
         if got is None:
             self._lost(ConnectionResetError("server closed the connection"))
-        return got  # type: ignore[return-value]
+        return got
 
     def _lost(self, cause: BaseException) -> NoReturn:
         pending = len(self._waiting)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -159,7 +160,7 @@ class CompletionLog:
     # ---------------------------------------------------------------- writes
 
     def append(self, handles: np.ndarray, positions: np.ndarray,
-               payloads: list[memoryview] | list[bytes]) -> ResultsWritten:
+               payloads: Sequence[bytes | memoryview]) -> ResultsWritten:
         """Record results, as one batch per segment they fill (each result
         must fit an empty segment). If a write fails, the results before
         it stay written: ``written`` says how many, ``error`` why."""

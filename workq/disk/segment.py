@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgpack
@@ -128,7 +129,7 @@ class Segment:
     # ---------------------------------------------------------------- writes
 
     def append(self, job: int, first_position: int,
-               payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket]:
+               payloads: Sequence[bytes | memoryview]) -> tuple[np.ndarray, Ticket]:
         """Append one job's tasks as one batch; returns their offsets and the
         ticket that says when they are durable (the caller counts them
         pending: workq.state.items)."""

@@ -22,6 +22,7 @@ finishes them (recovery.py). If the results cannot be made durable,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,7 +50,7 @@ class CompletionPlan:
     error: Exception | None = None  # set by start: only some results were written
 
 
-def plan(state: QueueState, packed: np.ndarray, payloads: list[memoryview] | list[bytes]) -> CompletionPlan:
+def plan(state: QueueState, packed: np.ndarray, payloads: Sequence[bytes | memoryview]) -> CompletionPlan:
     """Validate a batch of results; nothing is changed."""
     if len(packed) != len(payloads):
         raise ValueError(f"{len(packed)} handles but {len(payloads)} results")

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TypeVar
 
 from workq.config import REPLY_BATCH_BYTES
 from workq.disk.segment import Segment, Taken
 from workq.protocol import Key
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,7 +59,7 @@ def _names(name: str, values: object) -> frozenset[str]:
     return frozenset(out)
 
 
-def rotated(items: Sequence, start: int) -> list:
+def rotated(items: Sequence[T], start: int) -> list[T]:
     """``items`` starting at index ``start`` (mod len), wrapping around."""
     if not items:
         return []

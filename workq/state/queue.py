@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +97,7 @@ class QueueState:
     # ------------------------------------------------------------- enqueue
 
     def enqueue(self, name: str, key: Key,
-                payloads: list[memoryview] | list[bytes]) -> tuple[np.ndarray, Ticket | None]:
+                payloads: Sequence[bytes | memoryview]) -> tuple[np.ndarray, Ticket | None]:
         """Append one job's tasks for one key; they are pending at once and
         durable when the returned ticket is."""
         check_job(name)
