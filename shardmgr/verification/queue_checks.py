@@ -1,7 +1,7 @@
 """Checking a work queue's files offline: workq's part of ``shardmgr verify``.
 
 Read-only; safe beside a live broker. On top of the journal checks
-(common/check.py) it checks what the queue's own rules say about its files:
+(common/journal/check.py) it checks what the queue's own rules say about its files:
 
 * names: ``segments/<id:010d>.wqsg`` and ``results/<job id hex>/<seq:08d>.wqcl``,
   and that each file's metadata names the same segment, job and sequence;

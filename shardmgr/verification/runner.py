@@ -3,8 +3,8 @@
 Read-only and lock-free unless ``repair`` is asked for, so it is safe beside
 a live server (files being written may show REPAIRABLE findings that are
 only writes in flight; sealed files give consistent results). It walks
-``DATA/workq`` (workq/check.py) and ``DATA/shards`` (shardmgr/check.py) on
-top of the journal checks (common/check.py); everything else in the
+``DATA/workq`` (queue_checks.py) and ``DATA/shards`` (shard_checks.py) on
+top of the journal checks (common/journal/check.py); everything else in the
 directory but ``LOCK`` and ``quarantine/`` is reported as unknown.
 
 The default run checks structure, headers, sealed checkpoints, sizes and

@@ -1,7 +1,7 @@
 """Checking the vector store's files offline: its part of ``shardmgr verify``.
 
 Read-only; safe beside a live server. Per collection: the ``collection``
-metadata journal; per shard: the batch journal (common/check.py), the shard's
+metadata journal; per shard: the batch journal (common/journal/check.py), the shard's
 metadata, both row files' headers (checksum, column, dtype, width, and the
 shard's uuid, so a file swapped in from another shard is caught), their
 sizes against the rows the journal holds, and, with ``deep``, every batch's
