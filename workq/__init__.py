@@ -44,7 +44,7 @@ def open(data_dir: str | Path, config: WorkqConfig | None = None, *,  # noqa: A0
     (``ServerConfig.workq`` and ``ServerConfig.flusher``); ``fields``
     override single WorkqConfig fields."""
     base = config or WorkqConfig()
-    return Broker(data_dir, dataclasses.replace(base, **fields), flush=flusher).open()
+    return Broker(data_dir, dataclasses.replace(base, **fields), flusher=flusher).open()
 
 
 def connect(address: str, **options: Any) -> QueueClient:

@@ -55,14 +55,15 @@ EMBEDDED = "embedded"  # the worker name of embedded lease calls
 class Broker:
     """A work queue on ``data_dir/workq``. Use :func:`workq.open` or the service."""
 
-    def __init__(self, data_dir: str | Path, config: WorkqConfig | None = None, *, flusher: Flusher | None = None,
-                 flush: FlusherConfig | None = None, lock: bool = True) -> None:
-        """``flusher``: a running shared flusher (the server's); else the
-        broker runs its own, on ``flush`` (default FlusherConfig())."""
+    def __init__(self, data_dir: str | Path, config: WorkqConfig | None = None, *,
+                 flusher: Flusher | FlusherConfig | None = None, lock: bool = True) -> None:
+        """``flusher``: a shared, running Flusher (the server's), or the
+        configuration of the broker's own, which it starts and stops
+        (default FlusherConfig()). ``lock`` takes the directory's LOCK."""
         self.data_dir = Path(data_dir)
         self.config = (config or WorkqConfig()).validate()
-        self._own_flusher = flusher is None
-        self.flusher = flusher or Flusher((flush or FlusherConfig()).validate())
+        self._own_flusher = not isinstance(flusher, Flusher)
+        self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
         self._state = QueueState(self.data_dir / "workq", self.config, self.flusher)
         self._lock = LockFile(self.data_dir) if lock else None
         self._loop = OwnerLoop(self.flusher, self._tick, self._changes, self._collect_now)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import workq
 from common.journal import Flusher
 from workq import Broker, DiskFull, Handle, NotLeased, PayloadTooLarge, UnknownHandle, UnknownJob
 
@@ -322,3 +323,18 @@ def test_finished_jobs_hold_no_open_files(open_broker: Callable[..., Broker], mo
     broker.close()
     reopened = open_broker()
     assert status(reopened, "job-7") == (2, 0, 0, 2, 2, 0) and status(reopened, "job-199") == (1, 0, 0, 1, 1, 0)
+
+
+def test_embedded_open_takes_the_typed_configuration_of_serve(tmp_path: Path) -> None:
+    from common.journal import FlusherConfig
+    from workq.config import WorkqConfig
+
+    config = WorkqConfig(reconnect_window_s=0.0, disk_floor_bytes=0)
+    with workq.open(tmp_path, config, flusher=FlusherConfig(interval=3600.0), lease_s=7.0) as broker:
+        assert broker.config.lease_s == 7.0 and broker.config.disk_floor_bytes == 0
+        rounds = broker.flusher.stats.rounds
+        broker.enqueue("j", "m", "s", 1, [b"x"])  # durable at the next round: in an hour
+        time.sleep(0.2)
+        assert broker.flusher.stats.rounds == rounds
+        broker.enqueue("j", "m", "s", 1, [b"y"], durable=True)  # a waiter starts a round at once
+        assert broker.flusher.stats.rounds > rounds
