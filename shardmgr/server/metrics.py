@@ -39,6 +39,6 @@ def serve_metrics(server: Server, host: str, port: int) -> Any:
     """Start the HTTP endpoint in a background thread; returns the HTTP server
     (call ``.shutdown()`` to stop it)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(server))  # type: ignore[arg-type]
+    registry.register(StatsCollector(server))
     http_server, _thread = start_http_server(port, addr=host, registry=registry)
     return http_server
