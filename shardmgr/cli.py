@@ -44,6 +44,8 @@ def main() -> None:
               show_default=str(_DEFAULTS.port))
 @click.option("--flush-interval-ms", type=float, default=None, help="Group-commit interval.",
               show_default=str(_DEFAULTS.flush_interval_ms))
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write JSON {host, port, pid} here once the port is open; removed on a clean stop.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on this port (documented choice: 7301).", show_default="off")
 @click.option("--max-frame-bytes", type=int, default=None, help="Largest frame accepted.",
@@ -55,8 +57,8 @@ def serve(config_file: Path | None, **options: object) -> None:
     """Run the service on one port until SIGTERM or SIGINT.
 
     The port opens only after every component has recovered its data; the
-    log says when it is ready. A second server on the same data directory
-    is refused.
+    log (and --ready-file) says when it is ready. A second server on the
+    same data directory is refused.
     """
     import logging
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import struct
 import subprocess
@@ -39,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.wire.client import RpcClient
+from shardmgr.server import readiness
 
 WINDOW = 64
 BIG = 4 << 20
@@ -89,17 +89,13 @@ def start_echo() -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
     return proc, ("127.0.0.1", port)
 
 
-def start_server(data: Path) -> tuple[subprocess.Popen[str], tuple[str, int]]:
-    """``shardmgr serve`` on a free port; returns once its ready line appears."""
-    proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(data), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        match = re.search(r"ready: listening on ([\d.]+):(\d+)", line)
-        if match:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining the log
-            return proc, (match.group(1), int(match.group(2)))
-    raise RuntimeError("server exited before it was ready")
+def start_server(data: Path) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
+    """``shardmgr serve`` on a free port; returns once its ready file says where."""
+    ready, log = data.with_name(data.name + ".ready"), data.with_name(data.name + ".log")
+    with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
+        proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(data), "--port", "0",
+                                 "--ready-file", str(ready)], stderr=stderr)
+    return proc, readiness.wait(ready, proc, 3600, log=log.read_text)
 
 
 def sequential(client: RpcClient, cmd: str, n: int) -> dict[str, float]:
@@ -148,7 +144,7 @@ def measure(address: tuple[str, int], cmd: str, requests: int) -> dict[str, floa
 def run(requests: int) -> dict[str, dict[str, float]]:
     echo, echo_address = start_echo()
     with tempfile.TemporaryDirectory() as data:
-        server, address = start_server(Path(data))
+        server, address = start_server(Path(data) / "data")
         try:
             baseline = measure(echo_address, "ping", requests)
             ours = measure(address, "ping", requests)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 import shardmgr
+from shardmgr.server import readiness
 
 BATCH = 1000
 QUERIES = 1000
@@ -186,16 +186,14 @@ def bench_hnsw(directory: Path, vectors: np.ndarray, queries: np.ndarray) -> dic
             "hnsw_qps": qps, "faiss_qps": faiss_qps(vectors, queries), "build_s": built}
 
 
-def start_server(path: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(path), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        match = re.search(r"ready: listening on ([\d.]+):(\d+)", line)
-        if match:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, f"{match.group(1)}:{match.group(2)}"
-    raise RuntimeError("server exited before it was ready")
+def start_server(path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``shardmgr serve`` on a free port; returns once its ready file says where."""
+    ready, log = path.with_name(path.name + ".ready"), path.with_name(path.name + ".log")
+    with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
+        proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(path), "--port", "0",
+                                 "--ready-file", str(ready)], stderr=stderr)
+    host, port = readiness.wait(ready, proc, 3600, log=log.read_text)
+    return proc, f"{host}:{port}"
 
 
 def bench_startup(directory: Path, gib: float) -> dict[str, Any]:

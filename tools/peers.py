@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -78,16 +76,14 @@ class Workq(Peer):
     durable = False
 
     def start(self, base: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(base / "data"),
-                                      "--port", "0"], stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            match = re.search(r"ready: listening on ([\d.]+):(\d+)", line)
-            if match:
-                self.address = f"{match.group(1)}:{match.group(2)}"
-                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
-                return
-        raise RuntimeError("shardmgr serve exited before it was ready")
+        from shardmgr.server import readiness
+
+        ready, log = base / "data.ready", base / "data.log"
+        with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
+            self.proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(base / "data"),
+                                          "--port", "0", "--ready-file", str(ready)], stderr=stderr)
+        host, port = readiness.wait(ready, self.proc, 3600, log=log.read_text)
+        self.address = f"{host}:{port}"
 
     def produce(self, items: int, batch: int, size: int) -> None:
         import workq

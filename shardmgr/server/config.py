@@ -29,8 +29,11 @@ class ServerConfig:
     data_dir: Path = Path("data")
     #: Address to listen on. Loopback by default: expose it deliberately.
     host: str = "127.0.0.1"
-    #: TCP port; 0 picks a free one (the log and ``Server.address`` say which).
+    #: TCP port; 0 picks a free one (the log, the ready file and ``Server.address`` say which).
     port: int = DEFAULT_PORT
+    #: If set, written (atomically, JSON ``{host, port, pid}``) once the port
+    #: is open and removed on a clean stop; see server/readiness.py.
+    ready_file: Path | None = None
     #: Group-commit interval of the shared flusher, in milliseconds.
     flush_interval_ms: float = 5.0
     #: Largest frame accepted or sent, in bytes.
@@ -89,8 +92,9 @@ class ServerConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ValueError(f"unknown configuration keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-        if "data_dir" in values:
-            values["data_dir"] = Path(values["data_dir"])
+        for name in ("data_dir", "ready_file"):
+            if name in values:
+                values[name] = Path(values[name])
         for table, kind in (("workq", WorkqConfig), ("store", StoreConfig)):
             if isinstance(values.get(table), dict):
                 try:

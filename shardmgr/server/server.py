@@ -1,15 +1,17 @@
 """The service process: hosts components on one port.
 
 Start-up order, each step logged: take the data directory's LOCK (a second
-server on the same directory is refused), start the flusher, recover every
-component, start their owner threads, and only then open the listening
-socket. Until that last step connection attempts are refused, so a client
-never talks to a half-recovered server.
+server on the same directory is refused), remove a stale ready file, start
+the flusher, recover every component, start their owner threads, and only
+then open the listening socket and write the ready file (readiness.py).
+Until that last step connection attempts are refused, so a client never
+talks to a half-recovered server.
 
-Stop (SIGTERM/SIGINT or :meth:`Server.stop`): close the listening socket,
-stop reading new requests, let components finish or fail what is in flight,
-send the replies already produced (up to ``shutdown_grace_s``), close the
-connections, flush and close every journal, release the LOCK.
+Stop (SIGTERM/SIGINT or :meth:`Server.stop`): remove the ready file, close
+the listening socket, stop reading new requests, let components finish or
+fail what is in flight, send the replies already produced (up to
+``shutdown_grace_s``), close the connections, flush and close every
+journal, release the LOCK.
 
 Threads: an acceptor thread; per connection a reader and a writer thread
 (connection.py); per component its own owner threads; the flusher. The
@@ -35,6 +37,7 @@ from common.wire.errors import Internal, ServiceError, Unavailable, UnknownComma
 from shardmgr.store.service import StoreService
 from workq.service import WorkqService
 
+from . import readiness
 from .config import ServerConfig
 from .connection import Connection
 from .control import Control
@@ -67,6 +70,7 @@ class Server:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._metrics: Any = None
+        self._wrote_ready_file = False
         self.started_at = time.time()
         self.counters = {"connections_total": 0, "connections_refused_total": 0, "requests_total": 0,
                          "errors_total": 0}
@@ -86,6 +90,8 @@ class Server:
         self._lockfile.acquire()
         _raise_file_limit()
         try:
+            if self.config.ready_file is not None:  # only now: while another server held the lock, it was its file
+                readiness.remove(self.config.ready_file)
             self.flusher.start()
             for component in self.components:
                 started = time.monotonic()
@@ -95,10 +101,13 @@ class Server:
             for component in self.components:
                 component.start()
             self._listen()
+            host, port = self.address
+            if self.config.ready_file is not None:
+                readiness.write(self.config.ready_file, host, port)
+                self._wrote_ready_file = True
         except BaseException:
             self._shutdown()
             raise
-        host, port = self.address
         log.info("ready: listening on %s:%d (data %s)", host, port, self.config.data_dir)
 
     def _listen(self) -> None:
@@ -133,6 +142,11 @@ class Server:
             self._stopped.set()
             self._stopping.set()
             connections = list(self._connections)
+        if self._wrote_ready_file and self.config.ready_file is not None:
+            try:
+                readiness.remove(self.config.ready_file)
+            except OSError as exc:  # the stop goes on: the data matters more than the marker
+                log.warning("could not remove the ready file %s: %s", self.config.ready_file, exc)
         if self._listener is not None:
             self._listener.close()
         if self._metrics is not None:

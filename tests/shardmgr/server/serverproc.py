@@ -11,43 +11,51 @@ import threading
 import time
 from pathlib import Path
 
-READY = re.compile(r"ready: listening on ([\d.]+):(\d+)")
+from shardmgr.server import readiness
 
 
 class ServerProcess:
-    """A ``python -m shardmgr serve`` child on a free loopback port."""
+    """A ``python -m shardmgr serve`` child on a free loopback port.
+
+    Readiness comes from its ``--ready-file`` (a sibling of the data
+    directory); its stderr is collected in ``log``.
+    """
 
     def __init__(self, data_dir: Path, *extra: str, port: int = 0) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.port = port
+        self.ready_file = data_dir.with_name(data_dir.name + ".ready")
         self.proc: subprocess.Popen[str] | None = None
         self.log: list[str] = []
-        self._ready = threading.Event()
+        self._pump_thread: threading.Thread | None = None
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
-        self._ready.clear()
+        """Start the server and return once it is ready; the port it bound is
+        kept for restarts. NotReady (with the log) if it exits or hangs."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardmgr", "serve", "--data", str(self.data_dir), "--port", str(self.port),
-             *self.extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:  # exited, or stuck
-                self.kill()
-                time.sleep(0.1)  # let the pump read the last lines
-                raise RuntimeError("server did not become ready:\n" + "\n".join(self.log))
+             "--ready-file", str(self.ready_file), *self.extra], stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._pump_thread = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
+        self._pump_thread.start()
+        try:
+            _, self.port = readiness.wait(self.ready_file, self.proc, timeout, log=self._log_text)
+        except readiness.NotReady:
+            self.kill()
+            raise
         return self
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
             self.log.append(line.rstrip())
-            match = READY.search(line)
-            if match:
-                self.port = int(match.group(2))  # keep the port across restarts
-                self._ready.set()
+
+    def _log_text(self) -> str:
+        """The log so far; once the process has exited, all of it (the pump reads to the end)."""
+        if self.proc is not None and self.proc.poll() is not None and self._pump_thread is not None:
+            self._pump_thread.join(5)
+        return "\n".join(self.log)
 
     @property
     def address(self) -> str:
