@@ -15,23 +15,31 @@ Over the network (``shardmgr serve``)::
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from common.journal import FlusherConfig
     from shardmgr.store.client import StoreClient
+    from shardmgr.store.config import StoreConfig
     from shardmgr.store.store import Store
     from shardmgr.verification.runner import Report
 
 
-def open(data_dir: str | Path, **config: Any) -> Store:  # noqa: A001 - the public name is fixed
-    """Open (and recover) the vector store in ``data_dir``; ``config`` are StoreConfig fields."""
+def open(data_dir: str | Path, config: StoreConfig | None = None, *,  # noqa: A001 - the public name is fixed
+         flusher: FlusherConfig | None = None, **fields: Any) -> Store:
+    """Open (and recover) the vector store in ``data_dir``, with the typed
+    configuration ``shardmgr serve`` uses: ``config`` (default StoreConfig())
+    with ``fields`` replacing its fields, and the group-commit schedule of
+    the store's own flusher (default FlusherConfig()). With a ServerConfig
+    ``cfg``: ``shardmgr.open(cfg.data_dir, cfg.store, flusher=cfg.flusher)``."""
     from shardmgr.store.config import StoreConfig
     from shardmgr.store.store import Store
 
-    return Store(data_dir, StoreConfig(**config)).open()
+    return Store(data_dir, dataclasses.replace(config or StoreConfig(), **fields), flusher=flusher).open()
 
 
 def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False) -> Report:

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from common.journal import FlusherConfig
 from common.units import MiB
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 from shardmgr.store.config import StoreConfig
@@ -58,6 +59,11 @@ class ServerConfig:
     workq: WorkqConfig = WorkqConfig()
     #: The vector store's settings (TOML table ``[store]``).
     store: StoreConfig = StoreConfig()
+
+    @property
+    def flusher(self) -> FlusherConfig:
+        """The shared flusher's configuration (``flush_interval_ms`` in seconds)."""
+        return FlusherConfig(interval=self.flush_interval_ms / 1e3)
 
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""

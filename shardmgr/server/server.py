@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from common.journal import Flusher, FlusherConfig
+from common.journal import Flusher
 from common.journal.lockfile import LockFile
 from common.wire.component import Component, Request
 from common.wire.errors import Internal, ServiceError, Unavailable, UnknownCommand
@@ -51,7 +51,7 @@ class Server:
     def __init__(self, config: ServerConfig, components: Iterable[Component] | None = None) -> None:
         """``components`` default to the product's: the work queue and the vector store."""
         self.config = config.validate()
-        self.flusher = Flusher(FlusherConfig(interval=config.flush_interval_ms / 1e3))
+        self.flusher = Flusher(config.flusher)
         if components is None:
             components = [WorkqService(config.data_dir, config.workq, self.flusher, config.max_frame_bytes),
                           StoreService(config.data_dir, config.store, self.flusher)]

@@ -40,13 +40,16 @@ log = logging.getLogger(__name__)
 class Store:
     """Collections under ``data_dir/shards``."""
 
-    def __init__(self, data_dir: str | Path, config: StoreConfig | None = None, *, flusher: Flusher | None = None,
-                 lock: bool = True) -> None:
+    def __init__(self, data_dir: str | Path, config: StoreConfig | None = None, *,
+                 flusher: Flusher | FlusherConfig | None = None, lock: bool = True) -> None:
+        """``flusher``: a shared, running Flusher (the server's), or the
+        configuration of the store's own, which it starts and stops
+        (default FlusherConfig()). ``lock`` takes the directory's LOCK."""
         self.data_dir = Path(data_dir)
         self.root = self.data_dir / "shards"
         self.config = (config or StoreConfig()).validate()
-        self._own_flusher = flusher is None
-        self.flusher = flusher or Flusher(FlusherConfig())
+        self._own_flusher = not isinstance(flusher, Flusher)
+        self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
         self._lock_file = LockFile(self.data_dir) if lock else None
         self._write = threading.Lock()
         self._collections: dict[str, Collection] = {}

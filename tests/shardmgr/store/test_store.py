@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import shardmgr
+from common.journal import FlusherConfig
 from shardmgr.errors import BadVectors, CollectionConflict, UnknownCollection, UnknownRef
+from shardmgr.server.config import ServerConfig
+from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store
 
 
@@ -19,7 +24,7 @@ from shardmgr.store.store import Store
 def open_store(tmp_path: Path) -> Iterator[Callable[..., Store]]:
     opened: list[Store] = []
 
-    def make(**config: object) -> Store:
+    def make(**config: Any) -> Store:
         store = shardmgr.open(tmp_path / "data", **config)
         opened.append(store)
         return store
@@ -155,3 +160,26 @@ def test_hnsw_collections_build_persist_and_reload_an_index(open_store: Callable
     store = open_store(seal_bytes=32 * 1024)
     views = store.collection("h").views()
     assert sum(v.index is not None for v in views) == len(indexed)  # loaded, not rebuilt
+
+
+def durable_within(store: Store, seconds: float) -> bool:
+    """Whether a plain append becomes durable within ``seconds`` without anyone asking for it."""
+    _, ticket = store.append_async("c", np.ones((1, 4), np.float32), [1])
+    deadline = time.monotonic() + seconds
+    while not ticket.durable and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ticket.durable
+
+
+def test_embedded_open_takes_the_typed_configuration_of_serve(tmp_path: Path) -> None:
+    config = ServerConfig(data_dir=tmp_path / "data", flush_interval_ms=3_600_000,
+                          store=StoreConfig(seal_bytes=8192))
+    assert config.flusher == FlusherConfig(interval=3600.0)
+    with shardmgr.open(config.data_dir, config.store, flusher=config.flusher, max_k=5) as store:
+        assert store.config == StoreConfig(seal_bytes=8192, max_k=5)  # fields override the config
+        assert store.flusher.config.interval == 3600.0
+        store.create_collection("c", 4)
+        assert not durable_within(store, 0.5)  # no scheduled flush in the next hour ...
+        store.flush()  # ... but an explicit one still works
+    with shardmgr.open(config.data_dir, flusher=FlusherConfig(interval=0.01)) as store:
+        assert durable_within(store, 10.0)
