@@ -1,11 +1,13 @@
 """The vector store as a component of ``shardmgr serve``: its commands.
 
 Vectors, ids, queries and refs travel as binary parts; see docs/shardmgr.md.
-Requests run on the connection's thread: searches and gets read snapshots
-concurrently (faiss releases the GIL), appends take the store's write lock,
-and an append with ``durable`` waits on that thread for the flush that
-covers it (a few milliseconds), so replies keep their meaning: when the
-client sees the refs, the rows are on disk.
+The service only translates frames to calls of the Store's public API (and
+FlushFailed to the wire's DurabilityLost). Requests run on the connection's
+thread: searches and gets read snapshots concurrently (faiss releases the
+GIL), appends take the store's write lock, and an append with ``durable``
+waits on that thread for the flush that covers it (a few milliseconds), so
+replies keep their meaning: when the client sees the refs, the rows are on
+disk.
 """
 
 from __future__ import annotations
@@ -64,13 +66,11 @@ class StoreService(Component):
     def _append(self, request: Request) -> None:
         name = request.arg("name", str)
         durable = request.arg("durable", bool, False)
-        # dtypes and shapes are checked by the store (shardmgr.bad_vectors), as for embedded callers
-        refs, ticket = self.store.append_async(name, request.part("vectors"), request.part("ids"))
-        if durable:
-            try:
-                ticket.journal.wait_durable(ticket)
-            except FlushFailed as exc:
-                raise DurabilityLost(str(exc)) from exc
+        vectors, ids = request.part("vectors"), request.part("ids")
+        try:  # dtypes and shapes are checked by the store (shardmgr.bad_vectors), as for embedded callers
+            refs = self.store.append(name, vectors, ids, durable=durable)
+        except FlushFailed as exc:
+            raise DurabilityLost(str(exc)) from exc
         request.reply({"rows": len(refs)}, {"refs": refs})
 
     def _search(self, request: Request) -> None:

@@ -1,16 +1,23 @@
-"""The vector store through a real ``shardmgr serve`` process."""
+"""The vector store through a real ``shardmgr serve`` process, and its service component in-process."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import common.journal.syncer
 import shardmgr
-from common.wire.errors import BadRequest
+from common.journal import Flusher, FlushFailed
+from common.wire.component import OnSent, Request
+from common.wire.errors import BadRequest, DurabilityLost
 from shardmgr.errors import BadVectors, CollectionConflict, UnknownCollection, UnknownRef
+from shardmgr.store.config import StoreConfig
+from shardmgr.store.service import StoreService
 from tests.shardmgr.server.serverproc import ServerProcess
 
 
@@ -65,3 +72,71 @@ def test_wire_errors_are_typed_and_change_nothing(server: ServerProcess) -> None
         _, _, nearest = client.search("c", np.ones(4, np.float32), k=np.int64(3))
         assert nearest.shape == (1, 3) and len(one) == 1
         assert client.collection_info("c")["rows"] == 3
+
+
+class Answers:
+    """A responder keeping what the service answered."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, Any]] = []
+
+    def respond(self, header: dict[str, Any], parts: dict[str, np.ndarray] | None, on_sent: OnSent | None) -> None:
+        self.headers.append(header)
+
+
+class PublicStore:
+    """Only the Store's public append: all the service may call to append."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.calls: list[tuple[str, bool]] = []
+
+    def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
+        self.calls.append((name, durable))
+        if self.error is not None:
+            raise self.error
+        return np.arange(len(ids), dtype=np.int64)
+
+
+def append_request(answers: Answers, durable: bool) -> Request:
+    return Request(1, "shardmgr.append", {"name": "c", "durable": durable},
+                   {"vectors": np.ones((2, 4), np.float32), "ids": np.arange(2)}, answers)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_append_goes_through_the_public_store_api(tmp_path: Path, flusher: Flusher, durable: bool) -> None:
+    service = StoreService(tmp_path, StoreConfig(), flusher)
+    service.store = PublicStore()  # type: ignore[assignment]
+    answers = Answers()
+    service.handle(append_request(answers, durable))
+    assert service.store.calls == [("c", durable)]  # type: ignore[attr-defined]
+    assert answers.headers == [{"id": 1, "ok": {"rows": 2}}]
+
+
+def test_a_lost_flush_is_durability_lost_on_the_wire(tmp_path: Path, flusher: Flusher) -> None:
+    service = StoreService(tmp_path, StoreConfig(), flusher)
+    service.store = PublicStore(FlushFailed("fdatasync failed: EIO"))  # type: ignore[assignment]
+    with pytest.raises(DurabilityLost, match="EIO"):
+        service.handle(append_request(Answers(), durable=True))
+
+
+def test_a_real_failed_fdatasync_fails_a_durable_append(tmp_path: Path, flusher: Flusher,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    service = StoreService(tmp_path, StoreConfig(), flusher)
+    service.recover()
+    service.start()
+    try:
+        service.store.create_collection("c", 4)
+        service.handle(append_request(Answers(), durable=True))  # creates the shard while the disk works
+
+        def failing(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(common.journal.syncer.os, "fdatasync", failing)
+        answers = Answers()
+        with pytest.raises(DurabilityLost, match="Input/output error"):
+            service.handle(append_request(answers, durable=True))
+        assert answers.headers == []  # never confirmed
+    finally:
+        monkeypatch.undo()
+        service.stop()
