@@ -27,6 +27,13 @@ class CollectionConflict(ShardmgrError, Conflict):
     code = "shardmgr.collection_conflict"
 
 
+class BadName(ShardmgrError, BadRequest):
+    """A collection name is not 1-128 letters, digits, '.', '_' or '-' (not
+    first). Nothing was written."""
+
+    code = "shardmgr.bad_name"
+
+
 class BadVectors(ShardmgrError, BadRequest):
     """Vectors, ids, queries or k are malformed; the message says how. Nothing was written."""
 

@@ -35,7 +35,7 @@ from common.journal import Flusher, Journal, Ticket
 from common.journal.check import read_regular
 from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
-from shardmgr.errors import BadVectors, CollectionConflict, UnknownRef
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, UnknownRef
 
 from . import index
 from .config import INDEX_TYPES, StoreConfig
@@ -50,8 +50,9 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_name(name: Any) -> str:
+    """``name`` if it is a valid collection name (it becomes a directory name); else BadName."""
     if not isinstance(name, str) or not NAME.match(name):
-        raise BadVectors(f"collection name must be 1-128 of letters, digits, '.', '_' or '-' (not first), "
+        raise BadName(f"collection name must be 1-128 of letters, digits, '.', '_' or '-' (not first), "
                          f"got {name!r}")
     return name
 

@@ -14,7 +14,7 @@ import pytest
 
 import shardmgr
 from common.journal import FlusherConfig
-from shardmgr.errors import BadVectors, CollectionConflict, UnknownCollection, UnknownRef
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, UnknownCollection, UnknownRef
 from shardmgr.server.config import ServerConfig
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store
@@ -54,9 +54,10 @@ def test_collections_are_idempotent_and_checked(open_store: Callable[..., Store]
     assert store.create_collection("docs", 8, "ip")["name"] == "docs"
     with pytest.raises(CollectionConflict, match="dim 8, metric ip"):
         store.create_collection("docs", 16, "ip")
-    for bad in ("", "../x", "a/b", "x" * 200):
-        with pytest.raises(BadVectors, match="collection name"):
-            store.create_collection(bad, 8)
+    for bad in ("", "../x", "a/b", "x" * 200, ".hidden", 7):
+        with pytest.raises(BadName, match="collection name") as raised:
+            store.create_collection(bad, 8)  # type: ignore[arg-type]
+        assert raised.value.code == "shardmgr.bad_name" and not isinstance(raised.value, BadVectors)
     with pytest.raises(BadVectors, match="metric"):
         store.create_collection("other", 8, "cosine")
     with pytest.raises(UnknownCollection):

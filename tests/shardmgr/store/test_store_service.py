@@ -15,7 +15,7 @@ import shardmgr
 from common.journal import Flusher, FlushFailed
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadRequest, DurabilityLost
-from shardmgr.errors import BadVectors, CollectionConflict, UnknownCollection, UnknownRef
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, UnknownCollection, UnknownRef
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.service import StoreService
 from tests.shardmgr.server.serverproc import ServerProcess
@@ -49,6 +49,10 @@ def test_wire_errors_are_typed_and_change_nothing(server: ServerProcess) -> None
         refs = client.append("c", np.ones((2, 4), np.float32), [1, 2])
         with pytest.raises(CollectionConflict):
             client.create_collection("c", 8)
+        with pytest.raises(BadName, match="collection name must be") as raised:
+            client.create_collection("../c", 4)
+        assert isinstance(raised.value, BadRequest) and not isinstance(raised.value, BadVectors)
+        assert client.collections() == ["c"]
         with pytest.raises(UnknownCollection):
             client.search("nope", np.ones((1, 4), np.float32))
         with pytest.raises(BadVectors, match="shape"):
