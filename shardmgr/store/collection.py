@@ -37,7 +37,7 @@ from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
 from shardmgr.errors import BadName, BadVectors, CollectionConflict, UnknownRef
 
-from . import index
+from . import index, metadata
 from .config import INDEX_TYPES, StoreConfig
 from .search import Hits, merge, search_rows, shard_part
 from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of, split_refs
@@ -95,8 +95,9 @@ class Collection:
     def open(cls, directory: Path, flusher: Flusher, config: StoreConfig) -> Collection:
         """Load the metadata, open every shard (quarantining those that fail)."""
         with Journal.open(directory / "collection", kind=META_KIND, writable=False) as journal:
-            meta = msgpack.unpackb(journal.metadata)
-        collection = cls(directory, meta["name"], int(meta["dim"]), meta["metric"], meta["index"], flusher, config)
+            meta = metadata.decode(journal.metadata, journal.path, {"name": str, "dim": int, "metric": str,
+                                                                    "index": str})
+        collection = cls(directory, meta["name"], meta["dim"], meta["metric"], meta["index"], flusher, config)
         collection._open_shards()
         return collection
 

@@ -35,6 +35,7 @@ from common.errors import CommonError
 from common.journal import Journal
 from common.journal.filesystem import fsync_dir
 
+from . import metadata
 from .search import METRICS
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def load(directory: Path, rows: int, shard_uuid: bytes) -> faiss.Index | None:
     file's size and checksum); else None."""
     try:
         with Journal.open(directory / META_FILE, kind=META_KIND, writable=False) as journal:
-            meta = msgpack.unpackb(journal.metadata)
+            meta = metadata.decode(journal.metadata, journal.path, {"rows": int, "bytes": int, "crc": int})
         data = (directory / INDEX_FILE).read_bytes()  # faiss reads it whole anyway: check it on the way
         if meta.get("shard") != shard_uuid or meta["rows"] != rows or len(data) != meta["bytes"] \
                 or crc32c.crc32c(data) != meta["crc"]:
@@ -82,6 +83,6 @@ def load(directory: Path, rows: int, shard_uuid: bytes) -> faiss.Index | None:
         return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
     except FileNotFoundError:
         return None
-    except (OSError, CommonError, KeyError, RuntimeError) as exc:
+    except (OSError, CommonError, RuntimeError) as exc:  # FormatError, or faiss refusing the file: rebuilt
         log.warning("%s: index unusable (%s); rebuilding", directory, exc)
         return None

@@ -48,6 +48,7 @@ HEADER_SIZE = 4096
 HEADER = struct.Struct("<8sHH4s4sII4x16s12x")  # 60 bytes, then the crc
 HEADER_USED = HEADER.size + 4  # the header's bytes in use; zeros follow up to HEADER_SIZE
 VECTORS, IDS = b"VECS", b"IDS_"
+DTYPES = (b"<f4 ", b"<i8 ")  # as stored: numpy's dtype string, space padded
 EXTENT = 64 * MiB
 
 
@@ -81,6 +82,9 @@ class RowHeader:
                               f"computed {computed:#010x}")
         if version != VERSION:
             raise FormatError(path, 8, f"row file version {version} is not supported")
+        if column not in (VECTORS, IDS) or dtype not in DTYPES or width < 1:
+            raise FormatError(path, 12, f"column {column!r} of dtype {dtype!r} and width {width} is not a row "
+                              "file's")
         header = cls(column, dtype.decode().strip(), width, uid)
         if header.row_bytes != row_bytes:
             raise FormatError(path, 24, f"row_bytes {row_bytes} does not match width {width} of {header.dtype}")

@@ -51,6 +51,7 @@ from common.journal.errors import FormatError
 from common.journal.filesystem import fsync_dir, make_dirs
 from common.journal.scan import RecordChunk
 
+from . import metadata
 from .rows import IDS, VECTORS, RowFile, RowHeader
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,13 @@ ROW_BITS = 40
 MAX_SHARD = 2 ** (63 - ROW_BITS) - 1
 
 
-#: What says a shard's files are wrong (bad format or content, a missing
-#: file, undecodable metadata), as opposed to errors of the moment (too
-#: many open files, no memory, I/O errors), which must not quarantine a
-#: healthy shard: those propagate and the open fails, changing nothing.
-DAMAGE = (FormatError, FileNotFoundError, ValueError, KeyError, TypeError)
+#: What says a shard's files are wrong: a bad format or content
+#: (FormatError, CorruptJournal; undecodable metadata and records are
+#: turned into FormatError where they are parsed) or a missing file. Errors
+#: of the moment (too many open files, no memory, I/O errors) must not
+#: quarantine a healthy shard, nor may bugs (TypeError, KeyError, ...):
+#: those propagate and the open fails, changing nothing.
+DAMAGE = (FormatError, FileNotFoundError)
 TMP_SUFFIX = ".tmp"
 
 
@@ -215,7 +218,7 @@ class Shard:
             uid = _check_meta(journal, directory, shard_id, dim)
             rows = 0
             if journal.count:
-                first, count, _, _ = BATCH.unpack(last_record(journal))
+                first, count, _, _ = BATCH.unpack(last_record(journal))  # always BATCH.size bytes
                 rows = first + count
             vectors, ids = _open_rows(directory, uid, dim, writable=False)
         except BaseException:
@@ -268,7 +271,7 @@ class Shard:
             try:
                 rows = 0
                 for record in journal.records():
-                    first, count, vectors_crc, ids_crc = BATCH.unpack(record.body)
+                    first, count, vectors_crc, ids_crc = _unpack_batch(record.body, journal.path, record.offset)
                     if first != rows:
                         raise ShardDamaged(directory, f"batch at journal offset {record.offset} starts at row "
                                            f"{first}, expected {rows}")
@@ -307,10 +310,20 @@ def last_record(journal: Journal) -> bytes:
     return bytes(journal.bodies(chunk)[0])
 
 
+def _unpack_batch(body: bytes | memoryview, path: Path, offset: int) -> tuple[int, int, int, int]:
+    """(first_row, count, vectors crc, ids crc) of the batch record at
+    ``offset``; FormatError if the body is not one."""
+    if len(body) != BATCH.size:
+        raise FormatError(path, offset, f"a record of {len(body)} bytes is not a {BATCH.size}-byte batch record")
+    first, count, vectors_crc, ids_crc = BATCH.unpack(body)
+    return first, count, vectors_crc, ids_crc
+
+
 def _check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> bytes:
-    meta = msgpack.unpackb(journal.metadata)
-    if meta.get("shard") != shard_id or meta.get("dim") != dim:
-        raise ShardDamaged(directory, f"journal says shard {meta.get('shard')} of dim {meta.get('dim')}; "
+    """The shard's uuid from its journal's metadata, checked against the shard's path and dimension."""
+    meta = metadata.decode(journal.metadata, journal.path, {"shard": int, "dim": int, "uuid": bytes})
+    if meta["shard"] != shard_id or meta["dim"] != dim:
+        raise ShardDamaged(directory, f"journal says shard {meta['shard']} of dim {meta['dim']}; "
                            f"expected shard {shard_id} of dim {dim}")
     return bytes(meta["uuid"])
 

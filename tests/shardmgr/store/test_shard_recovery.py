@@ -3,6 +3,7 @@ its row files, power cuts, quarantine, O(1) opens of sealed shards."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import random
@@ -10,12 +11,14 @@ import shutil
 from pathlib import Path
 from unittest import mock
 
+import msgpack
 import numpy as np
 import pytest
 
 import shardmgr
+from common.journal import Flusher, FormatError, Journal
 from common.journal.anchors import Anchors
-from common.journal.header import HEADER_SIZE
+from common.journal.header import HEADER_SIZE, METADATA_END, Identity
 from common.journal.testing import PowerCut
 from shardmgr.errors import UnknownRef
 from shardmgr.store.shard import Shard
@@ -195,3 +198,88 @@ def test_power_cut_keeps_every_confirmed_row(tmp_path: Path, seed: int) -> None:
         assert (nearest[:, 0] == refs).all(), "a confirmed row is not its own nearest neighbour"
     store.close()
     shutil.rmtree(data)
+
+
+def two_shards(data: Path) -> None:
+    """Collection "c": shard 1 sealed, shard 2 mid-build (replayed by the next open)."""
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    store.append("c", rows_of(200, 8, 1), np.arange(200), durable=True)
+    store.append("c", rows_of(20, 8, 2), np.arange(200, 220), durable=True)
+    store.close()
+
+
+@pytest.mark.parametrize("target, error", [
+    ("shardmgr.store.shard._check_meta", TypeError("a bug, not damage")),
+    ("shardmgr.store.shard.RowFile.open", KeyError("a bug, not damage")),
+    ("shardmgr.store.shard._batch_intact", ValueError("a bug, not damage")),
+])
+def test_a_bug_during_open_propagates_and_quarantines_nothing(tmp_path: Path, target: str,
+                                                             error: Exception) -> None:
+    data = tmp_path / "data"
+    two_shards(data)
+    with mock.patch(target, side_effect=error), pytest.raises(type(error), match="a bug"):
+        shardmgr.open(data, seal_bytes=4096)
+    assert not (data / "shards" / "c" / "quarantine").exists()
+    with shardmgr.open(data, seal_bytes=4096) as store:  # the bug gone, everything is served
+        info = store.collection_info("c")
+        assert info["rows"] == 220 and info["quarantined"] == []
+
+
+def rewrite_metadata(journal: Path, metadata: bytes) -> None:
+    """Give a journal other header metadata with a valid header checksum
+    (damage the checksum cannot see), keeping its checkpoints."""
+    with open(journal, "r+b") as f:
+        header = f.read(HEADER_SIZE)
+        identity = dataclasses.replace(Identity.decode(header, str(journal)), metadata=metadata)
+        f.seek(0)
+        f.write(identity.encode()[:METADATA_END])  # identity, checksum, metadata: the slots stay
+
+
+@pytest.mark.parametrize("metadata, reason", [
+    (b"\xc1", "metadata is not msgpack"),
+    (msgpack.packb([1, 2]), "metadata is a msgpack list"),
+    (msgpack.packb({"collection": "c", "shard": 1, "dim": 8}), "'uuid' is None"),
+    (msgpack.packb({"collection": "c", "shard": 1, "dim": 8, "uuid": "not bytes"}), "'uuid' is 'not bytes'"),
+    (msgpack.packb({"collection": "c", "shard": True, "dim": 8, "uuid": bytes(16)}), "'shard' is True"),
+], ids=["not_msgpack", "a_list", "no_uuid", "uuid_not_bytes", "shard_a_bool"])
+@pytest.mark.parametrize("shard", [1, 2])
+def test_damaged_shard_metadata_is_quarantined(tmp_path: Path, metadata: bytes, reason: str, shard: int) -> None:
+    data = tmp_path / "data"
+    two_shards(data)
+    rewrite_metadata(shard_dir(data, shard=shard) / "journal", metadata)
+    with shardmgr.open(data, seal_bytes=4096) as store:
+        [quarantined] = store.collection_info("c")["quarantined"]
+        assert quarantined.startswith(f"{shard:08d}-") and reason in quarantined
+        assert store.collection_info("c")["rows"] == (20 if shard == 1 else 200)
+
+
+def test_a_record_that_is_not_a_batch_quarantines_a_mid_build_shard(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    two_shards(data)
+    with Flusher() as flusher:  # a checksummed record of the wrong size: written, not torn
+        with Journal.open(shard_dir(data, shard=2) / "journal", flusher=flusher) as journal:
+            journal.append(b"not a batch")
+    with shardmgr.open(data, seal_bytes=4096) as store:
+        [quarantined] = store.collection_info("c")["quarantined"]
+        assert quarantined.startswith("00000002-") and "is not a 24-byte batch record" in quarantined
+
+
+def test_damaged_collection_and_index_metadata_are_format_errors(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("h", 8, index="hnsw")
+    store.append("h", rows_of(200, 8, 1), np.arange(200))
+    store.append("h", rows_of(1, 8, 2), [200])  # seals shard 1: its index is built
+    store.wait_for_indexes(60)
+    store.close()
+    meta = shard_dir(data, "h") / "index.meta"
+    rewrite_metadata(meta, b"\xc1")
+    with shardmgr.open(data, seal_bytes=4096) as store:  # an index whose metadata is damaged is rebuilt
+        store.wait_for_indexes(60)
+        assert store.collection_info("h")["quarantined"] == []
+    with Journal.open(meta, writable=False) as journal:
+        assert msgpack.unpackb(journal.metadata)["rows"] == 200
+    rewrite_metadata(data / "shards" / "h" / "collection", msgpack.packb(["h", 8]))
+    with pytest.raises(FormatError, match="collection: at byte 64: metadata is a msgpack list"):
+        shardmgr.open(data)  # the collection cannot be served at all (verify --repair moves it aside)
