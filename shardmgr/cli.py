@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import CommonError
-from common.journal import CorruptJournal, Flusher, FlusherConfig, FormatError, Journal, Marker
+from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import RpcClient
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
@@ -26,7 +24,6 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked directory, ...)
 EXIT_DAMAGED = 2  # the file is not a journal, or its durable data is damaged
 
-DEFAULT_FLUSH_MS = FlusherConfig().interval * 1e3
 _DEFAULTS = ServerConfig()
 
 
@@ -245,44 +242,3 @@ def verify(data_dir: Path, deep: bool, repair: bool, as_json: bool) -> None:
     else:
         show(report)
     raise SystemExit(report.exit_code)
-
-
-@main.command()
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
-              show_default=True, help="Data directory (created if missing).")
-@click.option("--records", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True,
-              help="Records to append.")
-@click.option("--record-bytes", type=click.IntRange(0, 1 << 20), default=512, show_default=True)
-@click.option("--flush-interval-ms", type=click.FloatRange(0.1, 10_000), default=DEFAULT_FLUSH_MS,
-              show_default=True, help="Group-commit interval.")
-def demo(data_dir: Path, records: int, record_bytes: int, flush_interval_ms: float) -> None:
-    """Append records to a journal durably, reopen it, and report timings.
-
-    A short, real exercise of the journal layer on a local data directory.
-    """
-    import numpy as np
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / f"demo-{os.getpid()}-{time.time_ns()}.journal"
-    rows = np.random.default_rng().integers(0, 256, size=(min(records, 4096), record_bytes), dtype=np.uint8)
-    console = Console()
-    with Flusher(FlusherConfig(interval=flush_interval_ms / 1e3)) as flusher:
-        started = time.perf_counter()
-        j = Journal.create(path, kind=b"DEMO", flusher=flusher)
-        ticket, left = None, records
-        while left:
-            _, ticket = j.append_batch(rows[: min(left, len(rows))])
-            left -= min(left, len(rows))
-        assert ticket is not None
-        j.wait_durable(ticket)
-        appended = time.perf_counter() - started
-        j.close()
-        started = time.perf_counter()
-        j = Journal.open(path, kind=b"DEMO", flusher=flusher)
-        reopened = time.perf_counter() - started
-        assert j.count == records and j.counters[Marker.LIVE] == records
-        j.close()
-    size = path.stat().st_size
-    console.print(f"appended {records:,} records of {record_bytes} B to {path} and made them durable in "
-                  f"{appended:.3f} s ({records * record_bytes / appended / 1e6:,.0f} MB/s of bodies)")
-    console.print(f"reopened and recovered {size / 1e6:,.1f} MB in {reopened * 1e3:.1f} ms")
