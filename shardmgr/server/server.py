@@ -44,6 +44,9 @@ from .control import Control
 
 log = logging.getLogger(__name__)
 
+SIGNAL_POLL_S = 0.2
+"""Longest a SIGTERM or SIGINT waits before the main thread handles it."""
+
 
 class Server:
     """Build with a config and the components to host; then run() or start()."""
@@ -125,7 +128,10 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopping.set())
         self.start()
-        self._stopping.wait()
+        # Timed: a signal the kernel gave another thread is only handled when the main
+        # thread next runs Python code, and an untimed wait would never return to it.
+        while not self._stopping.wait(SIGNAL_POLL_S):
+            pass
         log.info("stopping: signal received")
         self._shutdown()
         return 0

@@ -182,6 +182,40 @@ def test_sigterm_exits_zero_after_answering_in_flight(server: ServerProcess) -> 
     assert answered >= 1
 
 
+SIGTERM_TO_ANOTHER_THREAD = """
+import signal, sys, threading, time
+from pathlib import Path
+from shardmgr.server import readiness
+from shardmgr.server.config import ServerConfig
+from shardmgr.server.server import Server
+
+ready = Path(sys.argv[2])
+server = Server(ServerConfig(data_dir=Path(sys.argv[1]), port=0, ready_file=ready))
+
+def kick() -> None:
+    while readiness.read(ready) is None:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the main thread waits for a signal by now
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # as the kernel may: to a thread not the main one
+
+threading.Thread(target=kick, daemon=True).start()
+sys.exit(server.run())
+"""
+
+
+def test_a_sigterm_another_thread_receives_stops_the_server(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_TO_ANOTHER_THREAD, str(tmp_path / "data"),
+                             str(tmp_path / "ready")], stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+        raise AssertionError("the server never handled the SIGTERM") from None
+    assert proc.returncode == 0, stderr
+    assert not (tmp_path / "ready").exists()
+
+
 def test_sigkill_then_restart_and_client_reconnects(server: ServerProcess) -> None:
     client = RpcClient(server.address, retry_for=30)
     assert client.call("ping").result == {}
