@@ -189,13 +189,12 @@ class Server:
                 if not refused:
                     self._connections.add(conn)
                     self.counters["connections_total"] += 1
+                    conn.start()  # under the lock: a stop never finds a connection whose threads are not running
                 else:
                     self.counters["connections_refused_total"] += 1
             if refused:
                 log.warning("refusing %s: %d connections open", name, self.config.max_connections)
                 sock.close()
-                continue
-            conn.start()
 
     def _forget(self, conn: Connection) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from common.wire.client import RpcClient
 from common.wire.component import Component, Request
 from common.wire.errors import BadRequest, Conflict
 from shardmgr.server.config import ServerConfig
+from shardmgr.server.connection import Connection
 from shardmgr.server.server import Server
 
 
@@ -109,3 +111,25 @@ def test_port_opens_only_after_recovery_and_owner_replies(tmp_path: Path) -> Non
 def test_duplicate_command_names_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="served by both"):
         Server(ServerConfig(data_dir=tmp_path), [SlowStart(), SlowStart()])
+
+
+def test_a_stop_while_a_connection_is_being_started_waits_for_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    accepted = threading.Event()
+    real_start = Connection.start
+
+    def slow_start(conn: Connection) -> None:  # the acceptor thread preempted just before it starts the threads
+        accepted.set()
+        time.sleep(0.5)
+        real_start(conn)
+
+    monkeypatch.setattr(Connection, "start", slow_start)
+    server = Server(ServerConfig(data_dir=tmp_path, port=0), [])
+    server.start()
+    try:
+        with socket.create_connection(server.address, timeout=10):
+            assert accepted.wait(10)
+            server.stop()  # must neither fail nor leave the connection's threads behind
+    finally:
+        server.stop()
+    assert server.stats()["server"]["connections_open"] == 0
