@@ -33,6 +33,7 @@ from rich.table import Table
 
 from common.journal import Flusher, FlusherConfig, Journal, JournalConfig
 from common.journal.header import SLOT_OFFSETS, SLOT_SIZE
+from common.journal.record import RECORD_HEADER_SIZE
 from common.units import MiB
 
 BATCH_BYTES = 1 * MiB
@@ -89,7 +90,7 @@ def drop_caches() -> bool:
 
 def journal_append_bandwidth(directory: Path, total: int, record: int, preallocate: str, repeats: int) -> float:
     """MB/s of record bodies appended in 1 MiB batches, all durable at the end."""
-    per_batch = max(1, BATCH_BYTES // (record + 16))
+    per_batch = max(1, BATCH_BYTES // (record + RECORD_HEADER_SIZE))
     bodies = np.frombuffer(os.urandom(per_batch * record), dtype=np.uint8).reshape(per_batch, record)
     batches = total // (per_batch * record)
     rates = []
@@ -128,7 +129,7 @@ def durable_latency(directory: Path, samples: int) -> tuple[float, float]:
 
 
 def build_journal(path: Path, size: int, record: int) -> None:
-    per_batch = max(1, 8 * MiB // (record + 16))
+    per_batch = max(1, 8 * MiB // (record + RECORD_HEADER_SIZE))
     bodies = np.frombuffer(os.urandom(per_batch * record), dtype=np.uint8).reshape(per_batch, record)
     with Flusher(FlusherConfig(interval=INTERVAL)) as flusher:
         journal = Journal.create(path, kind=b"BNCH", flusher=flusher, config=JournalConfig(extent_bytes=64 * MiB))

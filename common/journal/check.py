@@ -39,6 +39,7 @@ from .errors import CannotCheck, CorruptJournal, FormatError
 from .header import HEADER_SIZE, SLOT_OFFSETS, SLOT_SIZE, Checkpoint, Identity, newest, read_checkpoints
 from .journal import Journal
 from .marker import Marker
+from .record import RECORD_HEADER_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ def zero_record_padding(path: Path) -> int:
     with Journal.open(path, writable=False) as journal:
         for chunk in journal.scan(window=16 << 20):
             dirty = np.isin(chunk.offsets, journal.dirty_padding(chunk))
-            starts = chunk.offsets + 16 + chunk.lengths
+            starts = chunk.offsets + RECORD_HEADER_SIZE + chunk.lengths  # each record's padding
             ranges += zip(starts[dirty].tolist(), (chunk.ends(journal.alignment) - starts)[dirty].tolist())
     zero_ranges(path, ranges)
     return len(ranges)

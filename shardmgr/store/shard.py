@@ -49,6 +49,7 @@ from common.errors import CommonError
 from common.journal import Flusher, Journal, JournalConfig, Ticket
 from common.journal.errors import FormatError
 from common.journal.filesystem import fsync_dir, make_dirs
+from common.journal.record import RECORD_HEADER_SIZE, align_up
 from common.journal.scan import RecordChunk
 
 from . import metadata
@@ -297,7 +298,8 @@ def _batch_intact(vectors: RowFile, ids: RowFile, first: int, count: int, vector
 
 
 def _record_size(journal: Journal) -> int:
-    return (16 + BATCH.size + journal.alignment - 1) // journal.alignment * journal.alignment
+    """Bytes a batch record occupies in ``journal`` (header, body, padding)."""
+    return align_up(RECORD_HEADER_SIZE + BATCH.size, journal.alignment)
 
 
 def last_record(journal: Journal) -> bytes:

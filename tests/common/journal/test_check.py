@@ -109,3 +109,22 @@ def test_records_a_checkpoint_confirmed_are_corrupt_when_cut(tmp_path: Path, flu
         f.truncate(offsets[3])
     [(severity, what, _)] = found(path)
     assert (severity, what) == (Severity.CORRUPT, "records")
+
+
+@pytest.mark.parametrize("alignment", [8, 64, 512])
+def test_zero_record_padding_rewrites_exactly_the_padding(tmp_path: Path, flusher: Flusher, alignment: int) -> None:
+    path = tmp_path / "j"
+    bodies = [b"a" * n for n in (0, 1, 7, 8, 9, 47, 48, 100, 495, 496, 1000)]
+    journal = Journal.create(path, kind=b"TEST", flusher=flusher, config=JournalConfig(alignment=alignment))
+    offsets = journal.append_batch(bodies).offsets.tolist()
+    journal.seal()
+    journal.close()
+    clean = path.read_bytes()
+    padded = 0
+    for offset, body in zip(offsets, bodies):  # the layout of record.py, spelled out: 16-byte header, body, padding
+        start = offset + 16 + len(body)
+        end = -(-start // alignment) * alignment
+        poke(path, start, b"\xee" * (end - start))
+        padded += end > start
+    assert zero_record_padding(path) == padded
+    assert path.read_bytes() == clean  # every padding byte zeroed, no body byte touched

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import shardmgr
-from common.journal import Flusher, FormatError, Journal
+from common.journal import Flusher, FormatError, Journal, JournalConfig
 from common.journal.anchors import Anchors
 from common.journal.header import HEADER_SIZE, METADATA_END, Identity
 from common.journal.testing import PowerCut
 from shardmgr.errors import UnknownRef
-from shardmgr.store.shard import Shard
+from shardmgr.store.shard import BATCH, Shard, last_record
 
 
 def rows_of(n: int, dim: int, seed: int) -> np.ndarray:
@@ -283,3 +283,16 @@ def test_damaged_collection_and_index_metadata_are_format_errors(tmp_path: Path)
     rewrite_metadata(data / "shards" / "h" / "collection", msgpack.packb(["h", 8]))
     with pytest.raises(FormatError, match="collection: at byte 64: metadata is a msgpack list"):
         shardmgr.open(data)  # the collection cannot be served at all (verify --repair moves it aside)
+
+
+@pytest.mark.parametrize("alignment", [8, 64, 4096])
+def test_last_record_of_a_sealed_journal_at_any_alignment(tmp_path: Path, alignment: int) -> None:
+    batches = [BATCH.pack(first, 10, first * 3, first * 5) for first in range(0, 50, 10)]
+    with Flusher() as flusher:
+        journal = Journal.create(tmp_path / "j", kind=b"SMSJ", flusher=flusher,
+                                 config=JournalConfig(alignment=alignment))
+        journal.append_batch(batches)
+        journal.seal()
+        journal.close()
+    with Journal.open(tmp_path / "j", writable=False, recount=False) as journal:
+        assert last_record(journal) == batches[-1]
