@@ -9,8 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from tests.shardmgr.store.test_store import digest
 from tests.shardmgr.workload import Workload, build
 
 from .test_verify_faults import Model, build_models, damage
+from .unprivileged import NOBODY, reachable_by_others, run_unprivileged
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +109,39 @@ def test_repair_refuses_a_directory_a_server_holds(copy: Path) -> None:
     assert result.returncode == 0, result.stderr  # the lock is free again
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_directory_cannot_be_verified(copy: Path) -> None:
-    (copy / "shards").chmod(0)
+@pytest.fixture
+def open_copy(pristine: tuple[Path, Workload, dict[Path, Model]]) -> Iterator[Path]:
+    """A copy of the workload's directory that any user can reach (pytest's
+    own temporary directories are private to the user running it)."""
+    parent = Path(tempfile.mkdtemp(prefix="shardmgr-verify-"))
+    parent.chmod(0o755)
+    root = parent / "data"
+    shutil.copytree(pristine[0], root)
     try:
-        assert CliRunner().invoke(main, ["verify", str(copy)]).exit_code == 3
+        yield root
     finally:
-        (copy / "shards").chmod(0o755)
+        for path in [root, *root.rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        shutil.rmtree(parent)
+
+
+def verify_cli(root: Path) -> list[Any]:
+    """``shardmgr verify ROOT``: [exit status, output]."""
+    result = CliRunner().invoke(main, ["verify", str(root)])
+    return [result.exit_code, result.output]
+
+
+@pytest.mark.parametrize("unreadable", ["shards", "shards/flat/00000001/vectors"])
+def test_what_cannot_be_read_cannot_be_verified(open_copy: Path, unreadable: str) -> None:
+    reachable_by_others(open_copy)
+    assert run_unprivileged(os.geteuid) == (NOBODY if os.geteuid() == 0 else os.geteuid())
+    assert verify_cli(open_copy)[0] == 0  # as root: clean (and every module verify loads is loaded)
+    assert run_unprivileged(lambda: verify_cli(open_copy))[0] == 0  # the unprivileged user reads it all
+    target = open_copy / unreadable
+    target.chmod(0)
+    status, output = run_unprivileged(lambda: verify_cli(open_copy))
+    assert status == 3 and f"cannot read {target}: Permission denied" in output, output
 
 
 def served_rows(root: Path, workload: Workload) -> None:
