@@ -45,16 +45,18 @@ def check(root: Path, findings: Findings, deep: bool) -> None:
     for entry in sorted(root.iterdir()):
         if not entry.is_dir():
             findings.unknown(entry, "one directory per collection")
-        elif not (entry / "collection").exists():
-            if any(p.name != "collection.tmp" for p in entry.iterdir()):
-                findings.add(entry / "collection", Severity.CORRUPT, "missing", "the collection's metadata file",
-                             "none: the collection's shards are not served")
-            else:  # the store ignores it; create_collection finishes it
-                findings.add(entry, Severity.NOTE, "unfinished_collection", "a collection metadata file",
-                             "none yet: a creation in progress or cut short (no data)")
-        else:
+            continue
+        names = [p.name for p in entry.iterdir()]
+        # checked again after the listing: a live create_collection renames collection.tmp into place meanwhile
+        if "collection" in names or (entry / "collection").exists():
             with findings.guard(entry):
                 _collection(entry, findings, deep)
+        elif any(name != "collection.tmp" for name in names):
+            findings.add(entry / "collection", Severity.CORRUPT, "missing", "the collection's metadata file",
+                         "none: the collection's shards are not served")
+        else:  # the store ignores it; create_collection finishes it
+            findings.add(entry, Severity.NOTE, "unfinished_collection", "a collection metadata file",
+                         "none yet: a creation in progress or cut short (no data)")
 
 
 def _collection(directory: Path, findings: Findings, deep: bool) -> None:
