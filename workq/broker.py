@@ -37,7 +37,7 @@ from common.wire.errors import BadRequest
 
 from .config import WorkqConfig
 from .delivery import Delivery
-from .loop import OwnerLoop, settle
+from .loop import OwnerLoop, Wants, settle
 from .protocol import Handle, Item, Key, Leased, Result, pack_handles
 from .state import collector, completion, leasing
 from .state.dispatch import Filters
@@ -193,6 +193,33 @@ class Broker:
         packed = self.enqueue_async(job, Key.of(model, shape, lane), payloads, durable).result()
         return [Handle.unpack(h) for h in packed.tolist()]
 
+    def _waiting(self, wants: Wants, max_items: int, wait: float, alive: Alive | None,
+                 take: Callable[[bool], T | None], check: Callable[[], object] = lambda: None) -> Future[T]:
+        """A call that answers what ``take(final)`` finds (None: nothing yet),
+        retried whenever what it ``wants`` may have changed for up to
+        ``wait`` seconds; at the deadline ``take(True)`` must answer. The
+        future is cancelled if ``alive()`` turns false meanwhile (nobody is
+        left to answer)."""
+
+        def run(future: Future[T]) -> None:
+            _check_count("max_items", max_items)
+            _check_wait("wait", wait)
+            check()
+
+            def attempt(final: bool) -> bool:
+                if alive is not None and not alive():
+                    future.cancel()
+                    return True
+                answer = take(final)
+                if answer is None:
+                    return False
+                settle(future, answer)
+                return True
+
+            self._loop.park(time.monotonic() + wait, attempt, wants, lambda exc: settle(future, error=exc))
+
+        return self._loop.future(run)
+
     # -------------------------------------------------------------- consumers
 
     def results_async(self, job: str, max_items: int = 1000, wait: float = 0.0, *, max_bytes: int | None = None,
@@ -203,24 +230,12 @@ class Broker:
         the Delivery (delivery.py). The future is cancelled if ``alive()``
         turns false while waiting (nobody left to answer)."""
 
-        def run(future: Future[Delivery]) -> None:
-            _check_count("max_items", max_items)
-            _check_wait("wait", wait)
+        def take(final: bool) -> Delivery | None:
+            job_log, batch = self._state.take_results(job, max_items, max_bytes)
+            return Delivery(self._loop, self._state, job_log, batch) if batch or final else None
 
-            def attempt(final: bool) -> bool:
-                if alive is not None and not alive():
-                    future.cancel()
-                    return True
-                job_log, batch = self._state.take_results(job, max_items, max_bytes)
-                if not batch and not final:
-                    return False
-                settle(future, Delivery(self._loop, self._state, job_log, batch))
-                return True
-
-            self._state.job(job)  # unknown job: fail now, not after the wait
-            self._loop.park(time.monotonic() + wait, attempt, "results", lambda exc: settle(future, error=exc))
-
-        return self._loop.future(run)
+        # an unknown job fails at once, not after the wait
+        return self._waiting("results", max_items, wait, alive, take, check=lambda: self._state.job(job))
 
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of the job (at most ``max_items``), waiting up
@@ -260,23 +275,11 @@ class Broker:
         (their payloads within ``max_bytes``), waiting up to ``wait``
         seconds for the first. Cancelled if ``alive()`` turns false."""
 
-        def run(future: Future[list[Leased]]) -> None:
-            _check_count("max_items", max_items)
-            _check_wait("wait", wait)
+        def take(final: bool) -> list[Leased] | None:
+            batches = leasing.lease(self._state, worker, filters, max_items, time.monotonic(), max_bytes)
+            return batches if batches or final else None
 
-            def attempt(final: bool) -> bool:
-                if alive is not None and not alive():
-                    future.cancel()
-                    return True
-                batches = leasing.lease(self._state, worker, filters, max_items, time.monotonic(), max_bytes)
-                if batches or final:
-                    settle(future, batches)
-                    return True
-                return False
-
-            self._loop.park(time.monotonic() + wait, attempt, "items", lambda exc: settle(future, error=exc))
-
-        return self._loop.future(run)
+        return self._waiting("items", max_items, wait, alive, take)
 
     def lease(self, max_items: int = 1, wait: float = 0.0, *, worker: str = EMBEDDED,
               models: Sequence[str] | None = None, shapes: Sequence[str] | None = None,

@@ -111,8 +111,11 @@ class WorkqService(Component):
 
     # ---------------------------------------------------------------- helpers
 
-    def _answer(self, request: Request, future: Future[T], reply: Callable[[T], Reply | dict[str, Any]]) -> None:
-        """Reply to ``request`` from ``future``'s answer (nothing if cancelled)."""
+    @staticmethod
+    def _then(request: Request, future: Future[T], use: Callable[[T], None]) -> None:
+        """Call ``use(answer)`` once ``future`` has one; an error (the
+        future's, or one ``use`` raises) answers ``request``; a cancelled
+        future (nobody left to answer) does nothing."""
 
         def done(f: Future[T]) -> None:
             if f.cancelled():
@@ -122,16 +125,23 @@ class WorkqService(Component):
                 _fail(request, error)
                 return
             try:
-                answer = reply(f.result())
+                use(f.result())
             except Exception as exc:  # encoding a reply failed: still answer the request
                 _fail(request, exc)
-                return
+
+        future.add_done_callback(done)
+
+    def _answer(self, request: Request, future: Future[T], reply: Callable[[T], Reply | dict[str, Any]]) -> None:
+        """Reply to ``request`` with ``reply(answer)`` (a result, or a result and parts)."""
+
+        def use(value: T) -> None:
+            answer = reply(value)
             if isinstance(answer, tuple):
                 request.reply(*answer)
             else:
                 request.reply(answer)
 
-        future.add_done_callback(done)
+        self._then(request, future, use)
 
     def _worker(self, request: Request) -> str:
         with self._lock:
@@ -166,17 +176,10 @@ class WorkqService(Component):
         future = self.broker.results_async(request.arg("job", str), request.arg("max_items", int, 1000),
                                            request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
                                            alive=lambda: request.connection_open)
-        future.add_done_callback(lambda f: self._send(request, f))
+        self._then(request, future, lambda delivery: self._send(request, delivery))
 
-    def _send(self, request: Request, future: Future[Delivery]) -> None:
+    def _send(self, request: Request, delivery: Delivery) -> None:
         """Owner thread: reply with the results; they count as delivered once written."""
-        if future.cancelled():
-            return
-        error = future.exception()
-        if error is not None:
-            _fail(request, error)
-            return
-        delivery = future.result()
         if not len(delivery):
             request.reply(*delivery.encode())
             return

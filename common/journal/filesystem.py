@@ -48,7 +48,30 @@ def create_atomically(path: Path, data: bytes | bytearray) -> None:
     if path.exists():
         raise FileExistsError(f"{path} already exists")
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    _write_synced(tmp, data)
+    try:
+        os.link(tmp, path)  # fails if path appeared meanwhile, unlike rename
+    finally:
+        os.unlink(tmp)
+    fsync_dir(path.parent)
+
+
+def replace_atomically(path: Path, data: bytes | bytearray) -> None:
+    """Write ``path`` (replacing it) so that a reader sees the whole old or
+    the whole new content, durably: a temporary sibling private to this
+    process, fsynced, renamed over it, then the directory fsynced."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    _write_synced(tmp, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _write_synced(path: Path, data: bytes | bytearray) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:
@@ -56,11 +79,6 @@ def create_atomically(path: Path, data: bytes | bytearray) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    try:
-        os.link(tmp, path)  # fails if path appeared meanwhile, unlike rename
-    finally:
-        os.unlink(tmp)
-    fsync_dir(path.parent)
 
 
 def grow(fd: int, old_size: int, new_size: int, mode: Preallocate) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common.journal.filesystem import replace_atomically
+
 
 class NotReady(RuntimeError):
     """The server exited, or did not become ready in time; the message
@@ -27,23 +29,8 @@ class NotReady(RuntimeError):
 
 
 def write(path: Path, host: str, port: int) -> None:
-    """Write ``path`` atomically: a temporary sibling is written, fsynced
-    and renamed over it, so a reader sees the whole file or none of it."""
-    data = json.dumps({"host": host, "port": port, "pid": os.getpid()}).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``path`` atomically (a reader sees the whole file or none of it)."""
+    replace_atomically(path, json.dumps({"host": host, "port": port, "pid": os.getpid()}).encode())
 
 
 def remove(path: Path) -> None:

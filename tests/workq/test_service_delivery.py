@@ -62,15 +62,20 @@ def results(service: WorkqService, socket: Socket) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)][: result["count"]]
 
 
+def one_result(service: WorkqService) -> None:
+    """Job "j" has one durable, undelivered result: b"result"."""
+    broker = service.broker
+    broker.enqueue("j", "m", "s", 1, [b"task"], durable=True)
+    [item] = broker.lease(1)
+    broker.complete([item.handle], [b"result"])
+
+
 def delivered(service: WorkqService) -> int:
     return service.broker.job_status("j")["delivered"]
 
 
 def test_results_not_written_before_the_close_are_handed_out_again(service: WorkqService) -> None:
-    broker = service.broker
-    broker.enqueue("j", "m", "s", 1, [b"task"], durable=True)
-    [item] = broker.lease(1)
-    broker.complete([item.handle], [b"result"])
+    one_result(service)
     first = Socket()
     assert results(service, first) == [b"result"]  # the response exists, but was never written
     assert delivered(service) == 0
@@ -87,10 +92,7 @@ def test_results_not_written_before_the_close_are_handed_out_again(service: Work
 
 
 def test_a_write_after_the_close_does_not_deliver_twice(service: WorkqService) -> None:
-    broker = service.broker
-    broker.enqueue("j", "m", "s", 1, [b"task"], durable=True)
-    [item] = broker.lease(1)
-    broker.complete([item.handle], [b"result"])
+    one_result(service)
     first = Socket()
     assert results(service, first) == [b"result"]
     first.closed = True

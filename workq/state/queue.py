@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from common.journal import Flusher, Marker, Ticket
+from common.journal import Flusher, Journal, Marker, Ticket
 from common.journal.filesystem import make_dirs
 from common.wire.errors import BadRequest
 from workq.config import SEGMENT_OVERHEAD, WorkqConfig
@@ -241,20 +241,18 @@ class QueueState:
 
     def close(self) -> None:
         """Close every file (each flushes first)."""
-        for log in self.logs.values():
-            for journal in log.segments.values():
-                journal.close()
-        for segment in self.segments.values():
-            segment.journal.close()
-        if self.catalog is not None:
-            self.catalog.close()
+        for journal in self._journals():
+            journal.close()
 
     def abandon(self) -> None:
         """Release every file unsynced, as a crash would (tests)."""
+        for journal in self._journals():
+            journal.abandon()
+
+    def _journals(self) -> Iterator[Journal]:
         for log in self.logs.values():
-            for journal in log.segments.values():
-                journal.abandon()
+            yield from log.segments.values()
         for segment in self.segments.values():
-            segment.journal.abandon()
+            yield segment.journal
         if self.catalog is not None:
-            self.catalog.abandon()
+            yield self.catalog.journal
