@@ -13,6 +13,10 @@ Errors: a future fails with a :mod:`workq.errors` error, a
 :class:`~common.wire.errors.ServiceError`, or ``ValueError`` for malformed
 arguments (a bad key or job name).
 
+Futures: a caller may cancel one until its operation starts on the owner
+thread (then nothing is done); after that it always gets its answer, so no
+lease or delivery is made that nobody learns of.
+
 Threads: every method may be called from any thread. Futures' callbacks
 run on the owner thread: they must not block.
 """
@@ -33,7 +37,7 @@ import numpy as np
 from common.journal import Flusher, FlusherConfig
 from common.journal.filesystem import make_dirs
 from common.journal.lockfile import LockFile
-from common.wire.errors import BadRequest
+from common.wire.errors import BadRequest, Unavailable
 
 from .config import WorkqConfig
 from .delivery import Delivery
@@ -197,9 +201,9 @@ class Broker:
                  take: Callable[[bool], T | None], check: Callable[[], object] = lambda: None) -> Future[T]:
         """A call that answers what ``take(final)`` finds (None: nothing yet),
         retried whenever what it ``wants`` may have changed for up to
-        ``wait`` seconds; at the deadline ``take(True)`` must answer. The
-        future is cancelled if ``alive()`` turns false meanwhile (nobody is
-        left to answer)."""
+        ``wait`` seconds; at the deadline ``take(True)`` must answer. If
+        ``alive()`` turns false meanwhile (nobody is left to answer), the
+        call ends with Unavailable, having taken nothing."""
 
         def run(future: Future[T]) -> None:
             _check_count("max_items", max_items)
@@ -208,7 +212,7 @@ class Broker:
 
             def attempt(final: bool) -> bool:
                 if alive is not None and not alive():
-                    future.cancel()
+                    settle(future, error=Unavailable("the caller went away before an answer"))
                     return True
                 answer = take(final)
                 if answer is None:
@@ -227,8 +231,7 @@ class Broker:
         """Take up to ``max_items`` undelivered, durable results of ``job``
         (payloads plus REPLY_ITEM_BYTES each within ``max_bytes``), waiting
         up to ``wait`` seconds for the first. The caller confirms or drops
-        the Delivery (delivery.py). The future is cancelled if ``alive()``
-        turns false while waiting (nobody left to answer)."""
+        the Delivery (delivery.py). ``alive``: see :meth:`_waiting`."""
 
         def take(final: bool) -> Delivery | None:
             job_log, batch = self._state.take_results(job, max_items, max_bytes)
@@ -273,7 +276,7 @@ class Broker:
                     max_bytes: int | None = None, alive: Alive | None = None) -> Future[list[Leased]]:
         """Lease up to ``max_items`` tasks the worker's ``filters`` match
         (their payloads within ``max_bytes``), waiting up to ``wait``
-        seconds for the first. Cancelled if ``alive()`` turns false."""
+        seconds for the first. ``alive``: see :meth:`_waiting`."""
 
         def take(final: bool) -> list[Leased] | None:
             batches = leasing.lease(self._state, worker, filters, max_items, time.monotonic(), max_bytes)

@@ -111,10 +111,17 @@ class OwnerLoop:
 
     def future(self, fn: Callable[[Future[T]], None]) -> Future[T]:
         """Run ``fn(future)`` on the owner thread; ``fn`` (or whatever it
-        parks) answers the future. An exception ``fn`` raises answers it too."""
+        parks) answers the future. An exception ``fn`` raises answers it too.
+
+        As with an executor's futures, the caller may cancel the future
+        until ``fn`` starts, and then nothing is done; once it has started,
+        ``cancel()`` returns False and the future always gets its answer
+        (so no work is done that nobody learns of)."""
         future: Future[T] = Future()
 
         def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # cancelled before it started
             try:
                 fn(future)
             except BaseException as exc:  # delivered to the caller, not lost on the owner thread
@@ -243,8 +250,8 @@ class OwnerLoop:
 
 
 def settle(future: Future[T], value: T | None = None, *, error: BaseException | None = None) -> None:
-    """Answer ``future`` unless it is answered or cancelled already (a
-    caller may cancel it from another thread at any time)."""
+    """Answer ``future`` unless it is answered already (or was cancelled
+    before its operation started: see :meth:`OwnerLoop.future`)."""
     try:
         if error is not None:
             future.set_exception(error)

@@ -338,3 +338,28 @@ def test_embedded_open_takes_the_typed_configuration_of_serve(tmp_path: Path) ->
         assert broker.flusher.stats.rounds == rounds
         broker.enqueue("j", "m", "s", 1, [b"y"], durable=True)  # a waiter starts a round at once
         assert broker.flusher.stats.rounds > rounds
+
+
+def test_a_waiting_call_cannot_be_cancelled_so_nothing_is_taken_unseen(tmp_path: Path) -> None:
+    """A results or lease future cannot be cancelled once its call waits on
+    the owner thread: no delivery or lease is made that nobody learns of."""
+    from workq.config import WorkqConfig
+    from workq.state.dispatch import Filters as Serves
+
+    config = WorkqConfig(reconnect_window_s=0.0, disk_floor_bytes=0)
+    with workq.open(tmp_path / "data", config) as broker:
+        broker.enqueue("j", "m", "s", 1, [b"x"], durable=True)
+        waiting = broker.results_async("j", 10, wait=2.0)
+        time.sleep(0.1)
+        assert not waiting.cancel()  # already waiting: it will be answered
+        [item] = broker.lease(1)
+        assert broker.complete([item.handle], [b"r"]) == ["completed"]
+        delivery = waiting.result(10)
+        assert [r.payload for r in delivery.results()] == [b"r"]
+        delivery.drop()
+        assert [r.payload for r in broker.results("j", 10, wait=1.0)] == [b"r"]
+        leasing_call = broker.lease_async("w1", Serves(), 1, wait=2.0)
+        time.sleep(0.1)
+        assert not leasing_call.cancel()
+        [again] = broker.enqueue("j", "m", "s", 1, [b"y"], durable=True)
+        assert [b.handles.tolist() for b in leasing_call.result(10)] == [[again.packed]]

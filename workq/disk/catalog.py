@@ -27,10 +27,13 @@ a new LIVE record, and files recovery deletes are retired first, as the
 collector does. Recovery compacts the catalog (new file, fsync, rename) to
 its LIVE and BURIED records when most records are RETIRED. A damaged
 catalog does not stop the queue: it is renamed aside and a new one begun
-(a file lost before then goes unnoticed by verify). The only thing read
-back is :meth:`Catalog.next_seq`, a naming hint: a new completion-log
-segment takes a number no recorded one had, so verify can still tell a
-lost log segment from its successor.
+(a file lost before then goes unnoticed by verify). Two things are read
+back, and both can only make a new number higher, never change what a
+file holds or whether it is kept: :meth:`Catalog.segment_ids`, a floor for
+the next segment id beyond what the files prove (a lost newest segment
+whose items no result names), and :meth:`Catalog.next_seq`, a naming hint
+so that a new completion-log segment takes a number no recorded one had
+and verify can still tell a lost log segment from its successor.
 
 Threads: the broker's owner thread.
 """
@@ -202,6 +205,11 @@ class Catalog:
         for e in entries:
             if e.kind == RESULTS and e.seq + 1 > self._next_seqs.get(e.id, 0):
                 self._next_seqs[e.id] = e.seq + 1
+
+    def segment_ids(self) -> list[int]:
+        """Every input segment id the catalog has a record of (created,
+        collected, lost or quarantined)."""
+        return [e.id for e in self.entries if e.kind == SEGMENT]
 
     def live(self) -> list[Entry]:
         """Entries whose files should exist."""

@@ -20,11 +20,14 @@ every file's fate from the file itself:
 4. The next segment id is above every id the disk names: the segment files,
    the handles that results name, and queue files ``verify --repair`` moved
    to quarantine. The collector never deletes the newest segment, so the
-   highest id ever used stays on disk.
+   highest id ever used stays on disk, unless it is lost: then the
+   catalog's records serve as a floor (they can only raise the id; a
+   reused id would let a worker's old handle name a new item).
 
 The catalog (workq/disk/catalog.py) is an audit record for ``verify``:
 recovery writes to it (files present that it lacks are recorded, files
-recovery deletes are retired first) but never reads a decision from it.
+recovery deletes are retired first) but never reads from it what a file
+holds or whether it is kept; only the id floor of step 4.
 docs/durability.md lists the crash windows.
 
 A job log with nothing undelivered rests at once (closed, counts kept), so
@@ -97,6 +100,8 @@ def recover(state: QueueState) -> RecoverySummary:
     _recover_segments(state, summary)
     named = [int((with_results >> np.uint64(32)).max())] if len(with_results) else []
     named += quarantined_segment_ids(state.root)
+    # a floor only: a lost newest segment that no result names is proven by no file (it can raise, never lower)
+    named += state.catalog.segment_ids()
     state.next_segment_id = max([state.next_segment_id] + [i + 1 for i in named])
     _record_in_catalog(state)
     summary.finished = _finish(state, with_results)

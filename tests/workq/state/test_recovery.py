@@ -17,7 +17,7 @@ import workq
 from common.journal import Flusher, FlusherConfig
 from workq.config import WorkqConfig
 from workq.disk.catalog import FILE as CATALOG
-from workq.disk.records import job_dir, job_id, log_file
+from workq.disk.records import job_dir, job_id, log_file, segment_file
 from workq.state import collector, leasing
 from workq.state.dispatch import Filters
 from workq.state.queue import QueueState
@@ -118,7 +118,7 @@ def test_a_quarantined_newest_segment_keeps_its_id_unused(tmp_path: Path) -> Non
     """verify --repair moved the newest segment aside (no result names its
     items): its id stays used, so a worker still holding one of its handles
     can never be mistaken for holding a new item."""
-    from workq.disk.records import QUARANTINE_DIR, quarantine_name, segment_file
+    from workq.disk.records import QUARANTINE_DIR, quarantine_name
 
     root = tmp_path / "data"
     broker = workq.open(root, CONFIG)
@@ -135,3 +135,25 @@ def test_a_quarantined_newest_segment_keeps_its_id_unused(tmp_path: Path) -> Non
         assert broker.hello("w", [held]) == [held]  # the old handle names nothing: drop it
     finally:
         broker.close()
+
+
+def test_a_lost_newest_segment_keeps_its_id_unused(tmp_path: Path) -> None:
+    """The newest segment is lost (not quarantined) while a worker holds one
+    of its items and no result names any: no file proves its id, the
+    catalog's floor keeps it unused, so the old handle names nothing."""
+    root = tmp_path / "data"
+    broker = workq.open(root, CONFIG)
+    broker.enqueue("j", "m", "s", "a", [b"a-task"], durable=True)
+    [held] = broker.enqueue("j", "m", "s", "b", [b"b-task"], durable=True)
+    assert [i.handle for i in broker.lease(1, lanes=["b"], worker="w")] == [held]
+    broker.close()
+    (root / "workq" / "segments" / segment_file(held.segment)).unlink()  # lost
+    broker = workq.open(root, CONFIG)
+    try:
+        [new] = broker.enqueue("other", "m", "s", "c", [b"unrelated task"], durable=True)
+        assert new.segment > held.segment
+        assert broker.complete([held], [b"late result of b-task"]) == ["duplicate"]  # its segment is gone
+        assert broker.job_status("other")["pending"] == 1
+    finally:
+        broker.close()
+
