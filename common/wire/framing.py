@@ -96,7 +96,7 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
     if parts:
         specs = []
         for name, array in parts.items():
-            array = np.ascontiguousarray(array)
+            array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
             dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
             if dtype.str not in DTYPES:
                 raise TypeError(f"part {name!r} has dtype {array.dtype}, which frames cannot carry")
@@ -104,7 +104,7 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
             pad = -size % PART_ALIGN
             if pad:
                 buffers.append(bytes(pad))
-            data = array.astype(dtype, copy=False).data.cast("B")
+            data = memoryview(array.astype(dtype, copy=False).reshape(-1)).cast("B")  # empty arrays too
             buffers.append(data)
             size += pad + data.nbytes
         header = {**header, "parts": specs}
