@@ -11,6 +11,14 @@ Embedded::
 Over the network (``shardmgr serve``)::
 
     client = shardmgr.connect("127.0.0.1:7300")
+
+The package: ``store/`` (the vector store, which runs embedded without any
+server), ``server/`` (``shardmgr serve``, the host of the store and the work
+queue), ``verification/`` (``shardmgr verify``), ``cli.py`` (the command),
+``errors.py`` (one root, ShardmgrError). docs/architecture.md maps them.
+
+May import: ``common`` and ``workq``; ``store`` imports neither ``server``,
+``verification`` nor ``workq``.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ def open(data_dir: str | Path, config: StoreConfig | None = None, *,  # noqa: A0
 
 def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False) -> Report:
     """Check every file of a data directory (``shardmgr verify``): see
-    shardmgr/verification.py and docs/verify.md. Raises CannotVerify if it cannot run."""
+    shardmgr/verification/ and docs/verify.md. Raises CannotVerify if it cannot run."""
     from shardmgr.verification.runner import verify as run
 
     return run(data_dir, deep=deep, repair=repair)

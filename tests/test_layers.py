@@ -1,0 +1,72 @@
+"""The layers point one way (docs/architecture.md): every import of every
+module, read statically, against the rules the packages' docstrings state."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("common", "workq", "shardmgr")
+
+#: module prefix -> project modules it must not import (prefixes).
+FORBIDDEN = {
+    "common": ("workq", "shardmgr"),
+    "common.journal": ("common.wire",),
+    "common.wire": ("common.journal",),
+    "workq": ("shardmgr",),
+    "workq.disk": ("workq.state", "workq.broker", "workq.loop", "workq.delivery", "workq.service",
+                   "workq.client", "workq.worker"),
+    "workq.state": ("workq.broker", "workq.loop", "workq.delivery", "workq.service", "workq.client",
+                    "workq.worker"),
+    "workq.protocol": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
+    "workq.client": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
+    "workq.worker": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
+    "shardmgr.store": ("shardmgr.server", "shardmgr.verification", "workq"),
+    "shardmgr.server": ("shardmgr.verification",),
+}
+
+
+def modules() -> dict[str, set[str]]:
+    """Each project module and the project modules it imports (absolute names)."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_package else parts)
+            base = name.split(".") if is_package else name.split(".")[:-1]
+            imported: set[str] = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        anchor = base[: len(base) - node.level + 1]
+                        target = ".".join(anchor + ([node.module] if node.module else []))
+                    else:
+                        target = node.module or ""
+                    imported.add(target)
+                    imported.update(f"{target}.{a.name}" for a in node.names)
+            found[name] = {m for m in imported if m.split(".")[0] in PACKAGES}
+    return found
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_layer_imports_upward(layer: str) -> None:
+    wrong = sorted(f"{module} imports {target}" for module, targets in modules().items() if within(module, layer)
+                   for target in targets for banned in FORBIDDEN[layer] if within(target, banned))
+    assert wrong == [], wrong
+
+
+def test_the_rules_cover_every_package() -> None:
+    found = modules()
+    assert len(found) > 60
+    for layer in FORBIDDEN:
+        assert any(within(m, layer) for m in found), f"no module in {layer}: the rule checks nothing"
