@@ -1,7 +1,8 @@
 """The vector store: collections of append-only shards searched with faiss.
 
 Owns its configuration (``config``), row files (``rows``), shards
-(``shard``), collections (``collection``), the decoding of its journals'
+(``shard``), collections (``collection``), header metadata decoding
+(``metadata``: what does not parse is a FormatError, i.e. damage), the decoding of its journals'
 header metadata (``metadata``), input checks (``batch``), search and its
 merge (``search``), per-shard indexes (``index``), the store itself
 (``store``), its server component (``service``) and its network client
