@@ -104,7 +104,7 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
             pad = -size % PART_ALIGN
             if pad:
                 buffers.append(bytes(pad))
-            data = memoryview(array.astype(dtype, copy=False).reshape(-1)).cast("B")  # empty arrays too
+            data = array.astype(dtype, copy=False).reshape(-1).data.cast("B")  # 1-d first: empty arrays too
             buffers.append(data)
             size += pad + data.nbytes
         header = {**header, "parts": specs}
