@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -375,7 +374,7 @@ def _check_count(name: str, value: int) -> None:
 
 
 def _check_wait(name: str, seconds: float) -> None:
-    if not seconds >= 0 or math.isnan(seconds):
+    if not seconds >= 0:  # also NaN
         raise BadRequest(f"{name} must be a number of seconds >= 0, got {seconds}")
 
 

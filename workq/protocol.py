@@ -50,9 +50,10 @@ class Handle(NamedTuple):
         return f"{self.segment}:{self.offset}"
 
 
-def pack(segment: int, offsets: np.ndarray) -> np.ndarray:
-    """Packed handles (uint64) for records of one segment."""
-    return (np.uint64(segment) << np.uint64(32)) | (offsets.astype(np.uint64) // np.uint64(OFFSET_UNIT))
+def pack(segment: int | np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Packed handles (uint64) for records of one segment (or one segment each)."""
+    return (np.asarray(segment).astype(np.uint64) << np.uint64(32)) | (offsets.astype(np.uint64)
+                                                                        // np.uint64(OFFSET_UNIT))
 
 
 def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +68,7 @@ def pack_handles(handles: Sequence[Handle] | Sequence[tuple[int, int]]) -> np.nd
     if not len(handles):
         return np.zeros(0, dtype=np.uint64)
     pairs = np.array(handles, dtype=np.int64).reshape(-1, 2)
-    return (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | (pairs[:, 1].astype(np.uint64) // np.uint64(OFFSET_UNIT))
+    return pack(pairs[:, 0], pairs[:, 1])
 
 
 class Key(NamedTuple):

@@ -363,3 +363,24 @@ def test_a_waiting_call_cannot_be_cancelled_so_nothing_is_taken_unseen(tmp_path:
         assert not leasing_call.cancel()
         [again] = broker.enqueue("j", "m", "s", 1, [b"y"], durable=True)
         assert [b.handles.tolist() for b in leasing_call.result(10)] == [[again.packed]]
+
+
+def test_negative_or_nan_waits_and_delays_are_refused_and_change_nothing(broker: Broker) -> None:
+    from common.wire.errors import BadRequest
+
+    [h] = broker.enqueue("j", "m", "s", 1, [b"x"])
+    [item] = broker.lease(1, worker="w")
+    before = broker.job_status("j")
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(BadRequest, match="delay must be"):
+            broker.release([item.handle], delay=bad, worker="w")
+        with pytest.raises(BadRequest, match="wait must be"):
+            broker.lease(1, wait=bad)
+        with pytest.raises(BadRequest, match="wait must be"):
+            broker.results("j", wait=bad)
+    with pytest.raises(BadRequest, match="max_items must be"):
+        broker.lease(-1)
+    assert broker.job_status("j") == before  # still leased to w, nothing else moved
+    broker.release([h], worker="w")
+    assert [i.handle for i in broker.lease(1)] == [h]
+

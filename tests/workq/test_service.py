@@ -60,6 +60,11 @@ def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
             worker.complete(Handle(h.segment + 7, h.offset), b"r")
         with pytest.raises(NotLeased):
             worker.touch(Handle(h.segment, h.offset + 8))
+        for bad in (-1.0, float("nan")):  # the broker's one rule, over the wire too; the lease stays
+            with pytest.raises(BadRequest, match="delay must be a number of seconds >= 0"):
+                worker.release(item.handle, delay=bad)
+            with pytest.raises(BadRequest, match="wait must be a number of seconds >= 0"):
+                worker.lease(1, wait=bad)
         assert worker.complete(item.handle, b"r") == "completed"
         assert worker.complete(item.handle, b"again") == "duplicate"
         with pytest.raises(NotLeased, match="not leased by worker 'w'"):
