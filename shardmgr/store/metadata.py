@@ -30,7 +30,7 @@ def decode(raw: bytes, path: Path, schema: Schema) -> dict[str, Any]:
     try:
         meta = msgpack.unpackb(raw)
     except (ValueError, msgpack.UnpackException) as exc:  # every msgpack decoding error is one of these
-        raise FormatError(path, METADATA_OFFSET, f"metadata is not msgpack: {exc or type(exc).__name__}") from None
+        raise FormatError(path, METADATA_OFFSET, f"metadata is not msgpack: {exc or type(exc).__name__}") from exc
     if not isinstance(meta, dict):
         raise FormatError(path, METADATA_OFFSET, f"metadata is a msgpack {type(meta).__name__}, not a map")
     for name, kind in schema.items():
