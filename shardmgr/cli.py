@@ -47,6 +47,9 @@ def main() -> None:
               help="Serve Prometheus metrics on this port (documented choice: 7301).", show_default="off")
 @click.option("--max-frame-bytes", type=int, default=None, help="Largest frame accepted.",
               show_default=str(_DEFAULTS.max_frame_bytes))
+@click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds a clean stop may take before what is left is cut off.",
+              show_default=str(_DEFAULTS.shutdown_timeout_s))
 @click.option("--log-level", default=None, show_default=_DEFAULTS.log_level)
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="TOML file of ServerConfig fields; options given here override it.")

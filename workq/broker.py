@@ -23,6 +23,7 @@ run on the owner thread: they must not block.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -97,6 +98,12 @@ class Broker:
     def start(self) -> None:
         """Start the owner thread."""
         self._loop.start()
+
+    def quiesce(self) -> None:
+        """Answer every waiting call now, and calls that would wait from now
+        on at once (a stop is coming). Everything else keeps working."""
+        with contextlib.suppress(Unavailable):
+            self._loop.submit(self._loop.quiesce)
 
     def close(self) -> None:
         """Answer waiting calls, finish or fail what waits for a flush,
@@ -219,7 +226,7 @@ class Broker:
                 settle(future, answer)
                 return True
 
-            self._loop.park(time.monotonic() + wait, attempt, wants, lambda exc: settle(future, error=exc))
+            self._loop.park(time.monotonic() + wait, attempt, wants, lambda exc: settle(future, error=exc), alive)
 
         return self._loop.future(run)
 

@@ -6,10 +6,14 @@ Threads: a RpcClient is not thread-safe; use one per thread (they are cheap).
 
 Failures: while the server is down or still recovering (it listens only
 once recovery is done) connecting is retried with exponential backoff for
-``retry_for`` seconds, then :class:`~common.errors.Unavailable` is raised. A
-connection that breaks while requests are in flight raises
-:class:`ConnectionLost`: those requests may or may not have been applied,
-so the client never resends them by itself; the next call reconnects.
+``retry_for`` seconds, then :class:`~common.wire.errors.Unavailable` is
+raised. When the server ends the connection with a goaway frame (id 0,
+``unavailable``: a clean stop, or too many connections), every request
+without an answer raises Unavailable: the server promises it applied none
+of them. A connection that breaks otherwise raises :class:`ConnectionLost`
+for each request in flight: those may or may not have been applied, so the
+client never resends them by itself. Answers that arrived before the end
+can still be received. The next call reconnects.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import itertools
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +74,8 @@ class RpcClient:
         self._reader: framing.FrameReader | None = None
         self._ids = itertools.count(1)
         self._waiting: set[int] = set()
-        self._early: dict[int, framing.Frame] = {}
+        self._early: dict[int, framing.Frame] = {}  # answers read before their receive()
+        self._ended: dict[int, ServiceError] = {}  # requests the end of a connection left unanswered
         self._connecting = False
 
     # ------------------------------------------------------------- connection
@@ -116,11 +121,16 @@ class RpcClient:
         self._sock, self._reader = sock, reader
 
     def close(self) -> None:
+        """Close the connection; requests in flight are forgotten."""
+        self._drop_socket()
+        self._waiting.clear()
+        self._early.clear()
+        self._ended.clear()
+
+    def _drop_socket(self) -> None:
         if self._sock is not None:
             self._sock.close()
         self._sock = self._reader = None
-        self._waiting.clear()
-        self._early.clear()
 
     def __enter__(self) -> RpcClient:
         return self
@@ -147,45 +157,97 @@ class RpcClient:
         if args:
             header["args"] = args
         buffers = framing.encode(header, parts)
+        self._waiting.add(request_id)
         try:
             framing.send_buffers(self._sock, buffers)
         except OSError as exc:
-            self._lost(exc)
-        self._waiting.add(request_id)
+            self._end(self._salvage(exc))
+            raise self._ended.pop(request_id) from exc
         return request_id
 
     def receive(self, request_id: int) -> Reply:
         """Wait for the reply to ``request_id`` (replies may come in any order)."""
-        if request_id not in self._waiting:
-            raise ValueError(f"request {request_id} was not sent on this connection or was already received")
         frame = self._early.pop(request_id, None)
+        if frame is None and request_id in self._ended:
+            raise self._ended.pop(request_id)
+        if frame is None and request_id not in self._waiting:
+            raise ValueError(f"request {request_id} was not sent on this connection or was already received")
         while frame is None:
             got = self._read_frame()
+            if got is None:
+                raise self._ended.pop(request_id)
             got_id = got.header.get("id")
             if got_id == request_id:
                 frame = got
             elif got_id in self._waiting:
                 self._early[got_id] = got
             elif "error" in got.header:  # a connection-level error (id 0): the server is closing us
-                error = got.header["error"]
-                self._lost(ServiceError.from_wire(str(error.get("code")), str(error.get("message"))))
+                self._end(_connection_error(got.header["error"], self._where()))
+                raise self._ended.pop(request_id)
         self._waiting.discard(request_id)
         if "error" in frame.header:
             error = frame.header["error"]
             raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))
         return Reply(frame.header.get("ok") or {}, frame.parts)
 
-    def _read_frame(self) -> framing.Frame:
+    def _read_frame(self) -> framing.Frame | None:
+        """The next frame; None once a broken connection was ended
+        (ConnectionLost for every request it left unanswered)."""
         try:
             got = self._reader.read()  # type: ignore[union-attr]
+            if got is None:
+                raise ConnectionResetError("server closed the connection")
         except (OSError, BadFrame) as exc:
-            self._lost(exc)
-        if got is None:
-            self._lost(ConnectionResetError("server closed the connection"))
+            self._end(self._lost(exc))
+            return None
         return got
 
-    def _lost(self, cause: BaseException) -> NoReturn:
-        pending = len(self._waiting)
-        self.close()
-        raise ConnectionLost(f"connection to {self._where()} lost with {pending} request(s) in flight: "
-                             f"{cause}") from cause
+    def _salvage(self, cause: OSError) -> ServiceError:
+        """A send failed: read what the server sent before it closed (answers,
+        and perhaps its goaway) and return the error for the rest."""
+        try:
+            self._sock.settimeout(0.5)  # type: ignore[union-attr]
+            while True:
+                got = self._reader.read()  # type: ignore[union-attr]
+                if got is None:
+                    break
+                got_id = got.header.get("id")
+                if got_id in self._waiting:
+                    self._early[got_id] = got
+                    self._waiting.discard(got_id)
+                elif "error" in got.header:
+                    return _connection_error(got.header["error"], self._where())
+        except (OSError, BadFrame):
+            pass
+        return self._lost(cause)
+
+    def _lost(self, cause: BaseException) -> ConnectionLost:
+        error = ConnectionLost(f"connection to {self._where()} lost with {len(self._waiting)} request(s) in "
+                               f"flight: {cause}")
+        error.__cause__ = cause
+        return error
+
+    def _end(self, error: ServiceError) -> None:
+        """The connection is over: every request without an answer gets ``error``."""
+        self._drop_socket()
+        for request_id in self._waiting:
+            if request_id not in self._early:
+                self._ended[request_id] = _copy(error)
+        self._waiting.clear()
+
+
+def _connection_error(error: dict[str, Any], where: str) -> ServiceError:
+    """What an id-0 error frame means for the requests it leaves unanswered:
+    ``unavailable`` (a goaway) promises they were not applied; any other code
+    (the server rejected the stream) leaves that unknown."""
+    code, message = str(error.get("code")), str(error.get("message"))
+    if code == Unavailable.code:
+        return Unavailable(f"{where}: {message}")
+    return ConnectionLost(f"connection to {where} closed by the server: {code}: {message}")
+
+
+def _copy(error: ServiceError) -> ServiceError:
+    """A fresh exception per request (one raised twice would grow its traceback)."""
+    copy = type(error)(error.message)
+    copy.__cause__ = error.__cause__
+    return copy

@@ -48,8 +48,9 @@ class ServerConfig:
     handshake_timeout_s: float = 10.0
     #: Connections beyond this are refused with an ``unavailable`` error.
     max_connections: int = 4096
-    #: Seconds SIGTERM waits for in-flight requests and unsent responses.
-    shutdown_grace_s: float = 10.0
+    #: Seconds a clean stop (SIGTERM) may take: in-flight requests are
+    #: answered and replies sent within it; what is left then is cut off.
+    shutdown_timeout_s: float = 10.0
     #: Prometheus metrics HTTP port on ``host``; None (default) is off.
     #: The documented choice is 7301.
     metrics_port: int | None = None
@@ -75,7 +76,7 @@ class ServerConfig:
             raise ValueError(f"flush_interval_ms must be in 0.1..60000, got {self.flush_interval_ms}")
         if not 4096 <= self.max_frame_bytes <= 2**32 - 1:
             raise ValueError(f"max_frame_bytes must be in 4096..{2**32 - 1}, got {self.max_frame_bytes}")
-        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_grace_s"):
+        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_connections < 1 or self.max_outbox_bytes < self.max_frame_bytes:

@@ -12,9 +12,20 @@ written.
 Bad bytes end the connection: the server sends an error frame with id 0
 (``bad_frame``, ``frame_too_large``, ``unsupported_version``) and closes. A
 client that stops reading is closed once its queued replies pass
-``max_outbox_bytes`` or a send blocks for ``send_timeout_s``.
+``max_outbox_bytes`` or a send blocks for ``send_timeout_s``. The end of
+the client's stream (it closed) closes the connection at once: replies not
+yet sent are dropped, and whatever its requests wait for ends with it.
 
-Threads: ``_lock``/``_cond`` guard the outbox, ``_writing`` and ``_closed``.
+A clean stop (:meth:`Connection.drain`) keeps reading, but the server
+answers every request read from then on with ``unavailable`` without
+applying it. Once every request read before has been answered and its
+reply written (``on_sent`` run), the connection sends a *goaway* frame (id
+0, ``unavailable``) and shuts its sending side: the client then knows that
+no request it has no answer to was applied.
+
+Threads: ``_lock``/``_cond`` guard the outbox, ``_pending``, ``_writing``
+(some thread is sending: one at a time), ``_handshaken``, ``_draining``,
+``_goaway_sent`` and ``_closed``.
 """
 
 from __future__ import annotations
@@ -41,6 +52,13 @@ log = logging.getLogger(__name__)
 HELD_REPLIES = 256
 """Replies the reader thread may hold back to send in one sendmsg."""
 
+CLOSE_WAIT_S = 10.0
+"""Longest close() waits for a write under way (a shut-down socket ends it at once)."""
+
+GOAWAY = {"id": 0, "error": {"code": "unavailable",
+                             "message": "the server is stopping: requests not answered were not applied; retry"}}
+"""The last frame of a clean stop (docs/protocol.md)."""
+
 Dispatch = Callable[[Request], None]
 CountError = Callable[[str], None]
 
@@ -64,9 +82,11 @@ class Connection:
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
         self._outbox_bytes = 0
         self._writing = False  # some thread is inside sendmsg for this socket
-        self._pending = 0  # requests dispatched and not yet answered
+        self._pending = 0  # requests dispatched whose replies are not yet in the outbox or sent
         self._held: list[tuple[list[bytes | memoryview], int, OnSent | None]] = []  # reader thread only
-        self._reads_done = False
+        self._handshaken = False  # our preamble is (being) sent
+        self._draining = False
+        self._goaway_sent = False
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
@@ -90,7 +110,7 @@ class Connection:
             while True:
                 frame = reader.read()
                 if frame is None:
-                    break
+                    break  # the client closed: nobody is left to answer
                 self.bytes_in += frame.size
                 self._serve(frame)
                 if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
@@ -100,18 +120,13 @@ class Connection:
             self._count_error(exc.code)
             self._flush_held()
             self._send_now({"id": 0, "error": {"code": exc.code, "message": exc.message}})
-            self.close()
-        except OSError as exc:  # reset, timeout, or our own close()
+        except OSError as exc:  # reset, a stream cut inside a frame, or our own close()
             if not self._closed:
                 log.info("connection %s ended: %s", self.peer, exc)
         except Exception:  # a bug: lose this connection, never the server
             log.exception("closing %s after an unexpected error", self.peer)
-            self.close()
         finally:
-            self._flush_held()
-            with self._cond:
-                self._reads_done = True
-                self._cond.notify_all()
+            self.close()
 
     def _handshake(self, reader: framing.FrameReader) -> bool:
         self.sock.settimeout(self._config.handshake_timeout_s)
@@ -125,7 +140,17 @@ class Connection:
             self.close()
             return False
         self.sock.settimeout(None)
-        self._send_now(framing.preamble())
+        with self._cond:
+            if self._goaway_sent or self._writing:  # the server began to stop first: no request will be read
+                return False
+            self._handshaken = self._writing = True  # in one step: a goaway can only follow the preamble
+        try:
+            with contextlib.suppress(OSError):
+                framing.send_buffers(self.sock, [framing.preamble()])
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
         if version != framing.PROTOCOL_VERSION:
             raise UnsupportedVersion(f"client speaks protocol {version}; this server speaks "
                                      f"{framing.PROTOCOL_VERSION}")
@@ -167,13 +192,12 @@ class Connection:
             size, on_sent = sum(len(b) for b in buffers), None
         entry = (buffers, size, on_sent)
         if threading.current_thread() is self._reader:
-            with self._cond:
-                self._pending -= 1
-            self._held.append(entry)  # sent by _flush_held, batched with its neighbours
+            self._held.append(entry)  # sent by _flush_held, batched with its neighbours; pending until then
             return
         with self._cond:
             self._pending -= 1
-            if self._closed:
+            if self._closed or self._goaway_sent:
+                self._cond.notify_all()
                 return
             overflow = self._outbox_bytes + size > self._config.max_outbox_bytes
             if not overflow:
@@ -190,7 +214,9 @@ class Connection:
         if not held:
             return
         with self._cond:
-            if self._closed:
+            self._pending -= len(held)
+            if self._closed or self._goaway_sent:
+                self._cond.notify_all()
                 return
             direct = not self._outbox and not self._writing
             if direct:
@@ -203,13 +229,29 @@ class Connection:
             self._write(held)
 
     def _send_now(self, data: bytes | dict[str, Any]) -> None:
-        """Best-effort immediate write from the reader thread (handshake, errors)."""
+        """Best-effort immediate write of one frame or preamble (handshake,
+        connection errors, the goaway), never interleaved with another write."""
         buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
-        with contextlib.suppress(OSError):
-            framing.send_buffers(self.sock, buffers)
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing or self._closed, self._config.send_timeout_s)
+            if self._closed or self._writing:
+                return
+            self._writing = True
+        try:
+            with contextlib.suppress(OSError):
+                framing.send_buffers(self.sock, buffers)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
     def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
-        """Send a batch (caller set ``_writing``); run callbacks; clear ``_writing``."""
+        """Send a batch (caller set ``_writing``); run callbacks; clear ``_writing``.
+
+        The callbacks run before ``_writing`` clears, and :meth:`close` waits
+        for that: a client may read a reply and close before this thread
+        runs the next line, and its close must not undo the reply's
+        ``on_sent`` (which would hand its results out again)."""
         try:
             framing.send_buffers(self.sock, [b for buffers, _, _ in batch for b in buffers])
             self.bytes_out += sum(size for _, size, _ in batch)
@@ -218,48 +260,72 @@ class Connection:
             if not self._closed:
                 log.info("closing %s: send failed: %s", self.peer, exc)
             sent = False
+        if sent:
+            for _, _, on_sent in batch:
+                if on_sent is not None:
+                    try:
+                        on_sent()
+                    except Exception:  # a callback bug must not kill the connection's writer
+                        log.exception("on_sent callback failed for %s", self.peer)
         with self._cond:
             self._writing = False
-            if self._outbox or self._finished():
-                self._cond.notify_all()
+            self._cond.notify_all()
         if not sent:
             self.close()
-            return
-        for _, _, on_sent in batch:
-            if on_sent is not None:
-                try:
-                    on_sent()
-                except Exception:  # a callback bug must not kill the connection's writer
-                    log.exception("on_sent callback failed for %s", self.peer)
 
     def _write_loop(self) -> None:
-        """Send queued replies; end when closed, or when reads are done and
-        every dispatched request has been answered and sent."""
+        """Send queued replies until the connection closes; when draining,
+        send the goaway once every reply is out."""
         while True:
             with self._cond:
-                while not self._closed and (self._writing or not self._outbox) and not self._finished():
+                while not self._closed and (self._writing or not self._outbox) and not self._goaway_due():
                     self._cond.wait()
-                if self._closed or not self._outbox:
+                if self._closed:
+                    return
+                if self._goaway_due():
+                    self._goaway_sent = True  # under the lock: a handshake after this sends no preamble
                     break
                 batch = list(self._outbox)
                 self._outbox.clear()
                 self._outbox_bytes = 0
                 self._writing = True
             self._write(batch)
-        self.close()
+        if not self._handshaken:
+            self.close()  # it never got a preamble: to its client this is a refused connection
+            return
+        self._send_now(GOAWAY)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)  # the client reads the goaway, then the end of the stream
+        with self._cond:
+            self._cond.notify_all()
 
-    def _finished(self) -> bool:
-        return self._reads_done and not self._pending and not self._outbox and not self._writing
+    def _goaway_due(self) -> bool:
+        return (self._draining and not self._goaway_sent and not self._pending and not self._outbox
+                and not self._writing)
 
     # ------------------------------------------------------------------ closing
 
-    def stop_reading(self) -> None:
-        """Take no more requests; replies still being produced are sent."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RD)
+    def drain(self) -> None:
+        """Begin a clean stop (any thread): the goaway follows the last reply
+        to what was read so far. The server refuses what is read later."""
+        with self._cond:
+            self._draining = True
+            self._cond.notify_all()
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait until the goaway went out (or the connection closed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._goaway_sent or self._closed, timeout)
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until the connection closed (the client closed its end); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed, timeout)
 
     def close(self) -> None:
-        """Close at once; queued replies are dropped (their on_sent never runs)."""
+        """Close at once; queued replies are dropped (their on_sent never
+        runs). A write under way ends first (the shutdown cuts a blocked
+        send short), so a reply that was sent keeps its on_sent."""
         with self._cond:
             if self._closed:
                 return
@@ -269,6 +335,9 @@ class Connection:
             self._cond.notify_all()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S):
+                log.error("closing %s: a write did not end within %.0f s", self.peer, CLOSE_WAIT_S)
         self.sock.close()
         self._on_close(self)
 
@@ -279,3 +348,20 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def refuse(sock: socket.socket, message: str) -> None:
+    """Turn a new connection away with the documented answer: the server's
+    preamble, then an ``unavailable`` error frame with id 0, then close.
+    Never blocks for long: the socket is new, so its send buffer is empty."""
+    try:
+        sock.settimeout(0.5)
+        with contextlib.suppress(BlockingIOError):
+            sock.recv(framing.PREAMBLE.size, socket.MSG_DONTWAIT)  # read what came, so the close sends no reset
+        frame = framing.encode({"id": 0, "error": {"code": "unavailable", "message": message}})
+        framing.send_buffers(sock, [framing.preamble(), *frame])
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        sock.close()

@@ -7,11 +7,16 @@ then open the listening socket and write the ready file (readiness.py).
 Until that last step connection attempts are refused, so a client never
 talks to a half-recovered server.
 
-Stop (SIGTERM/SIGINT or :meth:`Server.stop`): remove the ready file, close
-the listening socket, stop reading new requests, let components finish or
-fail what is in flight, send the replies already produced (up to
-``shutdown_grace_s``), close the connections, flush and close every
-journal, release the LOCK.
+Stop (SIGTERM/SIGINT or :meth:`Server.stop`), all within
+``shutdown_timeout_s``: remove the ready file and stop accepting; from now
+on every request read is answered ``unavailable`` without being applied.
+Components answer their waiting calls (:meth:`Component.quiesce`). Each
+connection writes its remaining replies (so results written to a consumer
+are marked delivered), then a goaway frame (connection.py); the clients
+close. Then the connections are closed, every component stops (the queue
+records the delivered marks and flushes), the flusher makes the rest
+durable and the LOCK is released. A second SIGTERM/SIGINT during the stop
+flushes what was written and exits at once with status 1.
 
 Threads: an acceptor thread; per connection a reader and a writer thread
 (connection.py); per component its own owner threads; the flusher. The
@@ -21,13 +26,16 @@ server's own state (the set of connections, counters) is guarded by
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import resource
 import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from common.journal import Flusher
@@ -39,13 +47,21 @@ from workq.service import WorkqService
 
 from . import readiness
 from .config import ServerConfig
-from .connection import Connection
+from .connection import Connection, refuse
 from .control import Control
 
 log = logging.getLogger(__name__)
 
 SIGNAL_POLL_S = 0.2
 """Longest a SIGTERM or SIGINT waits before the main thread handles it."""
+
+LINGER_S = 1.0
+"""At a stop, how long connections that got their goaway have to close
+before the server closes them (closing first could reset, and so lose,
+a goaway still in flight)."""
+
+EXIT_INTERRUPTED = 1
+"""Exit status after a second signal cut a stop short."""
 
 
 class Server:
@@ -124,9 +140,10 @@ class Server:
         self._acceptor.start()
 
     def run(self) -> int:
-        """Serve until SIGTERM or SIGINT, then stop cleanly. Returns 0."""
+        """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A
+        second signal during the stop flushes and exits at once (status 1)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stopping.set())
+            signal.signal(sig, self._on_signal)
         self.start()
         # Timed: a signal the kernel gave another thread is only handled when the main
         # thread next runs Python code, and an untimed wait would never return to it.
@@ -135,6 +152,23 @@ class Server:
         log.info("stopping: signal received")
         self._shutdown()
         return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self._stopping.is_set():
+            self._stopping.set()
+            return
+        log.warning("stopping now: second signal %d; flushing what was written", signum)
+        flush = threading.Thread(target=self._flush_quietly, name="last-flush", daemon=True)
+        flush.start()
+        flush.join(2.0)
+        logging.shutdown()
+        os._exit(EXIT_INTERRUPTED)
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.flusher.flush_now(timeout=2.0)
+        except Exception as exc:  # exiting anyway: the log says what was not flushed
+            log.error("the last flush failed: %s", exc)
 
     def stop(self) -> None:
         """Stop from another thread (tests, embedding)."""
@@ -147,30 +181,51 @@ class Server:
                 return
             self._stopped.set()
             self._stopping.set()
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self._stop_accepting()
+        with self._lock:
             connections = list(self._connections)
+        for conn in connections:
+            conn.drain()
+        for component in self.components:
+            self._guarded(component, component.quiesce)
+        drained = sum(_polled(functools.partial(conn.wait_drained, SIGNAL_POLL_S), deadline) for conn in connections)
+        if drained < len(connections):
+            log.warning("stop: %d of %d connections still had replies to send after %.1f s; closing them",
+                        len(connections) - drained, len(connections), self.config.shutdown_timeout_s)
+        linger = min(deadline, time.monotonic() + LINGER_S)
+        for conn in connections:
+            _polled(functools.partial(conn.wait_closed, SIGNAL_POLL_S), linger)
+            conn.close()
+        for conn in connections:
+            conn.join(max(0.0, deadline - time.monotonic()))
+        for component in reversed(self.components):
+            self._guarded(component, component.stop)
+        self.flusher.stop()
+        self._lockfile.release()
+        log.info("stopped")
+
+    def _stop_accepting(self) -> None:
         if self._wrote_ready_file and self.config.ready_file is not None:
             try:
                 readiness.remove(self.config.ready_file)
             except OSError as exc:  # the stop goes on: the data matters more than the marker
                 log.warning("could not remove the ready file %s: %s", self.config.ready_file, exc)
         if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the acceptor (a close alone may not)
             self._listener.close()
+        if self._acceptor is not None:
+            self._acceptor.join(SIGNAL_POLL_S)
         if self._metrics is not None:
             self._metrics.shutdown()
-        for conn in connections:
-            conn.stop_reading()
-        for component in reversed(self.components):
-            try:
-                component.stop()
-            except Exception:
-                log.exception("stopping %s failed", component.name)
-        deadline = time.monotonic() + self.config.shutdown_grace_s
-        for conn in connections:
-            conn.join(max(0.0, deadline - time.monotonic()))
-            conn.close()
-        self.flusher.stop()
-        self._lockfile.release()
-        log.info("stopped")
+
+    @staticmethod
+    def _guarded(component: Component, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:
+            log.exception("%s: %s failed during the stop", component.name, step.__name__)
 
     # --------------------------------------------------------------- serving
 
@@ -193,8 +248,10 @@ class Server:
                 else:
                     self.counters["connections_refused_total"] += 1
             if refused:
-                log.warning("refusing %s: %d connections open", name, self.config.max_connections)
-                sock.close()
+                log.warning("refusing %s: %s", name, "stopping" if self._stopping.is_set()
+                            else f"{self.config.max_connections} connections open")
+                refuse(sock, "the server is stopping" if self._stopping.is_set() else
+                       f"the server has max_connections ({self.config.max_connections}) connections open; retry")
 
     def _forget(self, conn: Connection) -> None:
         with self._lock:
@@ -252,6 +309,15 @@ class Server:
             if component.name != "server":
                 result[component.name] = component.stats()
         return result
+
+
+def _polled(done: Callable[[], bool], deadline: float) -> bool:
+    """Call ``done`` (which waits briefly) until it is true or ``deadline``
+    passes. Short slices keep the main thread free to handle a second signal."""
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+    return True
 
 
 def _raise_file_limit() -> None:

@@ -175,8 +175,8 @@ def test_sigterm_exits_zero_after_answering_in_flight(server: ServerProcess) -> 
         for i, request_id in enumerate(ids[1:], 1):
             assert client.receive(request_id).result == {"i": i}  # answers stay correct to the end
             answered += 1
-    except (ConnectionLost, Unavailable):
-        pass  # requests the server had not read yet are dropped with the connection
+    except Unavailable as exc:  # the goaway: requests it had not answered were not applied
+        assert not isinstance(exc, ConnectionLost), exc
     assert server.wait(30) == 0
     server.wait_log("stopped")
     assert answered >= 1
@@ -262,3 +262,30 @@ def test_stats_cli_reports_an_unreachable_server(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "shardmgr", "stats", "--port", "1", "--timeout", "0.3"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "cannot reach" in out.stderr
+
+
+def test_a_connection_over_max_connections_gets_unavailable(tmp_path: Path) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text("max_connections = 3\n")
+    proc = ServerProcess(tmp_path / "data", "--config", str(config)).start()
+    clients = [RpcClient(proc.address) for _ in range(3)]
+    try:
+        for client in clients:
+            client.call("ping")
+        extra = RpcClient(proc.address, retry_for=0)
+        with pytest.raises(Unavailable) as refused:
+            extra.call("ping")
+        assert type(refused.value) is Unavailable and "max_connections" in str(refused.value)
+        clients.pop().close()  # room again: a new client is served
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert RpcClient(proc.address, retry_for=0).call("ping").result == {}
+                break
+            except Unavailable:
+                assert time.monotonic() < deadline, "the freed slot was never reused"
+                time.sleep(0.05)
+    finally:
+        for client in clients:
+            client.close()
+        proc.kill()
