@@ -18,7 +18,7 @@ from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import RpcClient
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
-from . import __version__
+from . import __version__, tables
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked directory, ...)
@@ -100,7 +100,11 @@ def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
 @server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def stats(host: str, port: int, timeout: float, as_json: bool) -> None:
-    """Print a running server's counters, per component."""
+    """Print a running server's counters, per component.
+
+    On a terminal, a table per component. Piped or redirected, one line per
+    counter, never wrapped or cut: COMPONENT, COUNTER, VALUE, tab-separated.
+    """
     result = remote_call("stats", host, port, timeout, "stats")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -110,9 +114,7 @@ def stats(host: str, port: int, timeout: float, as_json: bool) -> None:
         table = Table(title=component)
         table.add_column("counter")
         table.add_column("value", justify="right")
-        for key, value in sorted(values.items()):
-            table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:,.6g}")
-        console.print(table)
+        tables.show(console, table, sorted(values.items()), component)
 
 
 @main.group()
@@ -125,28 +127,32 @@ def queue() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def queue_stats(host: str, port: int, timeout: float, as_json: bool) -> None:
     """Per key: pending, in flight, buried, oldest pending age, segments,
-    live/dead bytes, and the oldest item pinning the oldest segment."""
+    live/dead bytes, and the oldest item pinning the oldest segment.
+
+    On a terminal, two tables. Piped or redirected, one line per total and
+    per key, never wrapped or cut, tab-separated: "totals", NAME, VALUE; and
+    "key", MODEL, SHAPE, LANE, PENDING, IN_FLIGHT, BURIED, OLDEST_PENDING,
+    SEGMENTS, LIVE_BYTES, DEAD_BYTES, PINNED_BY.
+    """
     result = remote_call("queue stats", host, port, timeout, "workq.stats")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     console = Console()
-    totals = Table(title="work queue", show_header=False)
-    for name, value in result["totals"].items():
-        totals.add_row(name, f"{value:,}")
-    console.print(totals)
+    tables.show(console, Table("name", "value", title="work queue", show_header=False),
+                result["totals"].items(), "totals")
     table = Table(title="keys")
     for col in ("model", "shape", "lane", "pending", "in flight", "buried", "oldest pending", "segments",
                 "live bytes", "dead bytes", "pinned by"):
         table.add_column(col, justify="left" if col in ("model", "shape", "lane", "pinned by") else "right")
+    rows = []
     for row in result["keys"]:
         age = row["oldest_pending_age_s"]
         pin = row["pinned_by"]
-        table.add_row(row["model"], row["shape"], row["lane"], f"{row['pending']:,}", f"{row['in_flight']:,}",
-                      f"{row['buried']:,}", "-" if age is None else f"{age:,.1f} s", str(row["segments"]),
-                      f"{row['live_bytes']:,}", f"{row['dead_bytes']:,}",
-                      "-" if pin is None else f"{pin['handle']} ({pin['job']}, {pin['state']}, {pin['age_s']:.0f} s)")
-    console.print(table)
+        rows.append((row["model"], row["shape"], row["lane"], row["pending"], row["in_flight"], row["buried"],
+                     "-" if age is None else f"{age:,.1f} s", row["segments"], row["live_bytes"], row["dead_bytes"],
+                     "-" if pin is None else f"{pin['handle']} ({pin['job']}, {pin['state']}, {pin['age_s']:.0f} s)"))
+    tables.show(console, table, rows, "key")
 
 
 @queue.command("kick")
@@ -171,7 +177,8 @@ def inspect(path: Path, as_json: bool) -> None:
 
     Opens the file read-only and changes nothing. Exit status 0 if the
     journal is readable (a torn tail is reported, not an error), 2 if it is
-    not a journal or its durable data is damaged.
+    not a journal or its durable data is damaged. Piped or redirected, one
+    line per field instead of a table: NAME, VALUE, tab-separated.
     """
     try:
         j = Journal.open(path, writable=False)
@@ -193,12 +200,9 @@ def inspect(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    table = Table(title=str(path), show_header=False)
-    for key, value in info.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        table.add_row(key, str(value))
-    Console().print(table)
+    rows = [(key, ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value))
+            for key, value in info.items()]
+    tables.show(Console(), Table(title=str(path), show_header=False), rows)
 
 
 def _recovery_dict(j: Journal) -> dict[str, object]:
@@ -222,6 +226,12 @@ def verify(data_dir: Path, deep: bool, repair: bool, as_json: bool) -> None:
     Read-only and safe beside a running server, unless --repair, which
     needs the directory to itself. Exit status: 0 clean, 1 only problems
     that recovery repairs by itself, 2 data corruption, 3 could not run.
+
+    On a terminal, a table of the findings, worst first. Piped or
+    redirected, one line per finding, never wrapped or cut: SEVERITY, PATH
+    (whole, as --json gives it), OFFSET, PROBLEM, EXPECTED, FOUND,
+    tab-separated, "-" for none. Then a "repaired: ..." line per --repair
+    action and the verdict line. See docs/verify.md.
     """
     from shardmgr.verification.runner import EXIT_CANNOT_RUN, count_files
     from shardmgr.verification.runner import verify as run
