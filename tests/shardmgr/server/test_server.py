@@ -60,6 +60,12 @@ def read_frame(sock: socket.socket) -> dict | None:
     return msgpack.unpackb(body[:header_size])
 
 
+def raw_frame(header: dict, body: bytes) -> bytes:
+    """A frame built by hand (parts as given, unchecked)."""
+    head = msgpack.packb(header)
+    return struct.pack("<II", len(head) + len(body), len(head)) + head + body
+
+
 def test_ping_info_and_echo_with_binary_parts(server: ServerProcess) -> None:
     with RpcClient(server.address) as client:
         assert client.call("ping").result == {}
@@ -105,6 +111,10 @@ def test_unknown_command_and_bad_arguments_keep_the_connection(server: ServerPro
     # found by the fuzzer: an unhashable dtype in a part spec
     (struct.pack("<II", 31, 31) + msgpack.packb({"id": 1, "cmd": "echo", "parts": [["x", ["<f4"], [1]]]}),
      "bad_frame"),
+    # a part of 100 dimensions (numpy stops at 64): the connection used to close without an error frame
+    (raw_frame({"id": 1, "cmd": "echo", "parts": [["x", "|u1", [1] * 100]]}, bytes(1)), "bad_frame"),
+    (raw_frame({"id": 1, "cmd": "echo", "parts": [["x", "<u8", [1]], ["x", "<u8", [1]]]}, bytes(16)),
+     "bad_frame"),  # a part name twice
 ])
 def test_bad_frames_get_an_error_and_a_closed_connection(server: ServerProcess, garbage: bytes, code: str) -> None:
     sock = raw_connection(server.address)
