@@ -59,11 +59,13 @@ def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
             worker.complete(Handle(h.segment + 7, h.offset), b"r")
         with pytest.raises(NotLeased):
             worker.touch(Handle(h.segment, h.offset + 8))
-        for bad in (-1.0, float("nan")):  # the broker's one rule, over the wire too; the lease stays
-            with pytest.raises(BadRequest, match="delay must be a number of seconds >= 0"):
-                worker.release(item.handle, delay=bad)
-            with pytest.raises(BadRequest, match="wait must be a number of seconds >= 0"):
+        for bad in (-1.0, float("nan"), float("inf"), 1e308):  # the broker's one rule, over the wire too
+            with pytest.raises(BadRequest, match="delay must be a number of seconds in 0..604800"):
+                worker.release(item.handle, delay=bad)  # the lease stays
+            with pytest.raises(BadRequest, match="wait must be a number of seconds in 0..3600"):
                 worker.lease(1, wait=bad)
+        with QueueClient(server.address) as client, pytest.raises(BadRequest, match="wait must be"):
+            client.results("j", wait=float("inf"))  # answered at once, not a client timeout
         assert worker.complete(item.handle, b"r") == "completed"
         assert worker.complete(item.handle, b"again") == "duplicate"
         with pytest.raises(NotLeased, match="not leased by worker 'w'"):
