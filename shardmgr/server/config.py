@@ -8,6 +8,7 @@ override the file, which overrides the defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,8 @@ class ServerConfig:
         if not 4096 <= self.max_frame_bytes <= 2**32 - 1:
             raise ValueError(f"max_frame_bytes must be in 4096..{2**32 - 1}, got {self.max_frame_bytes}")
         for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:  # also NaN
+                raise ValueError(f"{name} must be a positive, finite number of seconds, got {getattr(self, name)}")
         if self.max_connections < 1 or self.max_outbox_bytes < self.max_frame_bytes:
             raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
