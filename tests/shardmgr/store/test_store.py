@@ -54,15 +54,17 @@ def test_collections_are_idempotent_and_checked(open_store: Callable[..., Store]
     assert store.create_collection("docs", 8, "ip")["name"] == "docs"
     with pytest.raises(CollectionConflict, match="dim 8, metric ip"):
         store.create_collection("docs", 16, "ip")
-    for bad in ("", "../x", "a/b", "x" * 200, ".hidden", 7):
+    for bad in ("", "../x", "a/b", "x" * 129, ".hidden", 7, "abc\n", "abc\r", "a\tb", "a\x00b", "caf\u00e9", "a b"):
         with pytest.raises(BadName, match="collection name") as raised:
             store.create_collection(bad, 8)  # type: ignore[arg-type]
         assert raised.value.code == "shardmgr.bad_name" and not isinstance(raised.value, BadVectors)
+    assert store.create_collection("x" * 128, 8)["name"] == "x" * 128  # the longest name
+    assert sorted(p.name for p in (store.root).iterdir()) == ["docs", "x" * 128]  # no directory for a refused one
     with pytest.raises(BadVectors, match="metric"):
         store.create_collection("other", 8, "cosine")
     with pytest.raises(UnknownCollection):
         store.collection_info("nope")
-    assert store.collections() == ["docs"]
+    assert store.collections() == ["docs", "x" * 128]
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
