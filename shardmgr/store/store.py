@@ -194,18 +194,22 @@ class Store:
 
     # ----------------------------------------------------------------- writes
 
-    def append_async(self, name: str, vectors: Any, ids: Any) -> tuple[np.ndarray, Ticket]:
-        """Append a batch; returns its refs and the ticket that says when it is durable."""
+    def append_async(self, name: str, vectors: Any, ids: Any) -> tuple[np.ndarray, Ticket | None]:
+        """Append a batch; returns its refs and the ticket that says when it
+        is durable (None for an empty batch: nothing is written)."""
         collection = self.collection(name)
         checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
         checked_ids = batch.ids(ids, len(checked))
+        if not len(checked):
+            return np.zeros(0, dtype=np.int64), None
         with self._write:
             return collection.append(checked, checked_ids)
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
-        """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row."""
+        """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
+        (an empty batch answers no refs at once and writes nothing)."""
         refs, ticket = self.append_async(name, vectors, ids)
-        if durable:
+        if durable and ticket is not None:
             ticket.journal.wait_durable(ticket)
         return refs
 
@@ -220,7 +224,10 @@ class Store:
         missing results have ref -1."""
         collection = self.collection(name)
         checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.config.max_queries)
-        hits = collection.search(checked, batch.k(k, self.config.max_k))
+        k = batch.k(k, self.config.max_k)
+        if not len(checked):
+            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64)
+        hits = collection.search(checked, k)
         return hits.scores, hits.ids, hits.refs
 
     def get(self, name: str, refs: Any) -> np.ndarray:

@@ -117,7 +117,8 @@ def test_bad_input_is_refused_and_changes_nothing(open_store: Callable[..., Stor
         (lambda: store.append("c", np.ones((2, 4), np.int64), [1, 2]), "floating point"),
         (lambda: store.append("c", good, [1, 2, 3]), "shape \\[2\\]"),
         (lambda: store.append("c", good, [1.5, 2.5]), "integers"),
-        (lambda: store.append("c", np.zeros((0, 4), np.float32), []), "empty"),
+        (lambda: store.append("c", np.zeros((0, 5), np.float32), []), "shape \\[n, 4\\]"),  # empty, wrong dim
+        (lambda: store.append("c", np.zeros((0, 4), np.float32), [1]), "shape \\[0\\]"),
         (lambda: store.search("c", good, k=0), "k must be"),
         (lambda: store.search("c", good, k=10**9), "k must be"),
         (lambda: store.search("c", np.ones((2, 3), np.float32), k=1), "shape"),
