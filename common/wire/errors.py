@@ -82,6 +82,14 @@ class Full(ServiceError):
     code = "full"
 
 
+class DiskFull(Full):
+    """The data disk is full (or below the queue's free-space floor); nothing
+    was written. The message says which file and how many bytes were needed.
+    The work queue and the vector store answer the same code."""
+
+    code = "disk_full"
+
+
 class BadFrame(ServiceError):
     """Bytes on the connection do not form a valid frame; the connection closes."""
 

@@ -160,6 +160,7 @@ class Collection:
         if shard is not None and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes and shard.rows:
             shard.seal()
             shard = None
+        created = shard is None
         if shard is None:
             if self.next_shard > MAX_SHARD:
                 raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
@@ -168,9 +169,24 @@ class Collection:
             shard = Shard.create(self.directory / f"{shard_id:08d}", shard_id, self.dim, self.name,
                                  self.flusher, self.config.extent_bytes)
             self.shards[shard.id] = shard
-        first, ticket = shard.append(vectors, ids)
+        try:
+            first, ticket = shard.append(vectors, ids)
+        except BaseException:
+            if created:  # e.g. a full disk: leave no empty shard behind (no ref ever named it)
+                self._discard(shard)
+            raise
         self._publish()
         return ref_of(shard.id, np.arange(first, first + len(ids), dtype=np.int64)), ticket
+
+    def _discard(self, shard: Shard) -> None:
+        """Remove a shard that never held a row (its creation's first append failed)."""
+        del self.shards[shard.id]
+        try:
+            shard.close()
+            shutil.rmtree(shard.directory, ignore_errors=True)
+            fsync_dir(self.directory)
+        except Exception:  # the append's own error is the one to report; a leftover empty shard is harmless
+            log.exception("collection %s: removing the empty shard %s failed", self.name, shard.directory)
 
     def seal_idle(self, idle_since: float) -> bool:
         """Seal the growing shard if nothing was appended since ``idle_since``."""

@@ -18,6 +18,7 @@ computes). A maintenance thread seals shards that stay idle.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -26,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from common.journal import Flusher, FlusherConfig, Ticket
-from common.journal.filesystem import make_dirs
+from common.journal.filesystem import NO_SPACE, make_dirs
 from common.journal.lockfile import LockFile
-from shardmgr.errors import UnknownCollection
+from shardmgr.errors import DiskFull, UnknownCollection
 
 from . import batch, index
 from .collection import Collection, check_name
@@ -203,7 +204,13 @@ class Store:
         if not len(checked):
             return np.zeros(0, dtype=np.int64), None
         with self._write:
-            return collection.append(checked, checked_ids)
+            try:
+                return collection.append(checked, checked_ids)
+            except OSError as exc:  # WriteFailed too: the collection stored nothing of the batch
+                if exc.errno in NO_SPACE:
+                    raise DiskFull(f"collection {name!r}: the disk is full: {exc} "
+                                   f"({free_bytes_under(self.root)} bytes free); nothing was stored") from exc
+                raise
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
@@ -247,3 +254,9 @@ class Store:
         return {"collections": len(infos), "rows": sum(i["rows"] for i in infos),
                 "shards": sum(i["shards"] for i in infos), "growing_shards": sum(i["growing"] for i in infos),
                 "quarantined_shards": sum(len(i["quarantined"]) for i in infos)}
+
+
+def free_bytes_under(directory: Path) -> int:
+    """Free bytes on ``directory``'s file system (for error messages)."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
