@@ -13,7 +13,7 @@ from shardmgr.server.config import ServerConfig
 from shardmgr.store.config import StoreConfig
 from workq.config import WorkqConfig
 
-SECONDS = [("server", name) for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_grace_s")] + \
+SECONDS = [("server", name) for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_timeout_s")] + \
     [("workq", name) for name in ("idle_seal_s", "lease_s", "disconnect_grace_s", "reconnect_window_s")] + \
     [("store", "idle_seal_s")]
 
