@@ -15,7 +15,7 @@ from rich.table import Table
 
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
-from common.wire.client import RpcClient
+from common.wire.client import MAX_CLIENT_SECONDS, RpcClient
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
 from . import __version__, tables
@@ -77,9 +77,16 @@ def serve(config_file: Path | None, **options: object) -> None:
     raise SystemExit(code)
 
 
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A finite number of seconds (click's FloatRange lets NaN through; a NaN retried forever)."""
+    if not 0 <= value <= MAX_CLIENT_SECONDS:
+        raise click.BadParameter(f"must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {value}")
+    return value
+
+
 def server_options(command: Callable[..., None]) -> Callable[..., None]:
     """--host, --port and --timeout, for commands that talk to a running server."""
-    command = click.option("--timeout", type=float, default=5.0, show_default=True,
+    command = click.option("--timeout", type=float, default=5.0, show_default=True, callback=_seconds,
                            help="Seconds to keep trying to connect.")(command)
     command = click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)(command)
     return click.option("--host", default="127.0.0.1", show_default=True)(command)

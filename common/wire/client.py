@@ -30,6 +30,9 @@ import numpy as np
 from . import framing
 from .errors import BadFrame, ServiceError, Unavailable, UnsupportedVersion
 
+MAX_CLIENT_SECONDS = 86400.0
+"""Longest timeout, connect timeout or retry period a client takes, in seconds."""
+
 
 class ConnectionLost(Unavailable):
     """The connection broke with requests in flight; they may have applied."""
@@ -63,7 +66,13 @@ class RpcClient:
                  max_frame_bytes: int = framing.DEFAULT_MAX_FRAME_BYTES,
                  on_connect: Callable[[RpcClient], None] | None = None) -> None:
         """``timeout`` bounds each wait for a response (None: forever);
-        ``on_connect`` runs after every (re)connect, before any queued call."""
+        ``on_connect`` runs after every (re)connect, before any queued call.
+        Every number of seconds must be in 0..MAX_CLIENT_SECONDS (ValueError):
+        a NaN ``retry_for`` used to retry forever."""
+        for name, seconds in (("timeout", 0.0 if timeout is None else timeout),
+                              ("connect_timeout", connect_timeout), ("retry_for", retry_for)):
+            if not 0 <= seconds <= MAX_CLIENT_SECONDS:  # also NaN
+                raise ValueError(f"{name} must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {seconds!r}")
         self.address = parse_address(address)
         self.timeout = timeout
         self.connect_timeout = connect_timeout

@@ -83,3 +83,9 @@ def test_inspect_through_a_pipe_is_one_line_per_field(tmp_path: Path) -> None:
         Journal.create(path, kind=b"TEST", flusher=flusher).close()
     lines = dict(line.split("\t") for line in piped("journal", "inspect", str(path)).splitlines())
     assert lines["path"] == str(path) and lines["kind"] == "TEST" and lines["records"] == "0"
+
+
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_a_usage_error() -> None:
+    for bad in ("-1", "nan", "inf"):  # nan and inf used to retry connecting forever
+        result = CliRunner().invoke(main, ["stats", "--port", "1", "--timeout", bad])
+        assert result.exit_code == 2 and "--timeout" in result.output, result.output
