@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import ssl
 import struct
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -48,10 +49,20 @@ DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2
 """dtypes a part may have (numpy's ``dtype.str`` spelling)."""
 
 _READ_CHUNK = 256 << 10
+TLS_COALESCE_BYTES = 64 << 10
+"""On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
 
 
 def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
-    """Write the buffers completely with ``sendmsg`` (handles partial sends)."""
+    """Write the buffers completely with ``sendmsg`` (handles partial sends).
+
+    TLS sockets have no ``sendmsg``: there, runs of small buffers are joined
+    (one TLS record and one syscall for many small frames) and large ones
+    are sent as they are, without a copy (docs/benchmarks.md measures it).
+    """
+    if isinstance(sock, ssl.SSLSocket):
+        _send_tls(sock, buffers)
+        return
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
         sent = sock.sendmsg(views[:1024])
@@ -62,6 +73,25 @@ def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
             else:
                 views[0] = views[0][sent:]
                 sent = 0
+
+
+def _send_tls(sock: ssl.SSLSocket, buffers: list[bytes | memoryview]) -> None:
+    pending: list[bytes | memoryview] = []
+    pending_bytes = 0
+    for buffer in buffers:
+        if len(buffer) >= TLS_COALESCE_BYTES:
+            if pending:
+                sock.sendall(b"".join(pending))
+                pending, pending_bytes = [], 0
+            sock.sendall(buffer)
+            continue
+        pending.append(buffer)
+        pending_bytes += len(buffer)
+        if pending_bytes >= TLS_COALESCE_BYTES:
+            sock.sendall(b"".join(pending))
+            pending, pending_bytes = [], 0
+    if pending:
+        sock.sendall(b"".join(pending))
 
 
 class Receiver(Protocol):

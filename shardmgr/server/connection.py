@@ -9,6 +9,13 @@ the outbox and the writer thread sends them, so an owner thread never
 blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
 written.
 
+With a tokens file (auth.py), the first frame after the preambles must be
+``auth`` with a valid token, within ``handshake_timeout_s``; any other
+frame, or a wrong token, gets ``unauthenticated`` (with the request's id)
+and the connection closes. ``auth`` may be sent again later to change the
+connection's roles. On a TLS socket the TLS handshake comes first, under
+the same timeout.
+
 Bad bytes end the connection: the server sends an error frame with id 0
 (``bad_frame``, ``frame_too_large``, ``unsupported_version``) and closes. A
 client that stops reading is closed once its queued replies pass
@@ -23,6 +30,7 @@ import collections
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -32,8 +40,9 @@ import numpy as np
 
 from common.wire import framing
 from common.wire.component import OnSent, Request
-from common.wire.errors import BadFrame, BadRequest, ServiceError, UnsupportedVersion
+from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
 
+from .auth import Authenticator, Principal
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -41,7 +50,7 @@ log = logging.getLogger(__name__)
 HELD_REPLIES = 256
 """Replies the reader thread may hold back to send in one sendmsg."""
 
-Dispatch = Callable[[Request], None]
+Dispatch = Callable[[Request, Principal], None]
 CountError = Callable[[str], None]
 
 
@@ -49,7 +58,8 @@ class Connection:
     """Serves one socket until it closes. Build, then :meth:`start`."""
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
-                 on_close: Callable[[Connection], None], count_error: CountError) -> None:
+                 on_close: Callable[[Connection], None], count_error: CountError,
+                 auth: Authenticator | None = None) -> None:
         self.peer = peer
         self.sock = sock
         self.requests = 0
@@ -59,6 +69,8 @@ class Connection:
         self._dispatch = dispatch
         self._on_close = on_close
         self._count_error = count_error
+        self._auth = auth if auth is not None else Authenticator(None)
+        self._principal: Principal | None = self._auth.authenticate(None)  # reader thread only; None: not yet
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
@@ -92,7 +104,8 @@ class Connection:
                 if frame is None:
                     break
                 self.bytes_in += frame.size
-                self._serve(frame)
+                if not self._serve(frame):
+                    break
                 if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
                     self._flush_held()
         except BadFrame as exc:
@@ -115,23 +128,34 @@ class Connection:
 
     def _handshake(self, reader: framing.FrameReader) -> bool:
         self.sock.settimeout(self._config.handshake_timeout_s)
+        if isinstance(self.sock, ssl.SSLSocket):
+            try:
+                self.sock.do_handshake()
+            except (OSError, ValueError) as exc:  # a plain-TCP client, a bad certificate, a timeout
+                log.info("closing %s: TLS handshake failed: %s", self.peer, exc)
+                self._count_error("tls_handshake")
+                self.close()
+                return False
         data = reader.read_exact(framing.PREAMBLE.size)
         if data is None:
             return False
         try:
             version = framing.parse_preamble(data)
         except BadFrame as exc:  # not our protocol at all: no frame would be understood
-            log.warning("closing %s: %s", self.peer, exc)
+            hint = " (a TLS handshake: this server has no --tls-cert)" if data[:2] == b"\x16\x03" else ""
+            log.warning("closing %s: %s%s", self.peer, exc, hint)
             self.close()
             return False
-        self.sock.settimeout(None)
+        if self._principal is not None:  # else the auth frame stays under the handshake timeout
+            self.sock.settimeout(None)
         self._send_now(framing.preamble())
         if version != framing.PROTOCOL_VERSION:
             raise UnsupportedVersion(f"client speaks protocol {version}; this server speaks "
                                      f"{framing.PROTOCOL_VERSION}")
         return True
 
-    def _serve(self, frame: framing.Frame) -> None:
+    def _serve(self, frame: framing.Frame) -> bool:
+        """Dispatch one request frame; False if the connection must stop reading."""
         header = frame.header
         request_id, cmd, args = header.get("id"), header.get("cmd"), header.get("args", {})
         if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**63:
@@ -142,8 +166,29 @@ class Connection:
             self._pending += 1
         if not isinstance(cmd, str) or not isinstance(args, dict):
             request.fail(BadRequest(f"request {request_id}: 'cmd' must be a string and 'args' a map"))
-            return
-        self._dispatch(request)
+            return True
+        if cmd == "auth" or self._principal is None:
+            return self._authenticate(request)
+        self._dispatch(request, self._principal)
+        return True
+
+    def _authenticate(self, request: Request) -> bool:
+        """Serve ``auth`` (or refuse a request sent before it); False if the connection must close."""
+        if request.cmd != "auth":
+            request.fail(Unauthenticated(f"{request.cmd}: this server requires a token; send 'auth' first "
+                                         f"(clients: token= or SHARDMGR_TOKEN)"))
+            return False
+        principal = self._auth.authenticate(request.args.get("token"))
+        if principal is None:
+            log.warning("closing %s: authentication failed", self.peer)
+            request.fail(Unauthenticated("auth: the token is not valid on this server"))
+            return False
+        if self._principal is None:
+            self.sock.settimeout(None)
+            log.info("%s authenticated as %s", self.peer, principal.name)
+        self._principal = principal
+        request.reply({"name": principal.name, "roles": sorted(principal.roles), "required": self._auth.required})
+        return True
 
     # ------------------------------------------------------------------ writing
 
@@ -256,7 +301,9 @@ class Connection:
     def stop_reading(self) -> None:
         """Take no more requests; replies still being produced are sent."""
         with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RD)
+            # socket.socket's shutdown, not SSLSocket's: that one also drops the TLS
+            # state, and the replies still to be written would go out in clear text.
+            socket.socket.shutdown(self.sock, socket.SHUT_RD)
 
     def close(self) -> None:
         """Close at once; queued replies are dropped (their on_sent never runs)."""
