@@ -151,9 +151,8 @@ class RpcClient:
             reader = framing.FrameReader(sock, self.max_frame_bytes)
             data = reader.read_exact(framing.PREAMBLE.size)
             if data is None:
-                raise ConnectionResetError("server closed the connection during the handshake")
-            if self.tls is None and data[:2] == b"\x15\x03":  # a TLS alert record: the server wants TLS
-                raise TlsFailed(f"{self._where()} answered with a TLS alert: it requires TLS (tls=True)")
+                hint = "" if self.tls is not None else " (a TLS server does that to plain clients: tls=True?)"
+                raise ConnectionResetError(f"server closed the connection during the handshake{hint}")
             version = framing.parse_preamble(data)
             if version != framing.PROTOCOL_VERSION:
                 raise UnsupportedVersion(f"server speaks protocol {version}, this client {framing.PROTOCOL_VERSION}")

@@ -20,6 +20,11 @@ def server_context(cert: StrPath, key: StrPath, client_ca: StrPath | None = None
     certificate that CA signed. ValueError naming the file if one cannot be loaded."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A stopping server shuts the read side of its sockets and still writes the
+    # replies in flight; without this OpenSSL 3 takes the EOF as fatal, sends an
+    # alert and refuses those writes. Frames carry their length, so a stream cut
+    # inside a frame is still detected; one cut between frames is a close.
+    context.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
