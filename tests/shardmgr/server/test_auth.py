@@ -223,3 +223,11 @@ def test_token_create_prints_once_and_stores_the_hash(tmp_path: Path) -> None:
     bad = CliRunner().invoke(main, ["token", "create", "x", "--roles", "root", "--auth-file", str(path)])
     assert bad.exit_code == 1 and "roles must be" in bad.output
     assert path.read_text() == text  # refused commands changed nothing
+
+
+def test_docs_security_lists_every_command_under_its_role() -> None:
+    lines = (Path(__file__).parents[3] / "docs" / "security.md").read_text().splitlines()
+    rows = {role: next(line for line in lines if line.startswith(f"| `{role}` |")) for role in ROLES}
+    rows[ANY] = next(line for line in lines if line.startswith("| any token |"))
+    for cmd, role in COMMAND_ROLES.items():
+        assert f"`{cmd}`" in rows[role], f"docs/security.md: {cmd} is not in the row of role {role}"
