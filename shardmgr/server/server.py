@@ -84,7 +84,8 @@ class Server:
         self._wrote_ready_file = False
         self.started_at = time.time()
         self.counters = {"connections_total": 0, "connections_refused_total": 0, "requests_total": 0,
-                         "errors_total": 0, "errors_unauthenticated_total": 0, "errors_forbidden_total": 0}
+                         "errors_total": 0, "errors_unauthenticated_total": 0, "errors_forbidden_total": 0,
+                         "errors_tls_handshake_total": 0}
 
     # ------------------------------------------------------------------ life
 

@@ -88,7 +88,7 @@ def test_client_certificates_required_and_missing(tmp_path: Path, pki: Pki) -> N
             with pytest.raises(TlsFailed):
                 rpc.call("ping")
         deadline = time.monotonic() + 10  # the server counts after it sent its alert: maybe after the client saw it
-        while server.stats()["server"].get("errors_tls_handshake_total") != 2 and time.monotonic() < deadline:
+        while server.stats()["server"]["errors_tls_handshake_total"] != 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert server.stats()["server"]["errors_tls_handshake_total"] == 2
     finally:
