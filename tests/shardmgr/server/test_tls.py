@@ -87,10 +87,12 @@ def test_client_certificates_required_and_missing(tmp_path: Path, pki: Pki) -> N
                        retry_for=10) as rpc:
             with pytest.raises(TlsFailed):
                 rpc.call("ping")
-        deadline = time.monotonic() + 10  # the server counts after it sent its alert: maybe after the client saw it
-        while server.stats()["server"]["errors_tls_handshake_total"] != 2 and time.monotonic() < deadline:
+        # The server counts after sending its alert, maybe after the client saw it; and a client that
+        # got a reset instead of the alert (its preamble was unread when the server closed) tried again.
+        deadline = time.monotonic() + 10
+        while server.stats()["server"]["errors_tls_handshake_total"] < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.stats()["server"]["errors_tls_handshake_total"] == 2
+        assert server.stats()["server"]["errors_tls_handshake_total"] >= 2
     finally:
         server.stop()
 
