@@ -185,7 +185,7 @@ class Connection:
             return False
         if self._principal is None:
             self.sock.settimeout(None)
-            log.info("%s authenticated as %s", self.peer, principal.name)
+            log.debug("%s authenticated as %s", self.peer, principal.name)
         self._principal = principal
         request.reply({"name": principal.name, "roles": sorted(principal.roles), "required": self._auth.required})
         return True
