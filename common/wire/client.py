@@ -54,6 +54,7 @@ class TlsFailed(ServiceError):
 
     code = "tls_failed"
 
+
 #: TLS errors that mean the peer went away (retried like a reset), not a refusal.
 _TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 

@@ -42,7 +42,7 @@ from common.wire import framing
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
 
-from .auth import Authenticator, Principal
+from .auth import OPEN, Authenticator, Principal
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class Connection:
         self._on_close = on_close
         self._count_error = count_error
         self._auth = auth if auth is not None else Authenticator(None)
-        self._principal: Principal | None = self._auth.authenticate(None)  # reader thread only; None: not yet
+        # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
+        self._principal: Principal | None = None if self._auth.required else OPEN
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()

@@ -205,7 +205,12 @@ class Server:
                 break  # the listener was closed: stopping
             name = f"{peer[0]}:{peer[1]}"
             if self._tls is not None:  # the TLS handshake runs on the connection's thread, under its timeout
-                sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                try:
+                    sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except OSError as exc:  # the peer is already gone; the acceptor must live on
+                    log.info("closing %s before its TLS handshake: %s", name, exc)
+                    sock.close()
+                    continue
             conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth)
             with self._lock:
                 refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()

@@ -179,3 +179,27 @@ def test_tls_settings_are_checked(tmp_path: Path, pki: Pki) -> None:
         Server(ServerConfig(data_dir=tmp_path, tls_cert=pki.ca, tls_key=pki.client_key))
     with pytest.raises(ValueError, match="cannot load the CA file"):
         RpcClient(("127.0.0.1", 1), ca=tmp_path / "missing.pem")
+
+
+def test_a_peer_gone_before_its_tls_wrap_does_not_stop_the_acceptor(tmp_path: Path, pki: Pki,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    server = Server(tls_config(tmp_path, pki))
+    context = server._tls
+    assert context is not None
+    real_wrap = context.wrap_socket
+    calls: list[int] = []
+
+    def wrap_once_failing(sock: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionResetError("peer reset before the wrap")
+        return real_wrap(sock, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(context, "wrap_socket", wrap_once_failing)
+    server.start()
+    try:
+        with RpcClient(server.address, ca=pki.ca, retry_for=10) as rpc:  # the first try is dropped, the retry served
+            assert rpc.call("ping").result == {}
+        assert len(calls) >= 2
+    finally:
+        server.stop()
