@@ -231,6 +231,15 @@ class FrameReader:
             data = self._read_large(size)
         return decode(data, header_size)
 
+    @property
+    def max_frame_bytes(self) -> int:
+        """Frames larger than this are refused (FrameTooLarge); may be changed between frames."""
+        return self._max
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self._max = value
+
     def frame_buffered(self) -> bool:
         """True if a whole frame is already buffered (the next read won't block)."""
         have = self._end - self._start

@@ -64,6 +64,10 @@ COMMAND_ROLES: dict[str, str] = {
 }
 """The role each command needs. Commands not listed need ``admin``."""
 
+MAX_AUTH_FRAME_BYTES = 64 << 10
+"""Largest frame a connection may send before it has authenticated: a peer
+without a token cannot make the server buffer more than this."""
+
 TOKEN_PREFIX = "smt_"
 HASH_PREFIX = "sha256:"
 _NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")

@@ -10,7 +10,8 @@ blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
 written.
 
 With a tokens file (auth.py), the first frame after the preambles must be
-``auth`` with a valid token, within ``handshake_timeout_s``; any other
+``auth`` with a valid token, within ``handshake_timeout_s`` and at most
+``MAX_AUTH_FRAME_BYTES`` (a larger one gets ``frame_too_large``); any other
 frame, or a wrong token, gets ``unauthenticated`` (with the request's id)
 and the connection closes. ``auth`` may be sent again later to change the
 connection's roles. On a TLS socket the TLS handshake comes first, under
@@ -42,7 +43,7 @@ from common.wire import framing
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
 
-from .auth import OPEN, Authenticator, Principal
+from .auth import MAX_AUTH_FRAME_BYTES, OPEN, Authenticator, Principal
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Connection:
         self._auth = auth if auth is not None else Authenticator(None)
         # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
         self._principal: Principal | None = None if self._auth.required else OPEN
+        self._frames: framing.FrameReader | None = None  # the reader thread's, while its frame limit is lowered
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
@@ -147,8 +149,11 @@ class Connection:
             log.warning("closing %s: %s%s", self.peer, exc, hint)
             self.close()
             return False
-        if self._principal is not None:  # else the auth frame stays under the handshake timeout
+        if self._principal is not None:
             self.sock.settimeout(None)
+        else:  # the auth frame stays under the handshake timeout, and small
+            self._frames = reader
+            reader.max_frame_bytes = MAX_AUTH_FRAME_BYTES
         self._send_now(framing.preamble())
         if version != framing.PROTOCOL_VERSION:
             raise UnsupportedVersion(f"client speaks protocol {version}; this server speaks "
@@ -186,6 +191,8 @@ class Connection:
             return False
         if self._principal is None:
             self.sock.settimeout(None)
+            if self._frames is not None:
+                self._frames.max_frame_bytes = self._config.max_frame_bytes
             log.debug("%s authenticated as %s", self.peer, principal.name)
         self._principal = principal
         request.reply({"name": principal.name, "roles": sorted(principal.roles), "required": self._auth.required})

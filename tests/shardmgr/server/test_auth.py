@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -231,3 +232,20 @@ def test_docs_security_lists_every_command_under_its_role() -> None:
     rows[ANY] = next(line for line in lines if line.startswith("| any token |"))
     for cmd, role in COMMAND_ROLES.items():
         assert f"`{cmd}`" in rows[role], f"docs/security.md: {cmd} is not in the row of role {role}"
+
+
+def test_frames_before_auth_are_small(server: Server, tokens: Tokens) -> None:
+    """A peer without a token cannot make the server buffer a large frame."""
+    from shardmgr.server.auth import MAX_AUTH_FRAME_BYTES
+
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(framing.preamble())
+        assert sock.recv(8) == framing.preamble()
+        sock.sendall(framing.FRAME_HEAD.pack(MAX_AUTH_FRAME_BYTES + 1, 10))
+        reader = framing.FrameReader(sock)
+        error = reader.read()
+        assert error is not None and error.header["error"]["code"] == "frame_too_large"
+        assert reader.read() is None  # closed
+    with client(server, tokens["write"]) as rpc:  # after auth, the configured limit applies again
+        body = np.zeros(MAX_AUTH_FRAME_BYTES * 4, dtype=np.uint8)
+        assert rpc.call("echo", {}, {"b": body}).parts["b"].nbytes == body.nbytes
