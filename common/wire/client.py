@@ -88,11 +88,11 @@ class RpcClient:
                  client_cert: str | Path | None = None, client_key: str | Path | None = None) -> None:
         """``timeout`` bounds each wait for a response (None: forever);
         ``on_connect`` runs after every (re)connect, before any queued call.
-        ``token`` defaults to ``$SHARDMGR_TOKEN`` (unset or empty: none).
+        ``token`` defaults to ``$SHARDMGR_TOKEN``; ``""`` (or an empty or unset variable) is none.
         ``tls``: True, or a ready SSLContext; ``ca`` (PEM CA file, default
         the system's) and ``client_cert``/``client_key`` imply TLS."""
         self.address = parse_address(address)
-        self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+        self.token = (token if token is not None else os.environ.get(TOKEN_ENV)) or None
         self.tls: ssl.SSLContext | None = None
         if isinstance(tls, ssl.SSLContext):
             self.tls = tls
