@@ -25,7 +25,7 @@ each figure the median over the rounds with its min-max spread:
 * TLS: the same connection cost with a TLS handshake, and throughput of
   small requests (sequential and pipelined) and 4 MiB bodies over TLS as a
   ratio to plain TCP (a throwaway CA and certificate, ECDSA P-256,
-  made with tests/shardmgr/server/certs.py).
+  made with tests/shardmgr/server/certs.py, which needs the [test] extra).
 
 Usage: python tools/bench_rpc.py [--requests N] [--runs R] [--only echo|security] [--json]
 """
@@ -52,7 +52,6 @@ from rich.table import Table
 from common.wire.client import RpcClient
 from shardmgr.server import readiness
 from shardmgr.server.auth import add_token
-from tests.shardmgr.server.certs import make_pki
 
 WINDOW = 64
 BIG = 4 << 20
@@ -194,6 +193,9 @@ def security_round(address: tuple[str, int], requests: int, big: int, **options:
 
 def run_security(requests: int, runs: int) -> dict[str, dict[str, dict[str, float]]]:
     """Plain, token and TLS servers measured in interleaved rounds; medians and spreads."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tests/, for its throwaway CA
+    from tests.shardmgr.server.certs import make_pki  # needs `cryptography` (the [test] extra)
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         pki = make_pki(root / "pki")
