@@ -24,7 +24,9 @@ each figure the median over the rounds with its min-max spread:
   without a tokens file vs one with a tokens file and a token;
 * TLS: the same connection cost with a TLS handshake, and throughput of
   small requests (sequential and pipelined) and 4 MiB bodies over TLS as a
-  ratio to plain TCP (a throwaway CA and certificate, ECDSA P-256,
+  ratio to plain TCP, and the CPU time (server process + client) each
+  pipelined request and each 4 MiB echo costs, which other load on the
+  machine does not change the way it changes throughput (a throwaway CA and certificate, ECDSA P-256,
   made with tests/shardmgr/server/certs.py, which needs the [test] extra).
 
 Usage: python tools/bench_rpc.py [--requests N] [--runs R] [--only echo|security] [--json]
@@ -181,13 +183,26 @@ def connects(address: tuple[str, int], n: int, **options: object) -> float:
     return float(np.median(times))
 
 
-def security_round(address: tuple[str, int], requests: int, big: int, **options: object) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def security_round(address: tuple[str, int], pid: int, requests: int, big: int,
+                   **options: object) -> dict[str, float]:
+    """Throughputs, and CPU (server + client) per request and per MiB: CPU time
+    is what the work costs whatever else the machine is doing."""
     with RpcClient(address, **options) as client:  # type: ignore[arg-type]
         sequential(client, "ping", 200)  # warm up
         result = {"connect_us": connects(address, 200, **options) * 1e6,
-                  "rps": sequential(client, "ping", requests)["rps"],
-                  "pipelined_rps": pipelined(client, "ping", requests * 3),
-                  "big_MBps": big_bodies(client, big)}
+                  "rps": sequential(client, "ping", requests)["rps"]}
+        cpu = cpu_seconds(pid) + time.process_time()
+        result["pipelined_rps"] = pipelined(client, "ping", requests * 3)
+        result["cpu_us_per_request"] = (cpu_seconds(pid) + time.process_time() - cpu) / (requests * 3) * 1e6
+        cpu = cpu_seconds(pid) + time.process_time()
+        result["big_MBps"] = big_bodies(client, big)
+        result["cpu_ms_per_4MiB_echo"] = (cpu_seconds(pid) + time.process_time() - cpu) / (big + 1) * 1e3
     return result
 
 
@@ -209,7 +224,8 @@ def run_security(requests: int, runs: int) -> dict[str, dict[str, dict[str, floa
         try:
             for _ in range(runs):
                 for name, (_, options) in setups.items():
-                    rounds[name].append(security_round(servers[name][1], requests, 30, **options))
+                    proc, address = servers[name]
+                    rounds[name].append(security_round(address, proc.pid, requests, 30, **options))
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
@@ -232,7 +248,9 @@ def show_security(results: dict[str, dict[str, dict[str, float]]]) -> None:
     rows = [("connect + handshake + close (us)", "connect_us", "{:,.0f}"),
             ("sequential small requests/s", "rps", "{:,.0f}"),
             ("pipelined small requests/s (64 in flight)", "pipelined_rps", "{:,.0f}"),
-            ("4 MiB bodies, MB/s", "big_MBps", "{:,.0f}")]
+            ("4 MiB bodies, MB/s", "big_MBps", "{:,.0f}"),
+            ("CPU per pipelined request (us, both ends)", "cpu_us_per_request", "{:,.1f}"),
+            ("CPU per 4 MiB echo (ms, both ends)", "cpu_ms_per_4MiB_echo", "{:,.2f}")]
     for label, key, fmt in rows:
         cells = [f"{fmt.format(results[n][key]['median'])} ({fmt.format(results[n][key]['min'])}-"
                  f"{fmt.format(results[n][key]['max'])})" for n in ("plain", "token", "tls")]
