@@ -65,10 +65,10 @@ def test_a_server_certificate_the_client_does_not_trust(server: Server, tmp_path
     other = make_pki(tmp_path / "other", prefix="other-")
     started = time.monotonic()
     for options in ({"tls": True}, {"ca": other.ca}):  # the system's CAs; another CA
-        with RpcClient(server.address, retry_for=10, **options) as rpc:  # type: ignore[arg-type]
+        with RpcClient(server.address, retry_for=60, **options) as rpc:  # type: ignore[arg-type]
             with pytest.raises(TlsFailed, match="CERTIFICATE_VERIFY_FAILED"):
                 rpc.call("ping")
-    assert time.monotonic() - started < 8  # refused at once, not retried for retry_for
+    assert time.monotonic() - started < 30  # refused at once, not retried for retry_for (60 s)
 
 
 def test_client_certificates_required_and_missing(tmp_path: Path, pki: Pki) -> None:
@@ -78,10 +78,10 @@ def test_client_certificates_required_and_missing(tmp_path: Path, pki: Pki) -> N
         with RpcClient(server.address, ca=pki.ca, client_cert=pki.client_cert, client_key=pki.client_key) as rpc:
             assert rpc.call("ping").result == {}
         started = time.monotonic()
-        with RpcClient(server.address, ca=pki.ca, retry_for=10) as rpc:
+        with RpcClient(server.address, ca=pki.ca, retry_for=60) as rpc:
             with pytest.raises(TlsFailed, match="CERTIFICATE_REQUIRED"):
                 rpc.call("ping")
-        assert time.monotonic() - started < 8
+        assert time.monotonic() - started < 30  # not retried for retry_for (60 s)
         other = make_pki(tmp_path / "other", prefix="other-")  # a client certificate from another CA
         with RpcClient(server.address, ca=pki.ca, client_cert=other.client_cert, client_key=other.client_key,
                        retry_for=10) as rpc:
