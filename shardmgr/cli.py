@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import traceback
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
-from common.wire.client import MAX_CLIENT_SECONDS, RpcClient
+from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, RpcClient
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
 from . import __version__, tables
@@ -25,6 +26,7 @@ EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked 
 EXIT_DAMAGED = 2  # the file is not a journal, or its durable data is damaged
 
 _DEFAULTS = ServerConfig()
+DEFAULT_AUTH_FILE = "shardmgr.tokens"
 
 
 @click.group()
@@ -53,6 +55,18 @@ def main() -> None:
 @click.option("--log-level", default=None, show_default=_DEFAULTS.log_level)
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="TOML file of ServerConfig fields; options given here override it.")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Tokens file ('shardmgr token create'): every connection must present a token.")
+@click.option("--insecure", is_flag=True, default=None,
+              help="Allow a non-loopback --host/--metrics-host without --auth-file (logs a warning).")
+@click.option("--metrics-host", default=None, help="Address of the metrics endpoint.",
+              show_default=_DEFAULTS.metrics_host)
+@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM certificate chain: serve TLS (with --tls-key).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM private key of --tls-cert.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM CA file: require client certificates it signed.")
 def serve(config_file: Path | None, **options: object) -> None:
     """Run the service on one port until SIGTERM or SIGINT.
 
@@ -71,7 +85,7 @@ def serve(config_file: Path | None, **options: object) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code = Server(config).run()
-    except (CommonError, OSError) as exc:
+    except (CommonError, OSError, ValueError) as exc:  # ValueError: a bad tokens file or TLS file
         click.echo(f"shardmgr serve: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
     raise SystemExit(code)
@@ -84,8 +98,30 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     return value
 
 
+_CLIENT_SECURITY = ("token", "tls", "ca", "client_cert", "client_key")
+
+
 def server_options(command: Callable[..., None]) -> Callable[..., None]:
-    """--host, --port and --timeout, for commands that talk to a running server."""
+    """--host, --port, --timeout and the token and TLS options, for commands
+    that talk to a running server (remote_call uses the last ones)."""
+
+    inner = command
+
+    @functools.wraps(inner)
+    def with_security(**kwargs: Any) -> None:
+        click.get_current_context().meta["rpc_options"] = {k: kwargs.pop(k) for k in _CLIENT_SECURITY}
+        inner(**kwargs)
+
+    command = with_security
+    command = click.option("--client-key", type=click.Path(dir_okay=False), default=None,
+                           help="PEM key of --client-cert.")(command)
+    command = click.option("--client-cert", type=click.Path(dir_okay=False), default=None,
+                           help="PEM client certificate, for servers that require one (implies --tls).")(command)
+    command = click.option("--ca", type=click.Path(dir_okay=False), default=None,
+                           help="PEM CA file to check the server's certificate (implies --tls).")(command)
+    command = click.option("--tls", is_flag=True, help="Connect with TLS.")(command)
+    command = click.option("--token", envvar=TOKEN_ENV, default=None, show_envvar=True,
+                           help="Token for a server with --auth-file.")(command)
     command = click.option("--timeout", type=float, default=5.0, show_default=True, callback=_seconds,
                            help="Seconds to keep trying to connect.")(command)
     command = click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)(command)
@@ -96,9 +132,10 @@ def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
                 args: dict[str, object] | None = None) -> dict[str, Any]:
     """Call ``cmd`` on the server; on failure print why and exit EXIT_FAILED."""
     try:
-        with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0)) as client:
+        options = click.get_current_context().meta.get("rpc_options", {})
+        with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0), **options) as client:
             return client.call(cmd, args).result
-    except CommonError as exc:
+    except (CommonError, ValueError) as exc:  # ValueError: a TLS file that cannot be loaded
         click.echo(f"shardmgr {what}: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
 
@@ -169,6 +206,33 @@ def queue_kick(job: str, host: str, port: int, timeout: float) -> None:
     """Make JOB's buried items pending again (their delivery counts restart)."""
     kicked = remote_call("queue kick", host, port, timeout, "workq.kick", {"job": job})["kicked"]
     click.echo(f"kicked {kicked} buried item(s) of job {job!r}")
+
+
+@main.group()
+def token() -> None:
+    """Manage the tokens file of 'shardmgr serve --auth-file'."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--roles", required=True, help="Comma-separated: read, write, worker, admin (admin implies all).")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path), default=Path(DEFAULT_AUTH_FILE),
+              show_default=True, help="Tokens file to append to (created with mode 0600).")
+def token_create(name: str, roles: str, auth_file: Path) -> None:
+    """Create a token NAME with ROLES: print it once, store only its hash.
+
+    A running server picks the new line up at its next authentication.
+    """
+    from shardmgr.server.auth import AuthFileError, add_token
+
+    try:
+        secret = add_token(auth_file, name, roles.split(","))
+    except (AuthFileError, OSError) as exc:
+        click.echo(f"shardmgr token create: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    click.echo(secret)
+    click.echo(f"token {name!r} added to {auth_file}; it is shown only this once "
+               f"(clients: token= or {TOKEN_ENV})", err=True)
 
 
 @main.group()

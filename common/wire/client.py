@@ -14,21 +14,36 @@ of them. A connection that breaks otherwise raises :class:`ConnectionLost`
 for each request in flight: those may or may not have been applied, so the
 client never resends them by itself. Answers that arrived before the end
 can still be received. The next call reconnects.
+
+Security (docs/security.md): with a token (``token=``, or the
+``SHARDMGR_TOKEN`` environment variable) every connection starts with an
+``auth`` request; a refused token raises :class:`~common.wire.errors.Unauthenticated` at once
+(no retry). With ``tls=True`` (implied by ``ca=`` or ``client_cert=``) the
+connection is TLS, the server's certificate checked against ``ca`` (or the
+system's CAs) and the host name; a TLS failure other than the peer going
+away raises :class:`TlsFailed` at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import socket
+import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import framing
 from .errors import BadFrame, ServiceError, Unavailable, UnsupportedVersion
+from .tls import client_context
+
+TOKEN_ENV = "SHARDMGR_TOKEN"
+"""Environment variable a client takes its token from when given none."""
 
 MAX_CLIENT_SECONDS = 86400.0
 """Longest timeout, connect timeout or retry period a client takes, in seconds."""
@@ -38,6 +53,17 @@ class ConnectionLost(Unavailable):
     """The connection broke with requests in flight; they may have applied."""
 
     code = "connection_lost"
+
+
+class TlsFailed(ServiceError):
+    """TLS could not be set up (certificate not trusted, wrong host name,
+    client certificate missing or refused); retrying would not help."""
+
+    code = "tls_failed"
+
+
+#: TLS errors that mean the peer went away (retried like a reset), not a refusal.
+_TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 @dataclasses.dataclass(slots=True)
@@ -64,16 +90,25 @@ class RpcClient:
     def __init__(self, address: str | tuple[str, int], *, timeout: float | None = 30.0,
                  connect_timeout: float = 5.0, retry_for: float = 30.0,
                  max_frame_bytes: int = framing.DEFAULT_MAX_FRAME_BYTES,
-                 on_connect: Callable[[RpcClient], None] | None = None) -> None:
+                 on_connect: Callable[[RpcClient], None] | None = None, token: str | None = None,
+                 tls: bool | ssl.SSLContext = False, ca: str | Path | None = None,
+                 client_cert: str | Path | None = None, client_key: str | Path | None = None) -> None:
         """``timeout`` bounds each wait for a response (None: forever);
         ``on_connect`` runs after every (re)connect, before any queued call.
-        Every number of seconds must be in 0..MAX_CLIENT_SECONDS (ValueError):
-        a NaN ``retry_for`` used to retry forever."""
+        ``token`` defaults to ``$SHARDMGR_TOKEN``; ``""`` (or an empty or unset variable) is none.
+        ``tls``: True, or a ready SSLContext; ``ca`` (PEM CA file, default
+        the system's) and ``client_cert``/``client_key`` imply TLS."""
         for name, seconds in (("timeout", 0.0 if timeout is None else timeout),
                               ("connect_timeout", connect_timeout), ("retry_for", retry_for)):
             if not 0 <= seconds <= MAX_CLIENT_SECONDS:  # also NaN
                 raise ValueError(f"{name} must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {seconds!r}")
         self.address = parse_address(address)
+        self.token = (token if token is not None else os.environ.get(TOKEN_ENV)) or None
+        self.tls: ssl.SSLContext | None = None
+        if isinstance(tls, ssl.SSLContext):
+            self.tls = tls
+        elif tls or ca is not None or client_cert is not None:
+            self.tls = client_context(ca, client_cert, client_key)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retry_for = retry_for
@@ -99,6 +134,14 @@ class RpcClient:
             try:
                 self._open()
                 break
+            except ssl.SSLError as exc:
+                if not isinstance(exc, _TRANSIENT_TLS):
+                    raise TlsFailed(f"TLS with {self._where()} failed: {exc}") from exc
+                if time.monotonic() + delay > deadline:
+                    raise Unavailable(f"cannot reach {self._where()} after {self.retry_for:g} s: {exc} "
+                                      f"(is it a TLS server?)") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
             except (ConnectionRefusedError, ConnectionResetError, TimeoutError, OSError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise Unavailable(f"cannot reach {self._where()} after {self.retry_for:g} s: {exc}") from exc
@@ -115,19 +158,37 @@ class RpcClient:
         sock = socket.create_connection(self.address, timeout=self.connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the TLS handshake runs here, under connect_timeout
+                sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
             sock.sendall(framing.preamble())
             reader = framing.FrameReader(sock, self.max_frame_bytes)
             data = reader.read_exact(framing.PREAMBLE.size)
             if data is None:
-                raise ConnectionResetError("server closed the connection during the handshake")
+                hint = "" if self.tls is not None else " (a TLS server does that to plain clients: tls=True?)"
+                raise ConnectionResetError(f"server closed the connection during the handshake{hint}")
             version = framing.parse_preamble(data)
             if version != framing.PROTOCOL_VERSION:
                 raise UnsupportedVersion(f"server speaks protocol {version}, this client {framing.PROTOCOL_VERSION}")
+            if self.token is not None:
+                self._authenticate(sock, reader)
             sock.settimeout(self.timeout)
         except BaseException:
             sock.close()
             raise
         self._sock, self._reader = sock, reader
+
+    def _authenticate(self, sock: socket.socket, reader: framing.FrameReader) -> None:
+        """Send ``auth`` with the token and wait for its answer (still under connect_timeout)."""
+        request_id = next(self._ids)
+        framing.send_buffers(sock, framing.encode({"id": request_id, "cmd": "auth", "args": {"token": self.token}}))
+        frame = reader.read()
+        if frame is None:
+            raise ConnectionResetError("server closed the connection during authentication")
+        if "error" in frame.header:
+            error = frame.header["error"]
+            raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))
+        if frame.header.get("id") != request_id:
+            raise BadFrame(f"expected the answer to auth (id {request_id}), got {frame.header!r}")
 
     def close(self) -> None:
         """Close the connection; requests in flight are forgotten."""

@@ -118,3 +118,15 @@ class Internal(ServiceError):
     """The server hit a bug; the message says where. The request may or may not have applied."""
 
     code = "internal"
+
+
+class Unauthenticated(ServiceError):
+    """The server requires a token and none, or a wrong one, was given; the connection closes."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(ServiceError, PermissionError):
+    """The connection's token has no role that allows this command; the connection stays open."""
+
+    code = "forbidden"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import ssl
 import struct
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -56,10 +57,20 @@ MAX_DIM = 2**40
 """Every dimension of a part is below this (so a shape's product stays a plain integer check)."""
 
 _READ_CHUNK = 256 << 10
+TLS_COALESCE_BYTES = 64 << 10
+"""On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
 
 
 def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
-    """Write the buffers completely with ``sendmsg`` (handles partial sends)."""
+    """Write the buffers completely with ``sendmsg`` (handles partial sends).
+
+    TLS sockets have no ``sendmsg``: there, runs of small buffers are joined
+    (one TLS record and one syscall for many small frames) and large ones
+    are sent as they are, without a copy (docs/benchmarks.md measures it).
+    """
+    if isinstance(sock, ssl.SSLSocket):
+        _send_tls(sock, buffers)
+        return
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
         sent = sock.sendmsg(views[:1024])
@@ -70,6 +81,25 @@ def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
             else:
                 views[0] = views[0][sent:]
                 sent = 0
+
+
+def _send_tls(sock: ssl.SSLSocket, buffers: list[bytes | memoryview]) -> None:
+    pending: list[bytes | memoryview] = []
+    pending_bytes = 0
+    for buffer in buffers:
+        if len(buffer) >= TLS_COALESCE_BYTES:
+            if pending:
+                sock.sendall(b"".join(pending))
+                pending, pending_bytes = [], 0
+            sock.sendall(buffer)
+            continue
+        pending.append(buffer)
+        pending_bytes += len(buffer)
+        if pending_bytes >= TLS_COALESCE_BYTES:
+            sock.sendall(b"".join(pending))
+            pending, pending_bytes = [], 0
+    if pending:
+        sock.sendall(b"".join(pending))
 
 
 class Receiver(Protocol):
@@ -225,6 +255,15 @@ class FrameReader:
         else:
             data = self._read_large(size)
         return decode(data, header_size)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """Frames larger than this are refused (FrameTooLarge); may be changed between frames."""
+        return self._max
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self._max = value
 
     def frame_buffered(self) -> bool:
         """True if a whole frame is already buffered (the next read won't block)."""

@@ -9,6 +9,14 @@ the outbox and the writer thread sends them, so an owner thread never
 blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
 written.
 
+With a tokens file (auth.py), the first frame after the preambles must be
+``auth`` with a valid token, within ``handshake_timeout_s`` and at most
+``MAX_AUTH_FRAME_BYTES`` (a larger one gets ``frame_too_large``); any other
+frame, or a wrong token, gets ``unauthenticated`` (with the request's id)
+and the connection closes. ``auth`` may be sent again later to change the
+connection's roles. On a TLS socket the TLS handshake comes first, under
+the same timeout.
+
 Bad bytes end the connection: the server sends an error frame with id 0
 (``bad_frame``, ``frame_too_large``, ``unsupported_version``) and closes. A
 client that stops reading is closed once its queued replies pass
@@ -34,6 +42,7 @@ import collections
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -43,8 +52,9 @@ import numpy as np
 
 from common.wire import framing
 from common.wire.component import OnSent, Request
-from common.wire.errors import BadFrame, BadRequest, ServiceError, UnsupportedVersion
+from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
 
+from .auth import MAX_AUTH_FRAME_BYTES, OPEN, Authenticator, Principal
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -59,7 +69,7 @@ GOAWAY = {"id": 0, "error": {"code": "unavailable",
                              "message": "the server is stopping: requests not answered were not applied; retry"}}
 """The last frame of a clean stop (docs/protocol.md)."""
 
-Dispatch = Callable[[Request], None]
+Dispatch = Callable[[Request, Principal], None]
 CountError = Callable[[str], None]
 
 
@@ -67,7 +77,8 @@ class Connection:
     """Serves one socket until it closes. Build, then :meth:`start`."""
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
-                 on_close: Callable[[Connection], None], count_error: CountError) -> None:
+                 on_close: Callable[[Connection], None], count_error: CountError,
+                 auth: Authenticator | None = None) -> None:
         self.peer = peer
         self.sock = sock
         self.requests = 0
@@ -77,6 +88,10 @@ class Connection:
         self._dispatch = dispatch
         self._on_close = on_close
         self._count_error = count_error
+        self._auth = auth if auth is not None else Authenticator(None)
+        # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
+        self._principal: Principal | None = None if self._auth.required else OPEN
+        self._frames: framing.FrameReader | None = None  # the reader thread's, while its frame limit is lowered
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
@@ -112,7 +127,9 @@ class Connection:
                 if frame is None:
                     break  # the client closed: nobody is left to answer
                 self.bytes_in += frame.size
-                self._serve(frame)
+                if not self._serve(frame):
+                    self._flush_held()  # the refusal, before the close
+                    break
                 if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
                     self._flush_held()
         except BadFrame as exc:
@@ -130,18 +147,31 @@ class Connection:
 
     def _handshake(self, reader: framing.FrameReader) -> bool:
         self.sock.settimeout(self._config.handshake_timeout_s)
+        if isinstance(self.sock, ssl.SSLSocket):
+            try:
+                self.sock.do_handshake()
+            except (OSError, ValueError) as exc:  # a plain-TCP client, a bad certificate, a timeout
+                log.info("closing %s: TLS handshake failed: %s", self.peer, exc)
+                self._count_error("tls_handshake")
+                self.close()
+                return False
         data = reader.read_exact(framing.PREAMBLE.size)
         if data is None:
             return False
         try:
             version = framing.parse_preamble(data)
         except BadFrame as exc:  # not our protocol at all: no frame would be understood
-            log.warning("closing %s: %s", self.peer, exc)
+            hint = " (a TLS handshake: this server has no --tls-cert)" if data[:2] == b"\x16\x03" else ""
+            log.warning("closing %s: %s%s", self.peer, exc, hint)
             self.close()
             return False
-        self.sock.settimeout(None)
+        if self._principal is not None:
+            self.sock.settimeout(None)
+        else:  # the auth frame stays under the handshake timeout, and small
+            self._frames = reader
+            reader.max_frame_bytes = MAX_AUTH_FRAME_BYTES
         with self._cond:
-            if self._goaway_sent or self._writing:  # the server began to stop first: no request will be read
+            if self._goaway_sent:  # the server began to stop first: no request will be read
                 return False
             self._handshaken = self._writing = True  # in one step: a goaway can only follow the preamble
         try:
@@ -156,7 +186,8 @@ class Connection:
                                      f"{framing.PROTOCOL_VERSION}")
         return True
 
-    def _serve(self, frame: framing.Frame) -> None:
+    def _serve(self, frame: framing.Frame) -> bool:
+        """Dispatch one request frame; False if the connection must stop reading."""
         header = frame.header
         request_id, cmd, args = header.get("id"), header.get("cmd"), header.get("args", {})
         if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**63:
@@ -167,8 +198,31 @@ class Connection:
             self._pending += 1
         if not isinstance(cmd, str) or not isinstance(args, dict):
             request.fail(BadRequest(f"request {request_id}: 'cmd' must be a string and 'args' a map"))
-            return
-        self._dispatch(request)
+            return True
+        if cmd == "auth" or self._principal is None:
+            return self._authenticate(request)
+        self._dispatch(request, self._principal)
+        return True
+
+    def _authenticate(self, request: Request) -> bool:
+        """Serve ``auth`` (or refuse a request sent before it); False if the connection must close."""
+        if request.cmd != "auth":
+            request.fail(Unauthenticated(f"{request.cmd}: this server requires a token; send 'auth' first "
+                                         f"(clients: token= or SHARDMGR_TOKEN)"))
+            return False
+        principal = self._auth.authenticate(request.args.get("token"))
+        if principal is None:
+            log.warning("closing %s: authentication failed", self.peer)
+            request.fail(Unauthenticated("auth: the token is not valid on this server"))
+            return False
+        if self._principal is None:
+            self.sock.settimeout(None)
+            if self._frames is not None:
+                self._frames.max_frame_bytes = self._config.max_frame_bytes
+            log.debug("%s authenticated as %s", self.peer, principal.name)
+        self._principal = principal
+        request.reply({"name": principal.name, "roles": sorted(principal.roles), "required": self._auth.required})
+        return True
 
     # ------------------------------------------------------------------ writing
 
@@ -294,8 +348,10 @@ class Connection:
             self.close()  # it never got a preamble: to its client this is a refused connection
             return
         self._send_now(GOAWAY)
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_WR)  # the client reads the goaway, then the end of the stream
+        with contextlib.suppress(OSError):  # the client reads the goaway, then the end of the stream
+            # socket.socket's shutdown, not SSLSocket's: that one also drops the TLS state,
+            # and what the client still sends could no longer be read.
+            socket.socket.shutdown(self.sock, socket.SHUT_WR)
         with self._cond:
             self._cond.notify_all()
 
@@ -353,8 +409,12 @@ class Connection:
 def refuse(sock: socket.socket, message: str) -> None:
     """Turn a new connection away with the documented answer: the server's
     preamble, then an ``unavailable`` error frame with id 0, then close.
-    Never blocks for long: the socket is new, so its send buffer is empty."""
+    Never blocks for long: the socket is new, so its send buffer is empty.
+    A TLS connection is only closed: its handshake would have to run here,
+    on the acceptor, for a peer that may never finish it."""
     try:
+        if isinstance(sock, ssl.SSLSocket):
+            return
         sock.settimeout(0.5)
         with contextlib.suppress(BlockingIOError):
             sock.recv(framing.PREAMBLE.size, socket.MSG_DONTWAIT)  # read what came, so the close sends no reset

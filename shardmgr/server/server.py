@@ -33,6 +33,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -40,12 +41,14 @@ from typing import Any
 
 from common.journal import Flusher
 from common.journal.lockfile import LockFile
+from common.wire import tls
 from common.wire.component import Component, Request
-from common.wire.errors import Internal, ServiceError, Unavailable, UnknownCommand
+from common.wire.errors import Forbidden, Internal, ServiceError, Unavailable, UnknownCommand
 from shardmgr.store.service import StoreService
 from workq.service import WorkqService
 
-from . import readiness
+from . import exposure, readiness
+from .auth import COMMAND_ROLES, OPEN, Authenticator, Principal
 from .config import ServerConfig
 from .connection import Connection, refuse
 from .control import Control
@@ -70,6 +73,11 @@ class Server:
     def __init__(self, config: ServerConfig, components: Iterable[Component] | None = None) -> None:
         """``components`` default to the product's: the work queue and the vector store."""
         self.config = config.validate()
+        #: Checks tokens; AuthFileError (a ValueError naming the line) for a bad tokens file.
+        self.auth = Authenticator(config.auth_file)
+        self._tls: ssl.SSLContext | None = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            self._tls = tls.server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
         self.flusher = Flusher(config.flusher)
         if components is None:
             components = [WorkqService(config.data_dir, config.workq, self.flusher, config.max_frame_bytes),
@@ -92,7 +100,8 @@ class Server:
         self._wrote_ready_file = False
         self.started_at = time.time()
         self.counters = {"connections_total": 0, "connections_refused_total": 0, "requests_total": 0,
-                         "errors_total": 0}
+                         "errors_total": 0, "errors_unauthenticated_total": 0, "errors_forbidden_total": 0,
+                         "errors_tls_handshake_total": 0}
 
     # ------------------------------------------------------------------ life
 
@@ -127,7 +136,19 @@ class Server:
         except BaseException:
             self._shutdown()
             raise
-        log.info("ready: listening on %s:%d (data %s)", host, port, self.config.data_dir)
+        self._warn_exposure()
+        log.info("ready: listening on %s:%d (data %s%s%s)", host, port, self.config.data_dir,
+                 ", TLS" if self._tls is not None else "", ", tokens required" if self.auth.required else "")
+
+    def _warn_exposure(self) -> None:
+        found = exposure.exposed(self.config.listen_addresses)
+        if found and not self.auth.required:
+            log.warning("INSECURE: listening on %s (not loopback) without a tokens file: anyone who can reach "
+                        "the port can read, write and delete data (--insecure; see docs/security.md)",
+                        ", ".join(found))
+        if self.config.metrics_port is not None and not exposure.is_loopback(self.config.metrics_host):
+            log.warning("the metrics endpoint on %s:%s checks no tokens: it shows counters to anyone who "
+                        "reaches it", self.config.metrics_host, self.config.metrics_port)
 
     def _listen(self) -> None:
         listener = socket.create_server((self.config.host, self.config.port), backlog=512, reuse_port=False)
@@ -135,7 +156,7 @@ class Server:
         if self.config.metrics_port is not None:
             from .metrics import serve_metrics
 
-            self._metrics = serve_metrics(self, self.config.host, self.config.metrics_port)
+            self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port)
         self._acceptor = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
         self._acceptor.start()
 
@@ -238,7 +259,14 @@ class Server:
             except OSError:
                 break  # the listener was closed: stopping
             name = f"{peer[0]}:{peer[1]}"
-            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error)
+            if self._tls is not None:  # the TLS handshake runs on the connection's thread, under its timeout
+                try:
+                    sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except OSError as exc:  # the peer is already gone; the acceptor must live on
+                    log.info("closing %s before its TLS handshake: %s", name, exc)
+                    sock.close()
+                    continue
+            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth)
             with self._lock:
                 refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()
                 if not refused:
@@ -266,8 +294,9 @@ class Server:
     def command_names(self) -> list[str]:
         return sorted(self._routes)
 
-    def dispatch(self, request: Request) -> None:
-        """Route a request to its component (called on the connection's thread)."""
+    def dispatch(self, request: Request, principal: Principal = OPEN) -> None:
+        """Route a request to its component if ``principal`` may run it
+        (called on the connection's thread)."""
         with self._lock:
             self.counters["requests_total"] += 1
         component = self._routes.get(request.cmd)
@@ -276,6 +305,10 @@ class Server:
                 raise Unavailable("the server is shutting down; retry on the restarted server")
             if component is None:
                 raise UnknownCommand(f"unknown command {request.cmd!r}")
+            if not principal.may(request.cmd):
+                needs = COMMAND_ROLES.get(request.cmd, "admin")
+                raise Forbidden(f"{request.cmd} needs role {needs!r}{' (or admin)' if needs != 'admin' else ''}; "
+                                f"token {principal.name!r} has {', '.join(sorted(principal.roles))}")
             component.handle(request)
         except ServiceError as exc:
             request.fail(exc)
