@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import select
 import socket
 import ssl
 import time
@@ -223,6 +224,8 @@ class RpcClient:
     def send(self, cmd: str, args: dict[str, Any] | None = None,
              parts: dict[str, np.ndarray] | None = None) -> int:
         """Send a request without waiting (pipelining); returns its id."""
+        if self._sock is not None and not self._waiting and _ended_by_peer(self._sock):
+            self._drop_socket()  # an idle connection the server closed (a goaway, a restart): nothing was lost
         self.connect()
         request_id = next(self._ids)
         header: dict[str, Any] = {"id": request_id, "cmd": cmd}
@@ -314,6 +317,18 @@ class RpcClient:
             if request_id not in self._early:
                 self._ended[request_id] = _copy(error)
         self._waiting.clear()
+
+
+def _ended_by_peer(sock: socket.socket) -> bool:
+    """True if the server sent something or closed while no request was in
+    flight: that can only be a goaway, an error frame or the end of the stream."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):  # closed under us
+        return True
+    return bool(readable)
 
 
 def _connection_error(error: dict[str, Any], where: str) -> ServiceError:

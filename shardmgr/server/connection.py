@@ -32,8 +32,8 @@ reply written (``on_sent`` run), the connection sends a *goaway* frame (id
 no request it has no answer to was applied.
 
 Threads: ``_lock``/``_cond`` guard the outbox, ``_pending``, ``_writing``
-(some thread is sending: one at a time), ``_handshaken``, ``_draining``,
-``_goaway_sent`` and ``_closed``.
+(some thread is sending: one at a time, whoever claimed it), ``_handshaken``,
+``_draining``, ``_goaway_sent``/``_goaway_written`` and ``_closed``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +102,10 @@ class Connection:
         self._held: list[tuple[list[bytes | memoryview], int, OnSent | None]] = []  # reader thread only
         self._handshaken = False  # our preamble is (being) sent
         self._draining = False
-        self._goaway_sent = False
+        self._goaway_sent = False  # decided: nothing but the goaway is written from now on
+        self._goaway_written = False
+        self._write_started = 0.0
+        self._close_done = threading.Event()
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
@@ -173,14 +177,13 @@ class Connection:
         with self._cond:
             if self._goaway_sent:  # the server began to stop first: no request will be read
                 return False
-            self._handshaken = self._writing = True  # in one step: a goaway can only follow the preamble
+            self._handshaken = True  # in one step with the claim: a goaway can only follow the preamble
+            self._claim_writing()
         try:
             with contextlib.suppress(OSError):
                 framing.send_buffers(self.sock, [framing.preamble()])
         finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+            self._release_writing()
         if version != framing.PROTOCOL_VERSION:
             raise UnsupportedVersion(f"client speaks protocol {version}; this server speaks "
                                      f"{framing.PROTOCOL_VERSION}")
@@ -232,7 +235,7 @@ class Connection:
             self._count_error(header["error"]["code"])
         try:
             buffers = framing.encode(header, parts)
-        except (TypeError, ValueError) as exc:  # a component built an unsendable reply
+        except Exception as exc:  # a component built an unsendable reply (answered all the same: see _pending)
             log.exception("cannot encode reply %s to %s", header.get("id"), self.peer)
             error = ServiceError(f"reply could not be encoded: {exc}", code="internal")
             buffers = framing.encode({"id": header.get("id", 0), "error": {"code": error.code,
@@ -274,7 +277,7 @@ class Connection:
                 return
             direct = not self._outbox and not self._writing
             if direct:
-                self._writing = True
+                self._claim_writing()
             else:  # keep reply order simple: behind what is queued
                 self._outbox.extend(held)
                 self._outbox_bytes += sum(size for _, size, _ in held)
@@ -283,47 +286,61 @@ class Connection:
             self._write(held)
 
     def _send_now(self, data: bytes | dict[str, Any]) -> None:
-        """Best-effort immediate write of one frame or preamble (handshake,
-        connection errors, the goaway), never interleaved with another write."""
+        """Best-effort immediate write of one frame (a connection error),
+        never interleaved with another write, never after the goaway."""
         buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
         with self._cond:
             self._cond.wait_for(lambda: not self._writing or self._closed, self._config.send_timeout_s)
-            if self._closed or self._writing:
+            if self._closed or self._writing or self._goaway_sent:
                 return
-            self._writing = True
+            self._claim_writing()
         try:
             with contextlib.suppress(OSError):
                 framing.send_buffers(self.sock, buffers)
         finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+            self._release_writing()
 
-    def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
-        """Send a batch (caller set ``_writing``); run callbacks; clear ``_writing``.
+    def _claim_writing(self) -> None:
+        """Under the lock: this thread is the one sending (see :meth:`write_blocked_for`)."""
+        self._writing = True
+        self._write_started = time.monotonic()
 
-        The callbacks run before ``_writing`` clears, and :meth:`close` waits
-        for that: a client may read a reply and close before this thread
-        runs the next line, and its close must not undo the reply's
-        ``on_sent`` (which would hand its results out again)."""
-        try:
-            framing.send_buffers(self.sock, [b for buffers, _, _ in batch for b in buffers])
-            self.bytes_out += sum(size for _, size, _ in batch)
-            sent = True
-        except OSError as exc:
-            if not self._closed:
-                log.info("closing %s: send failed: %s", self.peer, exc)
-            sent = False
-        if sent:
-            for _, _, on_sent in batch:
-                if on_sent is not None:
-                    try:
-                        on_sent()
-                    except Exception:  # a callback bug must not kill the connection's writer
-                        log.exception("on_sent callback failed for %s", self.peer)
+    def _release_writing(self) -> None:
         with self._cond:
             self._writing = False
             self._cond.notify_all()
+
+    def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
+        """Send a batch (caller claimed ``_writing``); run callbacks; release ``_writing``.
+
+        The batch goes out in runs, each ending with a reply that has an
+        ``on_sent``, which runs as soon as that reply's last byte is written:
+        a send that fails later in the batch cannot undo it. The callbacks
+        run before ``_writing`` is released, and :meth:`close` waits for
+        that: a client may read a reply and close before this thread runs
+        its callback, and its close must not undo the reply's ``on_sent``
+        (which would hand its results out again)."""
+        run: list[bytes | memoryview] = []
+        sent = True
+        for index, (buffers, size, on_sent) in enumerate(batch):
+            run.extend(buffers)
+            self.bytes_out += size
+            if on_sent is None and index < len(batch) - 1:
+                continue
+            try:
+                framing.send_buffers(self.sock, run)
+            except OSError as exc:
+                if not self._closed:
+                    log.info("closing %s: send failed: %s", self.peer, exc)
+                sent = False
+                break
+            run = []
+            if on_sent is not None:
+                try:
+                    on_sent()
+                except Exception:  # a callback bug must not kill the connection's writer
+                    log.exception("on_sent callback failed for %s", self.peer)
+        self._release_writing()
         if not sent:
             self.close()
 
@@ -337,23 +354,28 @@ class Connection:
                 if self._closed:
                     return
                 if self._goaway_due():
-                    self._goaway_sent = True  # under the lock: a handshake after this sends no preamble
+                    self._goaway_sent = True  # under the lock: no preamble or error frame after this
+                    if self._handshaken:
+                        self._claim_writing()
                     break
                 batch = list(self._outbox)
                 self._outbox.clear()
                 self._outbox_bytes = 0
-                self._writing = True
+                self._claim_writing()
             self._write(batch)
         if not self._handshaken:
             self.close()  # it never got a preamble: to its client this is a refused connection
             return
-        self._send_now(GOAWAY)
-        with contextlib.suppress(OSError):  # the client reads the goaway, then the end of the stream
-            # socket.socket's shutdown, not SSLSocket's: that one also drops the TLS state,
-            # and what the client still sends could no longer be read.
-            socket.socket.shutdown(self.sock, socket.SHUT_WR)
-        with self._cond:
-            self._cond.notify_all()
+        try:
+            with contextlib.suppress(OSError):
+                framing.send_buffers(self.sock, framing.encode(GOAWAY))
+                # socket.socket's shutdown, not SSLSocket's: that one also drops the TLS state,
+                # and what the client still sends could no longer be read.
+                socket.socket.shutdown(self.sock, socket.SHUT_WR)
+        finally:
+            with self._cond:
+                self._goaway_written = True
+            self._release_writing()
 
     def _goaway_due(self) -> bool:
         return (self._draining and not self._goaway_sent and not self._pending and not self._outbox
@@ -369,33 +391,48 @@ class Connection:
             self._cond.notify_all()
 
     def wait_drained(self, timeout: float) -> bool:
-        """Wait until the goaway went out (or the connection closed); False on timeout."""
+        """Wait until the goaway was written (or the connection closed); False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._goaway_sent or self._closed, timeout)
+            return self._cond.wait_for(lambda: self._goaway_written or self._closed, timeout)
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait until the connection closed (the client closed its end); False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: self._closed, timeout)
 
+    def write_blocked_for(self, now: float) -> float:
+        """Seconds the send under way has been blocked (0 if none). The
+        server's watchdog closes connections past ``send_timeout_s``: a TLS
+        socket ignores the kernel's send timeout."""
+        with self._cond:
+            return now - self._write_started if self._writing else 0.0
+
     def close(self) -> None:
         """Close at once; queued replies are dropped (their on_sent never
-        runs). A write under way ends first (the shutdown cuts a blocked
-        send short), so a reply that was sent keeps its on_sent."""
+        runs). Every caller returns only once the close is complete: a write
+        under way has ended (the shutdown cuts a blocked send short), so a
+        reply that was sent has had its on_sent run, and the server was told
+        (``on_close``)."""
         with self._cond:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
             self._outbox.clear()
             self._outbox_bytes = 0
             self._cond.notify_all()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
+        if first:
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # not SSLSocket's (see _write_loop)
+        if not first:  # another thread is closing it: return once that close is complete
+            self._close_done.wait(CLOSE_WAIT_S)
+            return
         with self._cond:
             if not self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S):
                 log.error("closing %s: a write did not end within %.0f s", self.peer, CLOSE_WAIT_S)
-        self.sock.close()
-        self._on_close(self)
+        try:
+            self.sock.close()
+            self._on_close(self)
+        finally:
+            self._close_done.set()
 
     def join(self, timeout: float | None = None) -> None:
         self._reader.join(timeout)
@@ -415,9 +452,10 @@ def refuse(sock: socket.socket, message: str) -> None:
     try:
         if isinstance(sock, ssl.SSLSocket):
             return
-        sock.settimeout(0.5)
+        sock.setblocking(False)
         with contextlib.suppress(BlockingIOError):
-            sock.recv(framing.PREAMBLE.size, socket.MSG_DONTWAIT)  # read what came, so the close sends no reset
+            sock.recv(framing.PREAMBLE.size)  # read what came, so the close sends no reset
+        sock.settimeout(0.5)
         frame = framing.encode({"id": 0, "error": {"code": "unavailable", "message": message}})
         framing.send_buffers(sock, [framing.preamble(), *frame])
         sock.shutdown(socket.SHUT_WR)

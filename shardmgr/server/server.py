@@ -18,7 +18,7 @@ records the delivered marks and flushes), the flusher makes the rest
 durable and the LOCK is released. A second SIGTERM/SIGINT during the stop
 flushes what was written and exits at once with status 1.
 
-Threads: an acceptor thread; per connection a reader and a writer thread
+Threads: an acceptor thread; a send watchdog; per connection a reader and a writer thread
 (connection.py); per component its own owner threads; the flusher. The
 server's own state (the set of connections, counters) is guarded by
 ``_lock``.
@@ -27,7 +27,6 @@ server's own state (the set of connections, counters) is guarded by
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import resource
@@ -63,6 +62,9 @@ LINGER_S = 1.0
 before the server closes them (closing first could reset, and so lose,
 a goaway still in flight)."""
 
+WATCHDOG_S = 1.0
+"""How often the send watchdog looks for blocked sends."""
+
 EXIT_INTERRUPTED = 1
 """Exit status after a second signal cut a stop short."""
 
@@ -95,7 +97,8 @@ class Server:
         self._acceptor: threading.Thread | None = None
         self._lockfile = LockFile(config.data_dir)
         self._stopping = threading.Event()
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # a stop has begun
+        self._finished = threading.Event()  # ... and ended
         self._metrics: Any = None
         self._wrote_ready_file = False
         self.started_at = time.time()
@@ -159,6 +162,7 @@ class Server:
             self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port)
         self._acceptor = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
         self._acceptor.start()
+        threading.Thread(target=self._watch_sends, name="send-watchdog", daemon=True).start()
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A
@@ -178,18 +182,20 @@ class Server:
         if not self._stopping.is_set():
             self._stopping.set()
             return
-        log.warning("stopping now: second signal %d; flushing what was written", signum)
-        flush = threading.Thread(target=self._flush_quietly, name="last-flush", daemon=True)
-        flush.start()
-        flush.join(2.0)
-        logging.shutdown()
+        # Logging and flushing take locks the interrupted main thread may hold:
+        # another thread does them, and the exit does not wait for it for long.
+        last = threading.Thread(target=self._last_flush, args=(signum,), name="last-flush", daemon=True)
+        last.start()
+        last.join(3.0)
         os._exit(EXIT_INTERRUPTED)
 
-    def _flush_quietly(self) -> None:
+    def _last_flush(self, signum: int) -> None:
+        log.warning("stopping now: second signal %d; flushing what was written", signum)
         try:
             self.flusher.flush_now(timeout=2.0)
         except Exception as exc:  # exiting anyway: the log says what was not flushed
             log.error("the last flush failed: %s", exc)
+        logging.shutdown()
 
     def stop(self) -> None:
         """Stop from another thread (tests, embedding)."""
@@ -197,12 +203,22 @@ class Server:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        """Stop in the order the module docstring gives; a second caller
+        returns once the first has finished."""
         with self._lock:
-            if self._stopped.is_set():
-                return
+            first = not self._stopped.is_set()
             self._stopped.set()
             self._stopping.set()
-        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        if not first:
+            while not self._finished.wait(SIGNAL_POLL_S):
+                pass
+            return
+        try:
+            self._stop_in_order(time.monotonic() + self.config.shutdown_timeout_s)
+        finally:
+            self._finished.set()
+
+    def _stop_in_order(self, deadline: float) -> None:
         self._stop_accepting()
         with self._lock:
             connections = list(self._connections)
@@ -210,16 +226,14 @@ class Server:
             conn.drain()
         for component in self.components:
             self._guarded(component, component.quiesce)
-        drained = sum(_polled(functools.partial(conn.wait_drained, SIGNAL_POLL_S), deadline) for conn in connections)
+        drained = sum(_polled(conn.wait_drained, deadline) for conn in connections)
         if drained < len(connections):
             log.warning("stop: %d of %d connections still had replies to send after %.1f s; closing them",
                         len(connections) - drained, len(connections), self.config.shutdown_timeout_s)
         linger = min(deadline, time.monotonic() + LINGER_S)
         for conn in connections:
-            _polled(functools.partial(conn.wait_closed, SIGNAL_POLL_S), linger)
-            conn.close()
-        for conn in connections:
-            conn.join(max(0.0, deadline - time.monotonic()))
+            _polled(conn.wait_closed, linger)
+            conn.close()  # returns once a write under way has ended and run its on_sent
         for component in reversed(self.components):
             self._guarded(component, component.stop)
         self.flusher.stop()
@@ -269,17 +283,37 @@ class Server:
             conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth)
             with self._lock:
                 refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()
+                started = False
                 if not refused:
                     self._connections.add(conn)
                     self.counters["connections_total"] += 1
-                    conn.start()  # under the lock: a stop never finds a connection whose threads are not running
+                    try:
+                        conn.start()  # under the lock: a stop never finds a connection whose threads are not running
+                        started = True
+                    except RuntimeError as exc:  # out of threads: this one is lost, the acceptor lives on
+                        log.error("closing %s: cannot start its threads: %s", name, exc)
+                        self._connections.discard(conn)
                 else:
                     self.counters["connections_refused_total"] += 1
+            if not refused and not started:
+                conn.close()
             if refused:
                 log.warning("refusing %s: %s", name, "stopping" if self._stopping.is_set()
                             else f"{self.config.max_connections} connections open")
                 refuse(sock, "the server is stopping" if self._stopping.is_set() else
                        f"the server has max_connections ({self.config.max_connections}) connections open; retry")
+
+    def _watch_sends(self) -> None:
+        """Close connections whose send has been blocked past ``send_timeout_s``
+        (the kernel's send timeout covers plain sockets, not TLS ones)."""
+        while not self._stopped.wait(WATCHDOG_S):
+            now = time.monotonic()
+            with self._lock:
+                connections = list(self._connections)
+            for conn in connections:
+                if conn.write_blocked_for(now) > self.config.send_timeout_s + WATCHDOG_S:
+                    log.warning("closing %s: a send blocked for over %.0f s", conn.peer, self.config.send_timeout_s)
+                    conn.close()
 
     def _forget(self, conn: Connection) -> None:
         with self._lock:
@@ -344,13 +378,17 @@ class Server:
         return result
 
 
-def _polled(done: Callable[[], bool], deadline: float) -> bool:
-    """Call ``done`` (which waits briefly) until it is true or ``deadline``
-    passes. Short slices keep the main thread free to handle a second signal."""
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-    return True
+def _polled(wait: Callable[[float], bool], deadline: float) -> bool:
+    """Call ``wait(seconds)`` in slices of at most SIGNAL_POLL_S until it is
+    true or ``deadline`` has passed (then once more without waiting): the
+    main thread stays free to handle a second signal, and the whole stop
+    stays within its deadline however many connections there are."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return wait(0.0)
+        if wait(min(SIGNAL_POLL_S, left)):
+            return True
 
 
 def _raise_file_limit() -> None:

@@ -58,7 +58,8 @@ class Record:
 
 
 def produce(address: str, record: Record, rng: random.Random) -> None:
-    n = rng.randint(1, 40)
+    time.sleep(0.02)  # no faster than the workers finish them, so the final drain is short
+    n = rng.randint(1, 10)
     batch = [f"task-{rng.getrandbits(48)}".encode() * rng.randint(1, 30) for _ in range(n)]
     with QueueClient(address, retry_for=0.2, timeout=30.0) as client:
         handles = client.enqueue("job", "m", "s", rng.randint(0, 2), batch, durable=True)
