@@ -8,12 +8,14 @@ override the file, which overrides the defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from common.journal import FlusherConfig
-from common.units import MiB
+from common.units import GiB, MiB
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 from shardmgr.store.config import StoreConfig
 from workq.config import WorkqConfig
@@ -55,6 +57,16 @@ class ServerConfig:
     metrics_port: int | None = None
     #: Python logging level name.
     log_level: str = "INFO"
+    #: Bytes that frames still arriving may hold at once, over all connections
+    #: (docs/architecture.md, "Memory and threads"). A frame that would pass it
+    #: waits for its turn within ``frame_timeout_s``. At least 2 x
+    #: ``max_frame_bytes``; None (default): min(1 GiB, physical RAM / 4), raised
+    #: to 2 x ``max_frame_bytes`` if that is more (see ``inflight_budget_bytes``).
+    max_inflight_bytes: int | None = None
+    #: Seconds a frame has, from its first byte, to arrive whole (including
+    #: any wait for ``max_inflight_bytes``); past it the connection is closed
+    #: with a ``frame_timeout`` error. Idle time between frames is not limited.
+    frame_timeout_s: float = 60.0
     #: The work queue's settings (TOML table ``[workq]``).
     workq: WorkqConfig = WorkqConfig()
     #: The vector store's settings (TOML table ``[store]``).
@@ -64,6 +76,14 @@ class ServerConfig:
     def flusher(self) -> FlusherConfig:
         """The shared flusher's configuration (``flush_interval_ms`` in seconds)."""
         return FlusherConfig(interval=self.flush_interval_ms / 1e3)
+
+    @property
+    def inflight_budget_bytes(self) -> int:
+        """``max_inflight_bytes``, or its default for this machine when None."""
+        if self.max_inflight_bytes is not None:
+            return self.max_inflight_bytes
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(min(GiB, ram // 4), 2 * self.max_frame_bytes)
 
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""
@@ -80,6 +100,11 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_connections < 1 or self.max_outbox_bytes < self.max_frame_bytes:
             raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
+        if self.max_inflight_bytes is not None and self.max_inflight_bytes < 2 * self.max_frame_bytes:
+            raise ValueError(f"max_inflight_bytes must be at least 2 x max_frame_bytes ({2 * self.max_frame_bytes}) "
+                             f"so that a largest frame can always arrive, got {self.max_inflight_bytes}")
+        if not (math.isfinite(self.frame_timeout_s) and self.frame_timeout_s > 0):
+            raise ValueError(f"frame_timeout_s must be a positive number of seconds, got {self.frame_timeout_s}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
         self.workq.validate().fitted_to_frame(self.max_frame_bytes)

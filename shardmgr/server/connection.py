@@ -12,7 +12,10 @@ written.
 Bad bytes end the connection: the server sends an error frame with id 0
 (``bad_frame``, ``frame_too_large``, ``unsupported_version``) and closes. A
 client that stops reading is closed once its queued replies pass
-``max_outbox_bytes`` or a send blocks for ``send_timeout_s``.
+``max_outbox_bytes`` or a send blocks for ``send_timeout_s``. A frame must
+arrive whole within ``frame_timeout_s`` of its first byte (``frame_timeout``
+error, then closed); the memory of frames still arriving is charged to the
+server-wide ``budget`` (``max_inflight_bytes``) until the frame is dispatched.
 
 Threads: ``_lock``/``_cond`` guard the outbox, ``_writing`` and ``_closed``.
 """
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from common.wire import framing
+from common.wire.budget import ByteBudget
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadFrame, BadRequest, ServiceError, UnsupportedVersion
 
@@ -49,7 +53,8 @@ class Connection:
     """Serves one socket until it closes. Build, then :meth:`start`."""
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
-                 on_close: Callable[[Connection], None], count_error: CountError) -> None:
+                 on_close: Callable[[Connection], None], count_error: CountError,
+                 budget: ByteBudget | None = None) -> None:
         self.peer = peer
         self.sock = sock
         self.requests = 0
@@ -59,6 +64,7 @@ class Connection:
         self._dispatch = dispatch
         self._on_close = on_close
         self._count_error = count_error
+        self._budget = budget
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
@@ -83,7 +89,8 @@ class Connection:
     # ------------------------------------------------------------------ reading
 
     def _read_loop(self) -> None:
-        reader = framing.FrameReader(self.sock, self._config.max_frame_bytes)
+        reader = framing.FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
+                                     frame_timeout_s=self._config.frame_timeout_s)
         try:
             if not self._handshake(reader):
                 return
@@ -93,6 +100,7 @@ class Connection:
                     break
                 self.bytes_in += frame.size
                 self._serve(frame)
+                reader.release()  # dispatched: what it holds is the component's now
                 if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
                     self._flush_held()
         except BadFrame as exc:
@@ -108,6 +116,7 @@ class Connection:
             log.exception("closing %s after an unexpected error", self.peer)
             self.close()
         finally:
+            reader.release()
             self._flush_held()
             with self._cond:
                 self._reads_done = True
