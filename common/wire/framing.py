@@ -216,7 +216,8 @@ class FrameReader:
         FrameTimeout past the frame's deadline, and ConnectionError if the
         stream ends inside a frame. Releases the previous frame's budget first.
         """
-        self.release()
+        if self._charged:
+            self.release()
         if self._start == self._end:
             self._start = self._end = 0
             got = self._recv(self._view)  # between frames: no deadline
@@ -226,13 +227,13 @@ class FrameReader:
         if self._timeout is not None:
             self._deadline = time.monotonic() + self._timeout
         try:
-            return self._read_frame()
+            frame = self._read_frame()
         except BaseException:
             self.release()
+            self._deadline, self._size = None, 0
             raise
-        finally:
-            self._deadline = None
-            self._size = 0
+        self._deadline, self._size = None, 0
+        return frame
 
     def release(self) -> None:
         """Give back the budget the last frame held: call once the frame has
