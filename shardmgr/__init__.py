@@ -15,7 +15,8 @@ Over the network (``shardmgr serve``)::
 The package: ``store/`` (the vector store, which runs embedded without any
 server), ``server/`` (``shardmgr serve``, the host of the store and the work
 queue), ``verification/`` (``shardmgr verify``), ``cli.py`` (the command),
-``errors.py`` (one root, ShardmgrError). docs/architecture.md maps them.
+``tables.py`` (its tables, plain lines when piped), ``errors.py`` (one
+root, ShardmgrError). docs/architecture.md maps them.
 
 May import: ``common`` and ``workq``; ``store`` imports neither ``server``,
 ``verification`` nor ``workq``.

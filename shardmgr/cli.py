@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import traceback
 from collections.abc import Callable
@@ -15,16 +16,17 @@ from rich.table import Table
 
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
-from common.wire.client import RpcClient
+from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, RpcClient
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
-from . import __version__
+from . import __version__, tables
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked directory, ...)
 EXIT_DAMAGED = 2  # the file is not a journal, or its durable data is damaged
 
 _DEFAULTS = ServerConfig()
+DEFAULT_AUTH_FILE = "shardmgr.tokens"
 
 
 @click.group()
@@ -47,9 +49,24 @@ def main() -> None:
               help="Serve Prometheus metrics on this port (documented choice: 7301).", show_default="off")
 @click.option("--max-frame-bytes", type=int, default=None, help="Largest frame accepted.",
               show_default=str(_DEFAULTS.max_frame_bytes))
+@click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds a clean stop may take before what is left is cut off.",
+              show_default=str(_DEFAULTS.shutdown_timeout_s))
 @click.option("--log-level", default=None, show_default=_DEFAULTS.log_level)
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="TOML file of ServerConfig fields; options given here override it.")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Tokens file ('shardmgr token create'): every connection must present a token.")
+@click.option("--insecure", is_flag=True, default=None,
+              help="Allow a non-loopback --host/--metrics-host without --auth-file (logs a warning).")
+@click.option("--metrics-host", default=None, help="Address of the metrics endpoint.",
+              show_default=_DEFAULTS.metrics_host)
+@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM certificate chain: serve TLS (with --tls-key).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM private key of --tls-cert.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM CA file: require client certificates it signed.")
 def serve(config_file: Path | None, **options: object) -> None:
     """Run the service on one port until SIGTERM or SIGINT.
 
@@ -68,15 +85,44 @@ def serve(config_file: Path | None, **options: object) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code = Server(config).run()
-    except (CommonError, OSError) as exc:
+    except (CommonError, OSError, ValueError) as exc:  # ValueError: a bad tokens file or TLS file
         click.echo(f"shardmgr serve: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
     raise SystemExit(code)
 
 
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A finite number of seconds (click's FloatRange lets NaN through; a NaN retried forever)."""
+    if not 0 <= value <= MAX_CLIENT_SECONDS:
+        raise click.BadParameter(f"must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {value}")
+    return value
+
+
+_CLIENT_SECURITY = ("token", "tls", "ca", "client_cert", "client_key")
+
+
 def server_options(command: Callable[..., None]) -> Callable[..., None]:
-    """--host, --port and --timeout, for commands that talk to a running server."""
-    command = click.option("--timeout", type=float, default=5.0, show_default=True,
+    """--host, --port, --timeout and the token and TLS options, for commands
+    that talk to a running server (remote_call uses the last ones)."""
+
+    inner = command
+
+    @functools.wraps(inner)
+    def with_security(**kwargs: Any) -> None:
+        click.get_current_context().meta["rpc_options"] = {k: kwargs.pop(k) for k in _CLIENT_SECURITY}
+        inner(**kwargs)
+
+    command = with_security
+    command = click.option("--client-key", type=click.Path(dir_okay=False), default=None,
+                           help="PEM key of --client-cert.")(command)
+    command = click.option("--client-cert", type=click.Path(dir_okay=False), default=None,
+                           help="PEM client certificate, for servers that require one (implies --tls).")(command)
+    command = click.option("--ca", type=click.Path(dir_okay=False), default=None,
+                           help="PEM CA file to check the server's certificate (implies --tls).")(command)
+    command = click.option("--tls", is_flag=True, help="Connect with TLS.")(command)
+    command = click.option("--token", envvar=TOKEN_ENV, default=None, show_envvar=True,
+                           help="Token for a server with --auth-file.")(command)
+    command = click.option("--timeout", type=float, default=5.0, show_default=True, callback=_seconds,
                            help="Seconds to keep trying to connect.")(command)
     command = click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)(command)
     return click.option("--host", default="127.0.0.1", show_default=True)(command)
@@ -86,9 +132,10 @@ def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
                 args: dict[str, object] | None = None) -> dict[str, Any]:
     """Call ``cmd`` on the server; on failure print why and exit EXIT_FAILED."""
     try:
-        with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0)) as client:
+        options = click.get_current_context().meta.get("rpc_options", {})
+        with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0), **options) as client:
             return client.call(cmd, args).result
-    except CommonError as exc:
+    except (CommonError, ValueError) as exc:  # ValueError: a TLS file that cannot be loaded
         click.echo(f"shardmgr {what}: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
 
@@ -97,7 +144,11 @@ def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
 @server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def stats(host: str, port: int, timeout: float, as_json: bool) -> None:
-    """Print a running server's counters, per component."""
+    """Print a running server's counters, per component.
+
+    On a terminal, a table per component. Piped or redirected, one line per
+    counter, never wrapped or cut: COMPONENT, COUNTER, VALUE, tab-separated.
+    """
     result = remote_call("stats", host, port, timeout, "stats")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -107,9 +158,7 @@ def stats(host: str, port: int, timeout: float, as_json: bool) -> None:
         table = Table(title=component)
         table.add_column("counter")
         table.add_column("value", justify="right")
-        for key, value in sorted(values.items()):
-            table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:,.6g}")
-        console.print(table)
+        tables.show(console, table, sorted(values.items()), component)
 
 
 @main.group()
@@ -122,28 +171,32 @@ def queue() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def queue_stats(host: str, port: int, timeout: float, as_json: bool) -> None:
     """Per key: pending, in flight, buried, oldest pending age, segments,
-    live/dead bytes, and the oldest item pinning the oldest segment."""
+    live/dead bytes, and the oldest item pinning the oldest segment.
+
+    On a terminal, two tables. Piped or redirected, one line per total and
+    per key, never wrapped or cut, tab-separated: "totals", NAME, VALUE; and
+    "key", MODEL, SHAPE, LANE, PENDING, IN_FLIGHT, BURIED, OLDEST_PENDING,
+    SEGMENTS, LIVE_BYTES, DEAD_BYTES, PINNED_BY.
+    """
     result = remote_call("queue stats", host, port, timeout, "workq.stats")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     console = Console()
-    totals = Table(title="work queue", show_header=False)
-    for name, value in result["totals"].items():
-        totals.add_row(name, f"{value:,}")
-    console.print(totals)
+    tables.show(console, Table("name", "value", title="work queue", show_header=False),
+                result["totals"].items(), "totals")
     table = Table(title="keys")
     for col in ("model", "shape", "lane", "pending", "in flight", "buried", "oldest pending", "segments",
                 "live bytes", "dead bytes", "pinned by"):
         table.add_column(col, justify="left" if col in ("model", "shape", "lane", "pinned by") else "right")
+    rows = []
     for row in result["keys"]:
         age = row["oldest_pending_age_s"]
         pin = row["pinned_by"]
-        table.add_row(row["model"], row["shape"], row["lane"], f"{row['pending']:,}", f"{row['in_flight']:,}",
-                      f"{row['buried']:,}", "-" if age is None else f"{age:,.1f} s", str(row["segments"]),
-                      f"{row['live_bytes']:,}", f"{row['dead_bytes']:,}",
-                      "-" if pin is None else f"{pin['handle']} ({pin['job']}, {pin['state']}, {pin['age_s']:.0f} s)")
-    console.print(table)
+        rows.append((row["model"], row["shape"], row["lane"], row["pending"], row["in_flight"], row["buried"],
+                     "-" if age is None else f"{age:,.1f} s", row["segments"], row["live_bytes"], row["dead_bytes"],
+                     "-" if pin is None else f"{pin['handle']} ({pin['job']}, {pin['state']}, {pin['age_s']:.0f} s)"))
+    tables.show(console, table, rows, "key")
 
 
 @queue.command("kick")
@@ -153,6 +206,33 @@ def queue_kick(job: str, host: str, port: int, timeout: float) -> None:
     """Make JOB's buried items pending again (their delivery counts restart)."""
     kicked = remote_call("queue kick", host, port, timeout, "workq.kick", {"job": job})["kicked"]
     click.echo(f"kicked {kicked} buried item(s) of job {job!r}")
+
+
+@main.group()
+def token() -> None:
+    """Manage the tokens file of 'shardmgr serve --auth-file'."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--roles", required=True, help="Comma-separated: read, write, worker, admin (admin implies all).")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path), default=Path(DEFAULT_AUTH_FILE),
+              show_default=True, help="Tokens file to append to (created with mode 0600).")
+def token_create(name: str, roles: str, auth_file: Path) -> None:
+    """Create a token NAME with ROLES: print it once, store only its hash.
+
+    A running server picks the new line up at its next authentication.
+    """
+    from shardmgr.server.auth import AuthFileError, add_token
+
+    try:
+        secret = add_token(auth_file, name, roles.split(","))
+    except (AuthFileError, OSError) as exc:
+        click.echo(f"shardmgr token create: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    click.echo(secret)
+    click.echo(f"token {name!r} added to {auth_file}; it is shown only this once "
+               f"(clients: token= or {TOKEN_ENV})", err=True)
 
 
 @main.group()
@@ -168,7 +248,8 @@ def inspect(path: Path, as_json: bool) -> None:
 
     Opens the file read-only and changes nothing. Exit status 0 if the
     journal is readable (a torn tail is reported, not an error), 2 if it is
-    not a journal or its durable data is damaged.
+    not a journal or its durable data is damaged. Piped or redirected, one
+    line per field instead of a table: NAME, VALUE, tab-separated.
     """
     try:
         j = Journal.open(path, writable=False)
@@ -190,12 +271,9 @@ def inspect(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    table = Table(title=str(path), show_header=False)
-    for key, value in info.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        table.add_row(key, str(value))
-    Console().print(table)
+    rows = [(key, ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value))
+            for key, value in info.items()]
+    tables.show(Console(), Table(title=str(path), show_header=False), rows)
 
 
 def _recovery_dict(j: Journal) -> dict[str, object]:
@@ -219,6 +297,12 @@ def verify(data_dir: Path, deep: bool, repair: bool, as_json: bool) -> None:
     Read-only and safe beside a running server, unless --repair, which
     needs the directory to itself. Exit status: 0 clean, 1 only problems
     that recovery repairs by itself, 2 data corruption, 3 could not run.
+
+    On a terminal, a table of the findings, worst first. Piped or
+    redirected, one line per finding, never wrapped or cut: SEVERITY, PATH
+    (whole, as --json gives it), OFFSET, PROBLEM, EXPECTED, FOUND,
+    tab-separated, "-" for none. Then a "repaired: ..." line per --repair
+    action and the verdict line. See docs/verify.md.
     """
     from shardmgr.verification.runner import EXIT_CANNOT_RUN, count_files
     from shardmgr.verification.runner import verify as run

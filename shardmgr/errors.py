@@ -1,12 +1,16 @@
 """The vector store's exceptions: one root, :class:`ShardmgrError`.
 
 Each carries a stable ``shardmgr.*`` code that crosses the wire (see
-docs/shardmgr.md); clients raise the same classes.
+docs/shardmgr.md); clients raise the same classes. ``DiskFull`` is the
+shared ``disk_full`` of common.wire.errors (the queue answers it too).
 """
 
 from __future__ import annotations
 
-from common.wire.errors import BadRequest, Conflict, NotFound, ServiceError
+from common.wire.errors import BadRequest, Conflict, DiskFull, NotFound, ServiceError
+
+__all__ = ["ShardmgrError", "UnknownCollection", "CollectionConflict", "BadName", "BadVectors", "UnknownRef",
+           "CannotVerify", "DiskFull"]
 
 
 class ShardmgrError(ServiceError):

@@ -20,3 +20,9 @@ def flusher() -> Iterator[Flusher]:
     """A running flusher with a short interval, stopped after the test."""
     with Flusher(FlusherConfig(interval=0.002)) as f:
         yield f
+
+
+@pytest.fixture(autouse=True)
+def _no_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients read SHARDMGR_TOKEN; a developer's own must not change what tests send."""
+    monkeypatch.delenv("SHARDMGR_TOKEN", raising=False)

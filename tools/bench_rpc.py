@@ -16,7 +16,20 @@ floor for any framed protocol served by CPython on this machine.
 Targets (issue 3): >= 0.5 x the baseline's requests/s, >= 0.8 x its MB/s for
 4 MiB bodies.
 
-Usage: python tools/bench_rpc.py [--requests N] [--json]
+The cost of security (issue 11), three more servers, measured in
+``--runs`` interleaved rounds (plain, token, TLS, plain, token, TLS, ...),
+each figure the median over the rounds with its min-max spread:
+
+* auth per connection: connect + preamble (+ ``auth``) + close, on a server
+  without a tokens file vs one with a tokens file and a token;
+* TLS: the same connection cost with a TLS handshake, and throughput of
+  small requests (sequential and pipelined) and 4 MiB bodies over TLS as a
+  ratio to plain TCP, and the CPU time (server process + client) each
+  pipelined request and each 4 MiB echo costs, which other load on the
+  machine does not change the way it changes throughput (a throwaway CA and certificate, ECDSA P-256,
+  made with tests/shardmgr/server/certs.py, which needs the [test] extra).
+
+Usage: python tools/bench_rpc.py [--requests N] [--runs R] [--only echo|security] [--json]
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -39,6 +53,7 @@ from rich.table import Table
 
 from common.wire.client import RpcClient
 from shardmgr.server import readiness
+from shardmgr.server.auth import add_token
 
 WINDOW = 64
 BIG = 4 << 20
@@ -89,12 +104,12 @@ def start_echo() -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
     return proc, ("127.0.0.1", port)
 
 
-def start_server(data: Path) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
+def start_server(data: Path, *extra: str) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
     """``shardmgr serve`` on a free port; returns once its ready file says where."""
     ready, log = data.with_name(data.name + ".ready"), data.with_name(data.name + ".log")
     with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
         proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(data), "--port", "0",
-                                 "--ready-file", str(ready)], stderr=stderr)
+                                 "--ready-file", str(ready), "--log-level", "WARNING", *extra], stderr=stderr)
     return proc, readiness.wait(ready, proc, 3600, log=log.read_text)
 
 
@@ -156,6 +171,94 @@ def run(requests: int) -> dict[str, dict[str, float]]:
             "ratio": {k: ours[k] / baseline[k] for k in ours}}
 
 
+def connects(address: tuple[str, int], n: int, **options: object) -> float:
+    """Median seconds for one connect + handshake (+ auth) + close."""
+    times = np.empty(n)
+    for i in range(n):
+        t = time.perf_counter()
+        client = RpcClient(address, **options)  # type: ignore[arg-type]
+        client.connect()
+        client.close()
+        times[i] = time.perf_counter() - t
+    return float(np.median(times))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def security_round(address: tuple[str, int], pid: int, requests: int, big: int,
+                   **options: object) -> dict[str, float]:
+    """Throughputs, and CPU (server + client) per request and per MiB: CPU time
+    is what the work costs whatever else the machine is doing."""
+    with RpcClient(address, **options) as client:  # type: ignore[arg-type]
+        sequential(client, "ping", 200)  # warm up
+        result = {"connect_us": connects(address, 200, **options) * 1e6,
+                  "rps": sequential(client, "ping", requests)["rps"]}
+        cpu = cpu_seconds(pid) + time.process_time()
+        result["pipelined_rps"] = pipelined(client, "ping", requests * 3)
+        result["cpu_us_per_request"] = (cpu_seconds(pid) + time.process_time() - cpu) / (requests * 3) * 1e6
+        cpu = cpu_seconds(pid) + time.process_time()
+        result["big_MBps"] = big_bodies(client, big)
+        result["cpu_ms_per_4MiB_echo"] = (cpu_seconds(pid) + time.process_time() - cpu) / (big + 1) * 1e3
+    return result
+
+
+def run_security(requests: int, runs: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Plain, token and TLS servers measured in interleaved rounds; medians and spreads."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tests/, for its throwaway CA
+    from tests.shardmgr.server.certs import make_pki  # needs `cryptography` (the [test] extra)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        pki = make_pki(root / "pki")
+        token = add_token(root / "tokens", "bench", ["admin"])
+        setups = {"plain": ((), {"token": None}),
+                  "token": (("--auth-file", str(root / "tokens")), {"token": token}),
+                  "tls": (("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
+                          {"token": None, "ca": str(pki.ca)})}
+        servers = {name: start_server(root / name, *args) for name, (args, _) in setups.items()}
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
+        try:
+            for _ in range(runs):
+                for name, (_, options) in setups.items():
+                    proc, address = servers[name]
+                    rounds[name].append(security_round(address, proc.pid, requests, 30, **options))
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(30)
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name, measured in rounds.items():
+        results[name] = {key: {"median": statistics.median(r[key] for r in measured),
+                               "min": min(r[key] for r in measured), "max": max(r[key] for r in measured)}
+                         for key in measured[0]}
+    plain = results["plain"]
+    results["ratio_to_plain"] = {f"{name}_{key}": {"median": results[name][key]["median"] / plain[key]["median"]}
+                                 for name in ("token", "tls") for key in plain}
+    return results
+
+
+def show_security(results: dict[str, dict[str, dict[str, float]]]) -> None:
+    table = Table(title="cost of auth and TLS: medians of interleaved rounds (min-max)")
+    for col in ("what", "plain TCP", "with a token", "TLS", "token / plain", "TLS / plain"):
+        table.add_column(col, justify="right")
+    rows = [("connect + handshake + close (us)", "connect_us", "{:,.0f}"),
+            ("sequential small requests/s", "rps", "{:,.0f}"),
+            ("pipelined small requests/s (64 in flight)", "pipelined_rps", "{:,.0f}"),
+            ("4 MiB bodies, MB/s", "big_MBps", "{:,.0f}"),
+            ("CPU per pipelined request (us, both ends)", "cpu_us_per_request", "{:,.1f}"),
+            ("CPU per 4 MiB echo (ms, both ends)", "cpu_ms_per_4MiB_echo", "{:,.2f}")]
+    for label, key, fmt in rows:
+        cells = [f"{fmt.format(results[n][key]['median'])} ({fmt.format(results[n][key]['min'])}-"
+                 f"{fmt.format(results[n][key]['max'])})" for n in ("plain", "token", "tls")]
+        ratios = [f"{results['ratio_to_plain'][f'{n}_{key}']['median']:.2f}" for n in ("token", "tls")]
+        table.add_row(label, *cells, *ratios)
+    Console().print(table)
+
+
 def show(results: dict[str, dict[str, float]]) -> None:
     table = Table(title="RPC over loopback, one connection (client and server share 2 cores)")
     for col in ("what", "echo baseline", "shardmgr serve", "ratio"):
@@ -173,14 +276,22 @@ def show(results: dict[str, dict[str, float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20_000, help="sequential requests per server")
+    parser.add_argument("--runs", type=int, default=3, help="interleaved rounds of the security measurements")
+    parser.add_argument("--only", choices=("echo", "security"), help="run one part only")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--serve-echo", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo:
         serve_echo(args.serve_echo)
         return
-    results = run(args.requests)
-    emit(results, args.json, show)
+    results: dict[str, object] = {}
+    if args.only != "security":
+        results["echo"] = run(args.requests)
+    if args.only != "echo":
+        results["security"] = run_security(args.requests // 4, args.runs)
+    emit(results, args.json, lambda r: [shower(r[part]) for part, shower in (("echo", show),
+                                                                             ("security", show_security))
+                                        if part in r])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ run on the owner thread: they must not block.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Alive = Callable[[], bool]
 EMBEDDED = "embedded"  # the worker name of embedded lease calls
+MAX_WAIT_S = 3600.0
+"""Longest ``wait`` of a lease or results call, in seconds (a long poll; call again to wait longer)."""
+MAX_DELAY_S = 7 * 86400.0
+"""Longest ``delay`` of a release, in seconds (a week: an item given back must become leasable again)."""
 
 
 class Broker:
@@ -97,6 +102,12 @@ class Broker:
     def start(self) -> None:
         """Start the owner thread."""
         self._loop.start()
+
+    def quiesce(self) -> None:
+        """Answer every waiting call now, and calls that would wait from now
+        on at once (a stop is coming). Everything else keeps working."""
+        with contextlib.suppress(Unavailable):
+            self._loop.submit(self._loop.quiesce)
 
     def close(self) -> None:
         """Answer waiting calls, finish or fail what waits for a flush,
@@ -206,8 +217,9 @@ class Broker:
 
         def run(future: Future[T]) -> None:
             _check_count("max_items", max_items)
-            _check_wait("wait", wait)
+            _check_seconds("wait", wait, MAX_WAIT_S)
             check()
+            deadline = time.monotonic() + (wait if max_items else 0.0)  # asking for nothing answers at once
 
             def attempt(final: bool) -> bool:
                 if alive is not None and not alive():
@@ -219,7 +231,7 @@ class Broker:
                 settle(future, answer)
                 return True
 
-            self._loop.park(time.monotonic() + wait, attempt, wants, lambda exc: settle(future, error=exc))
+            self._loop.park(deadline, attempt, wants, lambda exc: settle(future, error=exc), alive)
 
         return self._loop.future(run)
 
@@ -325,7 +337,7 @@ class Broker:
         (NotLeased, changing nothing, unless ``worker`` holds every one)."""
 
         def run(future: Future[None]) -> None:
-            _check_wait("delay", delay)
+            _check_seconds("delay", delay, MAX_DELAY_S)
             leasing.release(self._state, worker, packed.tolist(), delay, time.monotonic())
             settle(future)
 
@@ -369,13 +381,15 @@ class Broker:
 
 
 def _check_count(name: str, value: int) -> None:
-    if value < 0:
-        raise BadRequest(f"{name} must be >= 0, got {value}")
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{name} must be an integer >= 0, got {value!r}")
 
 
-def _check_wait(name: str, seconds: float) -> None:
-    if not seconds >= 0:  # also NaN
-        raise BadRequest(f"{name} must be a number of seconds >= 0, got {seconds}")
+def _check_seconds(name: str, seconds: float, limit: float) -> None:
+    """A wait or delay: a real number of seconds in [0, limit] (NaN, inf and 1e308 are refused)."""
+    if (not isinstance(seconds, (int, float, np.integer, np.floating)) or isinstance(seconds, bool)
+            or not 0 <= seconds <= limit):  # also NaN
+        raise BadRequest(f"{name} must be a number of seconds in 0..{limit:g}, got {seconds!r}")
 
 
 def _ledger_failed(exc: Exception) -> None:

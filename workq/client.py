@@ -43,7 +43,7 @@ class QueueClient:
     """A producer/consumer connection to a ``shardmgr serve`` process."""
 
     def __init__(self, address: str | tuple[str, int], **options: Any) -> None:
-        """``options`` go to common.wire.client.RpcClient (timeout, retry_for, ...)."""
+        """``options`` go to common.wire.client.RpcClient (timeout, retry_for, token, tls, ca, ...)."""
         self.rpc = RpcClient(address, **options)
         self._seen: dict[str, _Seen] = {}
 

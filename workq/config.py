@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from common.units import GiB, MiB
 
@@ -77,11 +78,13 @@ class WorkqConfig:
         if not 64 * 1024 <= self.segment_bytes <= 32 * GiB:
             raise ValueError(f"segment_bytes must be in 64 KiB..32 GiB, got {self.segment_bytes}")
         for name in ("idle_seal_s", "lease_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("disconnect_grace_s", "reconnect_window_s", "disk_floor_bytes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:  # also NaN
+                raise ValueError(f"{name} must be a positive, finite number of seconds, got {getattr(self, name)}")
+        for name in ("disconnect_grace_s", "reconnect_window_s"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {getattr(self, name)}")
+        if self.disk_floor_bytes < 0:
+            raise ValueError(f"disk_floor_bytes must be >= 0, got {self.disk_floor_bytes}")
         if self.max_payload_bytes < 1:
             raise ValueError(f"max_payload_bytes must be >= 1, got {self.max_payload_bytes}")
         if not 0 <= self.max_result_bytes <= 2**28 - 64:

@@ -2,11 +2,14 @@
 
 Errors that a server sends carry a stable ``workq.*`` code (see
 docs/protocol.md and docs/workq.md) and are raised again by clients.
+``DiskFull`` (free space below the floor, or the disk full) is the shared
+``disk_full`` of common.wire.errors, re-exported here: the vector store
+answers the same code.
 """
 
 from __future__ import annotations
 
-from common.wire.errors import BadRequest, Conflict, Full, NotFound, ServiceError
+from common.wire.errors import BadRequest, Conflict, DiskFull, NotFound, ServiceError
 
 
 class WorkqError(ServiceError):
@@ -39,15 +42,13 @@ class PayloadTooLarge(WorkqError, BadRequest):
     code = "workq.payload_too_large"
 
 
-class DiskFull(WorkqError, Full):
-    """Free disk space is below the floor: enqueue refused, nothing written."""
-
-    code = "workq.disk_full"
-
-
 class ResultsNotRecorded(WorkqError):
     """A complete call could write only some of its results (the cause says
     why). Those written are recorded; retrying the whole call is safe, since
     their items then answer ``duplicate``."""
 
     code = "workq.results_not_recorded"
+
+
+__all__ = ["WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
+           "ResultsNotRecorded"]

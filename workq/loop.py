@@ -8,9 +8,12 @@ queue's state needs no locks. Work that must wait never blocks the thread:
 * a *waiter* (:meth:`OwnerLoop.park`) is a call with a deadline (a lease or
   results call with ``wait``) that is tried again whenever what it waits
   for may have changed, and answered at its deadline at the latest;
-* timers run every TICK_S between batches of messages.
+* timers run every TICK_S between batches of messages; at each tick,
+  waiters whose caller went away (``alive``) end at once.
 
-Threads: any thread may submit; everything else runs on the owner thread.
+Threads: any thread may submit (``_submit_lock`` makes a submit and a
+stop exclusive, so a submitted function either runs or is refused);
+everything else runs on the owner thread.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class _Waiter:
     attempt: Callable[[bool], bool]  # (final) -> answered?
     wants: Wants  # which changes are worth a retry
     fail: Callable[[Exception], None]  # answers the call if an attempt raises
+    alive: Callable[[], bool] | None  # False once nobody is left to answer
 
     def run(self, final: bool) -> bool:
         """One attempt; True once the call is answered (by it or by fail)."""
@@ -85,6 +89,8 @@ class OwnerLoop:
         self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
         self._next_tick = 0.0
         self._seen = (-1, -1)  # changes() at the last retry of waiters
+        self._quiesced = False  # a stop is coming: waiting calls are answered at once
+        self._submit_lock = threading.Lock()
         self.closed = False
 
     # -------------------------------------------------------------- lifecycle
@@ -96,18 +102,28 @@ class OwnerLoop:
     def stop(self, *, abandon: bool = False) -> None:
         """Stop the thread: cleanly (waiters answered, continuations run or
         failed, then ``stop``), or, with ``abandon``, at once as a crash would."""
-        self.closed = True
-        self._inbox.put(_ABANDON if abandon else _STOP)
-        if self._thread.is_alive():
-            self._thread.join()
+        with self._submit_lock:
+            self.closed = True
+            self._inbox.put(_ABANDON if abandon else _STOP)
+        while self._thread.is_alive():
+            self._thread.join(0.2)  # in slices: the main thread may have a signal to handle
+
+    def quiesce(self) -> None:
+        """Owner thread: answer every waiting call now (its final attempt),
+        and from now on answer calls that would wait at once."""
+        self._quiesced = True
+        waiting, self._waiters = self._waiters, []
+        for waiter in waiting:
+            waiter.run(True)
 
     # ------------------------------------------------------------- submitting
 
     def submit(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the owner thread (any thread may call this)."""
-        if self.closed:
-            raise Unavailable("the work queue is closed")
-        self._inbox.put(fn)
+        with self._submit_lock:
+            if self.closed:
+                raise Unavailable("the work queue is closed")
+            self._inbox.put(fn)
 
     def future(self, fn: Callable[[Future[T]], None]) -> Future[T]:
         """Run ``fn(future)`` on the owner thread; ``fn`` (or whatever it
@@ -145,13 +161,14 @@ class OwnerLoop:
         self.flusher.hurry()
 
     def park(self, deadline: float, attempt: Callable[[bool], bool], wants: Wants,
-             fail: Callable[[Exception], None]) -> None:
+             fail: Callable[[Exception], None], alive: Callable[[], bool] | None = None) -> None:
         """Owner thread: call ``attempt(False)`` now and again whenever what it
         ``wants`` may have changed, until it answers; at ``deadline`` call
         ``attempt(True)``, which must answer. If an attempt raises, ``fail``
-        answers the call with the error."""
-        waiter = _Waiter(deadline, attempt, wants, fail)
-        if not waiter.run(deadline <= time.monotonic()):
+        answers the call with the error. Once ``alive()`` is false (checked
+        at every tick), ``fail`` answers it with Unavailable."""
+        waiter = _Waiter(deadline, attempt, wants, fail, alive)
+        if not waiter.run(self._quiesced or deadline <= time.monotonic()):
             self._waiters.append(waiter)
 
     # ---------------------------------------------------------------- the loop
@@ -196,7 +213,17 @@ class OwnerLoop:
         if now >= self._next_tick:
             self.guarded(lambda: self._tick(now))
             self._next_tick = now + TICK_S
+            self._end_orphans()
         self._serve_waiters(now)
+
+    def _end_orphans(self) -> None:
+        """End the waiting calls whose caller went away (a closed connection),
+        so they hold nothing until their deadline."""
+        orphans = [w for w in self._waiters if w.alive is not None and not w.alive()]
+        if orphans:
+            self._waiters = [w for w in self._waiters if w.alive is None or w.alive()]
+            for waiter in orphans:
+                waiter.fail(Unavailable("the caller went away before an answer"))
 
     def run_continuations(self) -> None:
         """Owner thread: run the continuations whose tickets are durable (or failed)."""

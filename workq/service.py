@@ -84,6 +84,9 @@ class WorkqService(Component):
     def start(self) -> None:
         self.broker.start()
 
+    def quiesce(self) -> None:
+        self.broker.quiesce()
+
     def stop(self) -> None:
         self.broker.close()
 

@@ -32,7 +32,7 @@ class Worker:
                  shapes: Sequence[str] | None = None, lanes: Sequence[str | int] | None = None,
                  **options: Any) -> None:
         """``models``/``shapes``/``lanes`` restrict what it leases (None: any);
-        ``options`` go to common.wire.client.RpcClient (timeout, retry_for, ...)."""
+        ``options`` go to common.wire.client.RpcClient (timeout, retry_for, token, tls, ca, ...)."""
         self.worker_id = worker_id
         self._profile = {"worker": worker_id, "models": _listed(models), "shapes": _listed(shapes),
                          "lanes": _listed(lanes)}

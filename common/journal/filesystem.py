@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -10,6 +11,10 @@ from common.units import MiB
 from .config import Preallocate
 
 _ZEROS = bytes(1 * MiB)
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errnos of a full disk (or quota): callers answer them as "disk full", not as a bug."""
+FIT_ALIGN = 4096
+"""A growth cut to what fits (see :func:`grow`) is rounded up to this many bytes."""
 
 
 def fsync_dir(directory: Path) -> None:
@@ -81,15 +86,30 @@ def _write_synced(path: Path, data: bytes | bytearray) -> None:
         os.close(fd)
 
 
-def grow(fd: int, old_size: int, new_size: int, mode: Preallocate) -> None:
-    """Extend a file from ``old_size`` to ``new_size`` bytes of zeros.
+def free_bytes(fd: int) -> int:
+    """Bytes an unprivileged writer may still allocate on ``fd``'s file system."""
+    stat = os.fstatvfs(fd)
+    return stat.f_bavail * stat.f_frsize
+
+
+def grow(fd: int, old_size: int, new_size: int, mode: Preallocate, *, at_least: int | None = None) -> int:
+    """Extend a file from ``old_size`` to ``new_size`` bytes of zeros; returns the new size.
 
     ``sparse`` sets the size only; ``fallocate`` also reserves the blocks
     (so a full disk fails here, before any record is written); ``zero``
     writes zeros so later fdatasyncs have no block allocation to commit.
+    With ``at_least`` (the bytes the caller needs now), a growth the file
+    system's free space cannot hold is cut to ``at_least`` (rounded up to
+    FIT_ALIGN): a nearly full disk still takes a small write, and a whole
+    extent is not needed free after a restart. OSError (ENOSPC) if even
+    that does not fit.
     """
     if new_size <= old_size:
-        return
+        return old_size
+    if at_least is not None and mode != "sparse" and new_size - old_size > free_bytes(fd):
+        new_size = max(old_size, min(new_size, -(-at_least // FIT_ALIGN) * FIT_ALIGN))
+        if new_size <= old_size:
+            return old_size
     if mode == "sparse":
         os.ftruncate(fd, new_size)
     elif mode == "fallocate":
@@ -98,3 +118,4 @@ def grow(fd: int, old_size: int, new_size: int, mode: Preallocate) -> None:
         pos = old_size
         while pos < new_size:
             pos += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), new_size - pos)], pos)
+    return new_size

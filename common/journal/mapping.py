@@ -63,14 +63,14 @@ class MappedFile:
 
     def grow_to(self, need: int, *, extent: int, mode: Preallocate, capacity: int | None) -> None:
         """Make the file at least ``need`` bytes, rounded up to an extent (but
-        not past ``capacity``). Raises OSError (e.g. ENOSPC) unchanged."""
+        not past ``capacity``, nor past what the disk has free: then just
+        ``need``). Raises OSError (e.g. ENOSPC) unchanged."""
         if need <= self.size:
             return
         size = align_up(need, extent)
         if capacity is not None:
             size = max(need, min(size, capacity))
-        filesystem.grow(self.fd, self.size, size, mode)
-        self.size = size
+        self.size = filesystem.grow(self.fd, self.size, size, mode, at_least=need)
         self._remap()
 
     def truncate(self, size: int) -> None:

@@ -4,8 +4,9 @@ Owns the binary framing (``framing``: preamble, frames of a msgpack header
 and raw array parts), the client base with reconnects and pipelining
 (``client``), the contract between the server and the components it hosts
 (``component``), the byte budget that bounds what frames still arriving
-may hold (``budget``) and the errors that cross the wire with a stable code
-(``errors``). docs/protocol.md describes the protocol.
+may hold (``budget``), the errors that cross the wire with a stable code
+(``errors``) and TLS contexts for both ends (``tls``). docs/protocol.md
+describes the protocol, docs/security.md tokens and TLS.
 
 May import: ``common.errors``, ``common.units``; never ``common.journal``,
 ``workq`` or ``shardmgr``.

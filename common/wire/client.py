@@ -6,31 +6,64 @@ Threads: a RpcClient is not thread-safe; use one per thread (they are cheap).
 
 Failures: while the server is down or still recovering (it listens only
 once recovery is done) connecting is retried with exponential backoff for
-``retry_for`` seconds, then :class:`~common.errors.Unavailable` is raised. A
-connection that breaks while requests are in flight raises
-:class:`ConnectionLost`: those requests may or may not have been applied,
-so the client never resends them by itself; the next call reconnects.
+``retry_for`` seconds, then :class:`~common.wire.errors.Unavailable` is
+raised. When the server ends the connection with a goaway frame (id 0,
+``unavailable``: a clean stop, or too many connections), every request
+without an answer raises Unavailable: the server promises it applied none
+of them. A connection that breaks otherwise raises :class:`ConnectionLost`
+for each request in flight: those may or may not have been applied, so the
+client never resends them by itself. Answers that arrived before the end
+can still be received. The next call reconnects.
+
+Security (docs/security.md): with a token (``token=``, or the
+``SHARDMGR_TOKEN`` environment variable) every connection starts with an
+``auth`` request; a refused token raises :class:`~common.wire.errors.Unauthenticated` at once
+(no retry). With ``tls=True`` (implied by ``ca=`` or ``client_cert=``) the
+connection is TLS, the server's certificate checked against ``ca`` (or the
+system's CAs) and the host name; a TLS failure other than the peer going
+away raises :class:`TlsFailed` at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import socket
+import ssl
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import framing
 from .errors import BadFrame, ServiceError, Unavailable, UnsupportedVersion
+from .tls import client_context
+
+TOKEN_ENV = "SHARDMGR_TOKEN"
+"""Environment variable a client takes its token from when given none."""
+
+MAX_CLIENT_SECONDS = 86400.0
+"""Longest timeout, connect timeout or retry period a client takes, in seconds."""
 
 
 class ConnectionLost(Unavailable):
     """The connection broke with requests in flight; they may have applied."""
 
     code = "connection_lost"
+
+
+class TlsFailed(ServiceError):
+    """TLS could not be set up (certificate not trusted, wrong host name,
+    client certificate missing or refused); retrying would not help."""
+
+    code = "tls_failed"
+
+
+#: TLS errors that mean the peer went away (retried like a reset), not a refusal.
+_TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 @dataclasses.dataclass(slots=True)
@@ -57,10 +90,25 @@ class RpcClient:
     def __init__(self, address: str | tuple[str, int], *, timeout: float | None = 30.0,
                  connect_timeout: float = 5.0, retry_for: float = 30.0,
                  max_frame_bytes: int = framing.DEFAULT_MAX_FRAME_BYTES,
-                 on_connect: Callable[[RpcClient], None] | None = None) -> None:
+                 on_connect: Callable[[RpcClient], None] | None = None, token: str | None = None,
+                 tls: bool | ssl.SSLContext = False, ca: str | Path | None = None,
+                 client_cert: str | Path | None = None, client_key: str | Path | None = None) -> None:
         """``timeout`` bounds each wait for a response (None: forever);
-        ``on_connect`` runs after every (re)connect, before any queued call."""
+        ``on_connect`` runs after every (re)connect, before any queued call.
+        ``token`` defaults to ``$SHARDMGR_TOKEN``; ``""`` (or an empty or unset variable) is none.
+        ``tls``: True, or a ready SSLContext; ``ca`` (PEM CA file, default
+        the system's) and ``client_cert``/``client_key`` imply TLS."""
+        for name, seconds in (("timeout", 0.0 if timeout is None else timeout),
+                              ("connect_timeout", connect_timeout), ("retry_for", retry_for)):
+            if not 0 <= seconds <= MAX_CLIENT_SECONDS:  # also NaN
+                raise ValueError(f"{name} must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {seconds!r}")
         self.address = parse_address(address)
+        self.token = (token if token is not None else os.environ.get(TOKEN_ENV)) or None
+        self.tls: ssl.SSLContext | None = None
+        if isinstance(tls, ssl.SSLContext):
+            self.tls = tls
+        elif tls or ca is not None or client_cert is not None:
+            self.tls = client_context(ca, client_cert, client_key)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retry_for = retry_for
@@ -70,7 +118,8 @@ class RpcClient:
         self._reader: framing.FrameReader | None = None
         self._ids = itertools.count(1)
         self._waiting: set[int] = set()
-        self._early: dict[int, framing.Frame] = {}
+        self._early: dict[int, framing.Frame] = {}  # answers read before their receive()
+        self._ended: dict[int, ServiceError] = {}  # requests the end of a connection left unanswered
         self._connecting = False
 
     # ------------------------------------------------------------- connection
@@ -85,6 +134,14 @@ class RpcClient:
             try:
                 self._open()
                 break
+            except ssl.SSLError as exc:
+                if not isinstance(exc, _TRANSIENT_TLS):
+                    raise TlsFailed(f"TLS with {self._where()} failed: {exc}") from exc
+                if time.monotonic() + delay > deadline:
+                    raise Unavailable(f"cannot reach {self._where()} after {self.retry_for:g} s: {exc} "
+                                      f"(is it a TLS server?)") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
             except (ConnectionRefusedError, ConnectionResetError, TimeoutError, OSError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise Unavailable(f"cannot reach {self._where()} after {self.retry_for:g} s: {exc}") from exc
@@ -101,26 +158,49 @@ class RpcClient:
         sock = socket.create_connection(self.address, timeout=self.connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the TLS handshake runs here, under connect_timeout
+                sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
             sock.sendall(framing.preamble())
             reader = framing.FrameReader(sock, self.max_frame_bytes)
             data = reader.read_exact(framing.PREAMBLE.size)
             if data is None:
-                raise ConnectionResetError("server closed the connection during the handshake")
+                hint = "" if self.tls is not None else " (a TLS server does that to plain clients: tls=True?)"
+                raise ConnectionResetError(f"server closed the connection during the handshake{hint}")
             version = framing.parse_preamble(data)
             if version != framing.PROTOCOL_VERSION:
                 raise UnsupportedVersion(f"server speaks protocol {version}, this client {framing.PROTOCOL_VERSION}")
+            if self.token is not None:
+                self._authenticate(sock, reader)
             sock.settimeout(self.timeout)
         except BaseException:
             sock.close()
             raise
         self._sock, self._reader = sock, reader
 
+    def _authenticate(self, sock: socket.socket, reader: framing.FrameReader) -> None:
+        """Send ``auth`` with the token and wait for its answer (still under connect_timeout)."""
+        request_id = next(self._ids)
+        framing.send_buffers(sock, framing.encode({"id": request_id, "cmd": "auth", "args": {"token": self.token}}))
+        frame = reader.read()
+        if frame is None:
+            raise ConnectionResetError("server closed the connection during authentication")
+        if "error" in frame.header:
+            error = frame.header["error"]
+            raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))
+        if frame.header.get("id") != request_id:
+            raise BadFrame(f"expected the answer to auth (id {request_id}), got {frame.header!r}")
+
     def close(self) -> None:
+        """Close the connection; requests in flight are forgotten."""
+        self._drop_socket()
+        self._waiting.clear()
+        self._early.clear()
+        self._ended.clear()
+
+    def _drop_socket(self) -> None:
         if self._sock is not None:
             self._sock.close()
         self._sock = self._reader = None
-        self._waiting.clear()
-        self._early.clear()
 
     def __enter__(self) -> RpcClient:
         return self
@@ -147,45 +227,97 @@ class RpcClient:
         if args:
             header["args"] = args
         buffers = framing.encode(header, parts)
+        self._waiting.add(request_id)
         try:
             framing.send_buffers(self._sock, buffers)
         except OSError as exc:
-            self._lost(exc)
-        self._waiting.add(request_id)
+            self._end(self._salvage(exc))
+            raise self._ended.pop(request_id) from exc
         return request_id
 
     def receive(self, request_id: int) -> Reply:
         """Wait for the reply to ``request_id`` (replies may come in any order)."""
-        if request_id not in self._waiting:
-            raise ValueError(f"request {request_id} was not sent on this connection or was already received")
         frame = self._early.pop(request_id, None)
+        if frame is None and request_id in self._ended:
+            raise self._ended.pop(request_id)
+        if frame is None and request_id not in self._waiting:
+            raise ValueError(f"request {request_id} was not sent on this connection or was already received")
         while frame is None:
             got = self._read_frame()
+            if got is None:
+                raise self._ended.pop(request_id)
             got_id = got.header.get("id")
             if got_id == request_id:
                 frame = got
             elif got_id in self._waiting:
                 self._early[got_id] = got
             elif "error" in got.header:  # a connection-level error (id 0): the server is closing us
-                error = got.header["error"]
-                self._lost(ServiceError.from_wire(str(error.get("code")), str(error.get("message"))))
+                self._end(_connection_error(got.header["error"], self._where()))
+                raise self._ended.pop(request_id)
         self._waiting.discard(request_id)
         if "error" in frame.header:
             error = frame.header["error"]
             raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))
         return Reply(frame.header.get("ok") or {}, frame.parts)
 
-    def _read_frame(self) -> framing.Frame:
+    def _read_frame(self) -> framing.Frame | None:
+        """The next frame; None once a broken connection was ended
+        (ConnectionLost for every request it left unanswered)."""
         try:
             got = self._reader.read()  # type: ignore[union-attr]
+            if got is None:
+                raise ConnectionResetError("server closed the connection")
         except (OSError, BadFrame) as exc:
-            self._lost(exc)
-        if got is None:
-            self._lost(ConnectionResetError("server closed the connection"))
+            self._end(self._lost(exc))
+            return None
         return got
 
-    def _lost(self, cause: BaseException) -> NoReturn:
-        pending = len(self._waiting)
-        self.close()
-        raise ConnectionLost(f"connection to {self._where()} lost with {pending} request(s) in flight: "
-                             f"{cause}") from cause
+    def _salvage(self, cause: OSError) -> ServiceError:
+        """A send failed: read what the server sent before it closed (answers,
+        and perhaps its goaway) and return the error for the rest."""
+        try:
+            self._sock.settimeout(0.5)  # type: ignore[union-attr]
+            while True:
+                got = self._reader.read()  # type: ignore[union-attr]
+                if got is None:
+                    break
+                got_id = got.header.get("id")
+                if got_id in self._waiting:
+                    self._early[got_id] = got
+                    self._waiting.discard(got_id)
+                elif "error" in got.header:
+                    return _connection_error(got.header["error"], self._where())
+        except (OSError, BadFrame):
+            pass
+        return self._lost(cause)
+
+    def _lost(self, cause: BaseException) -> ConnectionLost:
+        error = ConnectionLost(f"connection to {self._where()} lost with {len(self._waiting)} request(s) in "
+                               f"flight: {cause}")
+        error.__cause__ = cause
+        return error
+
+    def _end(self, error: ServiceError) -> None:
+        """The connection is over: every request without an answer gets ``error``."""
+        self._drop_socket()
+        for request_id in self._waiting:
+            if request_id not in self._early:
+                self._ended[request_id] = _copy(error)
+        self._waiting.clear()
+
+
+def _connection_error(error: dict[str, Any], where: str) -> ServiceError:
+    """What an id-0 error frame means for the requests it leaves unanswered:
+    ``unavailable`` (a goaway) promises they were not applied; any other code
+    (the server rejected the stream) leaves that unknown."""
+    code, message = str(error.get("code")), str(error.get("message"))
+    if code == Unavailable.code:
+        return Unavailable(f"{where}: {message}")
+    return ConnectionLost(f"connection to {where} closed by the server: {code}: {message}")
+
+
+def _copy(error: ServiceError) -> ServiceError:
+    """A fresh exception per request (one raised twice would grow its traceback)."""
+    copy = type(error)(error.message)
+    copy.__cause__ = error.__cause__
+    return copy

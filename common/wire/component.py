@@ -139,6 +139,13 @@ class Component(abc.ABC):
     def start(self) -> None:
         """Start owner threads; runs after every component recovered."""
 
+    def quiesce(self) -> None:
+        """The server is stopping: answer waiting calls now (a long-poll
+        answers what it has, perhaps nothing) instead of at their deadline.
+        The server applies no new request from now on, but calls already
+        made (and the ``on_sent`` callbacks of replies still being written)
+        must keep working until :meth:`stop`."""
+
     def stop(self) -> None:
         """Finish or fail in-flight requests, flush and close. Idempotent."""
 

@@ -82,6 +82,14 @@ class Full(ServiceError):
     code = "full"
 
 
+class DiskFull(Full):
+    """The data disk is full (or below the queue's free-space floor); nothing
+    was written. The message says which file and how many bytes were needed.
+    The work queue and the vector store answer the same code."""
+
+    code = "disk_full"
+
+
 class BadFrame(ServiceError):
     """Bytes on the connection do not form a valid frame; the connection closes."""
 
@@ -118,3 +126,15 @@ class Internal(ServiceError):
     """The server hit a bug; the message says where. The request may or may not have applied."""
 
     code = "internal"
+
+
+class Unauthenticated(ServiceError):
+    """The server requires a token and none, or a wrong one, was given; the connection closes."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(ServiceError, PermissionError):
+    """The connection's token has no role that allows this command; the connection stays open."""
+
+    code = "forbidden"

@@ -50,6 +50,14 @@ PART_ALIGN = 8
 DEFAULT_MAX_FRAME_BYTES = 256 << 20
 DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 """dtypes a part may have (numpy's ``dtype.str`` spelling)."""
+MAX_PARTS = 64
+"""Most parts one frame may carry (the commands use at most eight)."""
+MAX_PART_NAME = 64
+"""Longest part name, in characters (names are unique in a frame, at least one character)."""
+MAX_RANK = 8
+"""Most dimensions a part may have (numpy itself stops at 64)."""
+MAX_DIM = 2**40
+"""Every dimension of a part is below this (so a shape's product stays a plain integer check)."""
 
 READ_BUFFER_BYTES = 16 << 10
 """Each reader's own buffer (resident for the connection's life): frames up
@@ -58,10 +66,20 @@ FIRST_STEP_BYTES = 8 << 20
 """A larger frame's memory starts at most this big and doubles as its bytes
 arrive: frames up to this size are received with no copy."""
 _TIMEVAL = struct.Struct("@ll")
+TLS_COALESCE_BYTES = 64 << 10
+"""On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
 
 
 def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
-    """Write the buffers completely with ``sendmsg`` (handles partial sends)."""
+    """Write the buffers completely with ``sendmsg`` (handles partial sends).
+
+    TLS sockets have no ``sendmsg``: there, runs of small buffers are joined
+    (one TLS record and one syscall for many small frames) and large ones
+    are sent as they are, without a copy (docs/benchmarks.md measures it).
+    """
+    if isinstance(sock, ssl.SSLSocket):
+        _send_tls(sock, buffers)
+        return
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
         sent = sock.sendmsg(views[:1024])
@@ -72,6 +90,25 @@ def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
             else:
                 views[0] = views[0][sent:]
                 sent = 0
+
+
+def _send_tls(sock: ssl.SSLSocket, buffers: list[bytes | memoryview]) -> None:
+    pending: list[bytes | memoryview] = []
+    pending_bytes = 0
+    for buffer in buffers:
+        if len(buffer) >= TLS_COALESCE_BYTES:
+            if pending:
+                sock.sendall(b"".join(pending))
+                pending, pending_bytes = [], 0
+            sock.sendall(buffer)
+            continue
+        pending.append(buffer)
+        pending_bytes += len(buffer)
+        if pending_bytes >= TLS_COALESCE_BYTES:
+            sock.sendall(b"".join(pending))
+            pending, pending_bytes = [], 0
+    if pending:
+        sock.sendall(b"".join(pending))
 
 
 class Receiver(Protocol):
@@ -107,8 +144,13 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
     size = 0
     if parts:
         specs = []
+        if len(parts) > MAX_PARTS:
+            raise ValueError(f"a frame carries at most {MAX_PARTS} parts, got {len(parts)}")
         for name, array in parts.items():
             array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
+            if array.ndim > MAX_RANK or not 0 < len(name) <= MAX_PART_NAME:
+                raise ValueError(f"part {name!r} of shape {array.shape}: frames carry parts of at most "
+                                 f"{MAX_RANK} dimensions, named by 1-{MAX_PART_NAME} characters")
             dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
             if dtype.str not in DTYPES:
                 raise TypeError(f"part {name!r} has dtype {array.dtype}, which frames cannot carry")
@@ -130,14 +172,20 @@ def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
     """Check ``parts`` specs against the body and return read-only array views."""
     if not isinstance(specs, list):
         raise BadFrame("header 'parts' must be a list of [name, dtype, shape]")
+    if len(specs) > MAX_PARTS:
+        raise BadFrame(f"a frame carries at most {MAX_PARTS} parts, got {len(specs)}")
     parts: dict[str, np.ndarray] = {}
     offset = 0
     for spec in specs:
         if (not isinstance(spec, list) or len(spec) != 3 or not isinstance(spec[0], str)
-                or not isinstance(spec[1], str) or spec[1] not in DTYPES or not isinstance(spec[2], list)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in spec[2])):
-            raise BadFrame(f"bad part spec {spec!r}: expected [name, dtype in {sorted(DTYPES)}, [dims >= 0]]")
+                or not 0 < len(spec[0]) <= MAX_PART_NAME or not isinstance(spec[1], str) or spec[1] not in DTYPES
+                or not isinstance(spec[2], list) or len(spec[2]) > MAX_RANK
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_DIM for d in spec[2])):
+            raise BadFrame(f"bad part spec {_clipped(spec)}: expected [name of 1-{MAX_PART_NAME} characters, "
+                           f"dtype in {sorted(DTYPES)}, at most {MAX_RANK} dims each in 0..2**40-1]")
         name, dtype, shape = spec
+        if name in parts:
+            raise BadFrame(f"part name {name!r} appears twice in the frame's parts")
         offset += -offset % PART_ALIGN
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if offset + nbytes > len(body):
@@ -148,6 +196,12 @@ def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
     if offset != len(body):
         raise BadFrame(f"the body has {len(body)} bytes but its parts describe {offset}")
     return parts
+
+
+def _clipped(spec: Any) -> str:
+    """A part spec for an error message, cut short (a spec may be as large as the header)."""
+    text = repr(spec)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def decode(frame: memoryview, header_size: int) -> Frame:
@@ -242,6 +296,15 @@ class FrameReader:
             assert self._budget is not None
             self._budget.release(self._charged)
             self._charged = 0
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """Frames larger than this are refused (FrameTooLarge); may be changed between frames."""
+        return self._max
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self._max = value
 
     def frame_buffered(self) -> bool:
         """True if a whole frame is already buffered (the next read won't block)."""

@@ -4,7 +4,8 @@ port: ``shardmgr serve``.
 Owns the server's configuration (``config``), the server and its start-up
 and stop order (``server``), one connection's reader and writer threads
 (``connection``), the server's own commands (``control``), Prometheus
-metrics (``metrics``) and the readiness file (``readiness``).
+metrics (``metrics``), the readiness file (``readiness``), tokens and the
+command-to-role table (``auth``) and protected mode (``exposure``).
 
 May import: ``common``, ``workq`` (its service component), ``shardmgr.store``;
 never ``shardmgr.verification``.

@@ -20,6 +20,8 @@ from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 from shardmgr.store.config import StoreConfig
 from workq.config import WorkqConfig
 
+from . import exposure
+
 DEFAULT_PORT = 7300
 SUGGESTED_METRICS_PORT = 7301
 
@@ -50,9 +52,10 @@ class ServerConfig:
     handshake_timeout_s: float = 10.0
     #: Connections beyond this are refused with an ``unavailable`` error.
     max_connections: int = 4096
-    #: Seconds SIGTERM waits for in-flight requests and unsent responses.
-    shutdown_grace_s: float = 10.0
-    #: Prometheus metrics HTTP port on ``host``; None (default) is off.
+    #: Seconds a clean stop (SIGTERM) may take: in-flight requests are
+    #: answered and replies sent within it; what is left then is cut off.
+    shutdown_timeout_s: float = 10.0
+    #: Prometheus metrics HTTP port on ``metrics_host``; None (default) is off.
     #: The documented choice is 7301.
     metrics_port: int | None = None
     #: Python logging level name.
@@ -71,6 +74,21 @@ class ServerConfig:
     workq: WorkqConfig = WorkqConfig()
     #: The vector store's settings (TOML table ``[store]``).
     store: StoreConfig = StoreConfig()
+    #: Tokens file (server/auth.py): when set, every connection must
+    #: authenticate and each command needs a role. None: no tokens (loopback only).
+    auth_file: Path | None = None
+    #: Start on a non-loopback ``host``/``metrics_host`` without ``auth_file``
+    #: (protected mode, server/exposure.py); a warning is logged at every start.
+    insecure: bool = False
+    #: Address of the metrics endpoint; loopback by default, under the same
+    #: protected-mode rule as ``host``. The endpoint itself checks no tokens.
+    metrics_host: str = "127.0.0.1"
+    #: PEM certificate chain and private key: when set, connections use TLS.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: PEM CA file: when set (with ``tls_cert``), clients must present a
+    #: certificate signed by it (mutual TLS).
+    tls_client_ca: Path | None = None
 
     @property
     def flusher(self) -> FlusherConfig:
@@ -95,21 +113,31 @@ class ServerConfig:
             raise ValueError(f"flush_interval_ms must be in 0.1..60000, got {self.flush_interval_ms}")
         if not 4096 <= self.max_frame_bytes <= 2**32 - 1:
             raise ValueError(f"max_frame_bytes must be in 4096..{2**32 - 1}, got {self.max_frame_bytes}")
-        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_grace_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_timeout_s", "frame_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:  # also NaN
+                raise ValueError(f"{name} must be a positive, finite number of seconds, got {getattr(self, name)}")
         if self.max_connections < 1 or self.max_outbox_bytes < self.max_frame_bytes:
             raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
         if self.max_inflight_bytes is not None and self.max_inflight_bytes < 2 * self.max_frame_bytes:
             raise ValueError(f"max_inflight_bytes must be at least 2 x max_frame_bytes ({2 * self.max_frame_bytes}) "
                              f"so that a largest frame can always arrive, got {self.max_inflight_bytes}")
-        if not (math.isfinite(self.frame_timeout_s) and self.frame_timeout_s > 0):
-            raise ValueError(f"frame_timeout_s must be a positive number of seconds, got {self.frame_timeout_s}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
         self.workq.validate().fitted_to_frame(self.max_frame_bytes)
         self.store.validate()
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key (client certificates are a TLS feature)")
+        refusal = exposure.refusal(self.listen_addresses, self.auth_file is not None, self.insecure)
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
+
+    @property
+    def listen_addresses(self) -> dict[str, str]:
+        """The addresses this configuration listens on, by setting name."""
+        return {"host": self.host, **({"metrics_host": self.metrics_host} if self.metrics_port is not None else {})}
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> ServerConfig:
@@ -123,7 +151,7 @@ class ServerConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ValueError(f"unknown configuration keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-        for name in ("data_dir", "ready_file"):
+        for name in ("data_dir", "ready_file", "auth_file", "tls_cert", "tls_key", "tls_client_ca"):
             if name in values:
                 values[name] = Path(values[name])
         for table, kind in (("workq", WorkqConfig), ("store", StoreConfig)):

@@ -9,15 +9,35 @@ the outbox and the writer thread sends them, so an owner thread never
 blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
 written.
 
+With a tokens file (auth.py), the first frame after the preambles must be
+``auth`` with a valid token, within ``handshake_timeout_s`` and at most
+``MAX_AUTH_FRAME_BYTES`` (a larger one gets ``frame_too_large``); any other
+frame, or a wrong token, gets ``unauthenticated`` (with the request's id)
+and the connection closes. ``auth`` may be sent again later to change the
+connection's roles. On a TLS socket the TLS handshake comes first, under
+the same timeout.
+
 Bad bytes end the connection: the server sends an error frame with id 0
 (``bad_frame``, ``frame_too_large``, ``unsupported_version``) and closes. A
 client that stops reading is closed once its queued replies pass
-``max_outbox_bytes`` or a send blocks for ``send_timeout_s``. A frame must
-arrive whole within ``frame_timeout_s`` of its first byte (``frame_timeout``
-error, then closed); the memory of frames still arriving is charged to the
-server-wide ``budget`` (``max_inflight_bytes``) until the frame is dispatched.
+``max_outbox_bytes`` or a send blocks for ``send_timeout_s``. The end of
+the client's stream (it closed) closes the connection at once: replies not
+yet sent are dropped, and whatever its requests wait for ends with it. A
+frame must arrive whole within ``frame_timeout_s`` of its first byte
+(``frame_timeout`` error, then closed); the memory of frames still arriving
+is charged to the server-wide ``budget`` (``max_inflight_bytes``) until the
+frame is dispatched.
 
-Threads: ``_lock``/``_cond`` guard the outbox, ``_writing`` and ``_closed``.
+A clean stop (:meth:`Connection.drain`) keeps reading, but the server
+answers every request read from then on with ``unavailable`` without
+applying it. Once every request read before has been answered and its
+reply written (``on_sent`` run), the connection sends a *goaway* frame (id
+0, ``unavailable``) and shuts its sending side: the client then knows that
+no request it has no answer to was applied.
+
+Threads: ``_lock``/``_cond`` guard the outbox, ``_pending``, ``_writing``
+(some thread is sending: one at a time), ``_handshaken``, ``_draining``,
+``_goaway_sent`` and ``_closed``.
 """
 
 from __future__ import annotations
@@ -26,6 +46,7 @@ import collections
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -36,8 +57,9 @@ import numpy as np
 from common.wire import framing
 from common.wire.budget import ByteBudget
 from common.wire.component import OnSent, Request
-from common.wire.errors import BadFrame, BadRequest, ServiceError, UnsupportedVersion
+from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
 
+from .auth import MAX_AUTH_FRAME_BYTES, OPEN, Authenticator, Principal
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +67,14 @@ log = logging.getLogger(__name__)
 HELD_REPLIES = 256
 """Replies the reader thread may hold back to send in one sendmsg."""
 
-Dispatch = Callable[[Request], None]
+CLOSE_WAIT_S = 10.0
+"""Longest close() waits for a write under way (a shut-down socket ends it at once)."""
+
+GOAWAY = {"id": 0, "error": {"code": "unavailable",
+                             "message": "the server is stopping: requests not answered were not applied; retry"}}
+"""The last frame of a clean stop (docs/protocol.md)."""
+
+Dispatch = Callable[[Request, Principal], None]
 CountError = Callable[[str], None]
 
 
@@ -54,7 +83,7 @@ class Connection:
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
                  on_close: Callable[[Connection], None], count_error: CountError,
-                 budget: ByteBudget | None = None) -> None:
+                 auth: Authenticator | None = None, budget: ByteBudget | None = None) -> None:
         self.peer = peer
         self.sock = sock
         self.requests = 0
@@ -65,14 +94,20 @@ class Connection:
         self._on_close = on_close
         self._count_error = count_error
         self._budget = budget
+        self._auth = auth if auth is not None else Authenticator(None)
+        # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
+        self._principal: Principal | None = None if self._auth.required else OPEN
+        self._frames: framing.FrameReader | None = None  # the reader thread's, while its frame limit is lowered
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
         self._outbox_bytes = 0
         self._writing = False  # some thread is inside sendmsg for this socket
-        self._pending = 0  # requests dispatched and not yet answered
+        self._pending = 0  # requests dispatched whose replies are not yet in the outbox or sent
         self._held: list[tuple[list[bytes | memoryview], int, OnSent | None]] = []  # reader thread only
-        self._reads_done = False
+        self._handshaken = False  # our preamble is (being) sent
+        self._draining = False
+        self._goaway_sent = False
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
@@ -97,9 +132,11 @@ class Connection:
             while True:
                 frame = reader.read()
                 if frame is None:
-                    break
+                    break  # the client closed: nobody is left to answer
                 self.bytes_in += frame.size
-                self._serve(frame)
+                if not self._serve(frame):
+                    self._flush_held()  # the refusal, before the close
+                    break
                 reader.release()  # dispatched: what it holds is the component's now
                 if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
                     self._flush_held()
@@ -108,39 +145,58 @@ class Connection:
             self._count_error(exc.code)
             self._flush_held()
             self._send_now({"id": 0, "error": {"code": exc.code, "message": exc.message}})
-            self.close()
-        except OSError as exc:  # reset, timeout, or our own close()
+        except OSError as exc:  # reset, a stream cut inside a frame, or our own close()
             if not self._closed:
                 log.info("connection %s ended: %s", self.peer, exc)
         except Exception:  # a bug: lose this connection, never the server
             log.exception("closing %s after an unexpected error", self.peer)
-            self.close()
         finally:
             reader.release()
-            self._flush_held()
-            with self._cond:
-                self._reads_done = True
-                self._cond.notify_all()
+            self.close()
 
     def _handshake(self, reader: framing.FrameReader) -> bool:
         self.sock.settimeout(self._config.handshake_timeout_s)
+        if isinstance(self.sock, ssl.SSLSocket):
+            try:
+                self.sock.do_handshake()
+            except (OSError, ValueError) as exc:  # a plain-TCP client, a bad certificate, a timeout
+                log.info("closing %s: TLS handshake failed: %s", self.peer, exc)
+                self._count_error("tls_handshake")
+                self.close()
+                return False
         data = reader.read_exact(framing.PREAMBLE.size)
         if data is None:
             return False
         try:
             version = framing.parse_preamble(data)
         except BadFrame as exc:  # not our protocol at all: no frame would be understood
-            log.warning("closing %s: %s", self.peer, exc)
+            hint = " (a TLS handshake: this server has no --tls-cert)" if data[:2] == b"\x16\x03" else ""
+            log.warning("closing %s: %s%s", self.peer, exc, hint)
             self.close()
             return False
-        self.sock.settimeout(None)
-        self._send_now(framing.preamble())
+        if self._principal is not None:
+            self.sock.settimeout(None)
+        else:  # the auth frame stays under the handshake timeout, and small
+            self._frames = reader
+            reader.max_frame_bytes = MAX_AUTH_FRAME_BYTES
+        with self._cond:
+            if self._goaway_sent:  # the server began to stop first: no request will be read
+                return False
+            self._handshaken = self._writing = True  # in one step: a goaway can only follow the preamble
+        try:
+            with contextlib.suppress(OSError):
+                framing.send_buffers(self.sock, [framing.preamble()])
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
         if version != framing.PROTOCOL_VERSION:
             raise UnsupportedVersion(f"client speaks protocol {version}; this server speaks "
                                      f"{framing.PROTOCOL_VERSION}")
         return True
 
-    def _serve(self, frame: framing.Frame) -> None:
+    def _serve(self, frame: framing.Frame) -> bool:
+        """Dispatch one request frame; False if the connection must stop reading."""
         header = frame.header
         request_id, cmd, args = header.get("id"), header.get("cmd"), header.get("args", {})
         if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**63:
@@ -151,8 +207,31 @@ class Connection:
             self._pending += 1
         if not isinstance(cmd, str) or not isinstance(args, dict):
             request.fail(BadRequest(f"request {request_id}: 'cmd' must be a string and 'args' a map"))
-            return
-        self._dispatch(request)
+            return True
+        if cmd == "auth" or self._principal is None:
+            return self._authenticate(request)
+        self._dispatch(request, self._principal)
+        return True
+
+    def _authenticate(self, request: Request) -> bool:
+        """Serve ``auth`` (or refuse a request sent before it); False if the connection must close."""
+        if request.cmd != "auth":
+            request.fail(Unauthenticated(f"{request.cmd}: this server requires a token; send 'auth' first "
+                                         f"(clients: token= or SHARDMGR_TOKEN)"))
+            return False
+        principal = self._auth.authenticate(request.args.get("token"))
+        if principal is None:
+            log.warning("closing %s: authentication failed", self.peer)
+            request.fail(Unauthenticated("auth: the token is not valid on this server"))
+            return False
+        if self._principal is None:
+            self.sock.settimeout(None)
+            if self._frames is not None:
+                self._frames.max_frame_bytes = self._config.max_frame_bytes
+            log.debug("%s authenticated as %s", self.peer, principal.name)
+        self._principal = principal
+        request.reply({"name": principal.name, "roles": sorted(principal.roles), "required": self._auth.required})
+        return True
 
     # ------------------------------------------------------------------ writing
 
@@ -176,13 +255,12 @@ class Connection:
             size, on_sent = sum(len(b) for b in buffers), None
         entry = (buffers, size, on_sent)
         if threading.current_thread() is self._reader:
-            with self._cond:
-                self._pending -= 1
-            self._held.append(entry)  # sent by _flush_held, batched with its neighbours
+            self._held.append(entry)  # sent by _flush_held, batched with its neighbours; pending until then
             return
         with self._cond:
             self._pending -= 1
-            if self._closed:
+            if self._closed or self._goaway_sent:
+                self._cond.notify_all()
                 return
             overflow = self._outbox_bytes + size > self._config.max_outbox_bytes
             if not overflow:
@@ -199,7 +277,9 @@ class Connection:
         if not held:
             return
         with self._cond:
-            if self._closed:
+            self._pending -= len(held)
+            if self._closed or self._goaway_sent:
+                self._cond.notify_all()
                 return
             direct = not self._outbox and not self._writing
             if direct:
@@ -212,13 +292,29 @@ class Connection:
             self._write(held)
 
     def _send_now(self, data: bytes | dict[str, Any]) -> None:
-        """Best-effort immediate write from the reader thread (handshake, errors)."""
+        """Best-effort immediate write of one frame or preamble (handshake,
+        connection errors, the goaway), never interleaved with another write."""
         buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
-        with contextlib.suppress(OSError):
-            framing.send_buffers(self.sock, buffers)
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing or self._closed, self._config.send_timeout_s)
+            if self._closed or self._writing:
+                return
+            self._writing = True
+        try:
+            with contextlib.suppress(OSError):
+                framing.send_buffers(self.sock, buffers)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
     def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
-        """Send a batch (caller set ``_writing``); run callbacks; clear ``_writing``."""
+        """Send a batch (caller set ``_writing``); run callbacks; clear ``_writing``.
+
+        The callbacks run before ``_writing`` clears, and :meth:`close` waits
+        for that: a client may read a reply and close before this thread
+        runs the next line, and its close must not undo the reply's
+        ``on_sent`` (which would hand its results out again)."""
         try:
             framing.send_buffers(self.sock, [b for buffers, _, _ in batch for b in buffers])
             self.bytes_out += sum(size for _, size, _ in batch)
@@ -227,48 +323,74 @@ class Connection:
             if not self._closed:
                 log.info("closing %s: send failed: %s", self.peer, exc)
             sent = False
+        if sent:
+            for _, _, on_sent in batch:
+                if on_sent is not None:
+                    try:
+                        on_sent()
+                    except Exception:  # a callback bug must not kill the connection's writer
+                        log.exception("on_sent callback failed for %s", self.peer)
         with self._cond:
             self._writing = False
-            if self._outbox or self._finished():
-                self._cond.notify_all()
+            self._cond.notify_all()
         if not sent:
             self.close()
-            return
-        for _, _, on_sent in batch:
-            if on_sent is not None:
-                try:
-                    on_sent()
-                except Exception:  # a callback bug must not kill the connection's writer
-                    log.exception("on_sent callback failed for %s", self.peer)
 
     def _write_loop(self) -> None:
-        """Send queued replies; end when closed, or when reads are done and
-        every dispatched request has been answered and sent."""
+        """Send queued replies until the connection closes; when draining,
+        send the goaway once every reply is out."""
         while True:
             with self._cond:
-                while not self._closed and (self._writing or not self._outbox) and not self._finished():
+                while not self._closed and (self._writing or not self._outbox) and not self._goaway_due():
                     self._cond.wait()
-                if self._closed or not self._outbox:
+                if self._closed:
+                    return
+                if self._goaway_due():
+                    self._goaway_sent = True  # under the lock: a handshake after this sends no preamble
                     break
                 batch = list(self._outbox)
                 self._outbox.clear()
                 self._outbox_bytes = 0
                 self._writing = True
             self._write(batch)
-        self.close()
+        if not self._handshaken:
+            self.close()  # it never got a preamble: to its client this is a refused connection
+            return
+        self._send_now(GOAWAY)
+        with contextlib.suppress(OSError):  # the client reads the goaway, then the end of the stream
+            # socket.socket's shutdown, not SSLSocket's: that one also drops the TLS state,
+            # and what the client still sends could no longer be read.
+            socket.socket.shutdown(self.sock, socket.SHUT_WR)
+        with self._cond:
+            self._cond.notify_all()
 
-    def _finished(self) -> bool:
-        return self._reads_done and not self._pending and not self._outbox and not self._writing
+    def _goaway_due(self) -> bool:
+        return (self._draining and not self._goaway_sent and not self._pending and not self._outbox
+                and not self._writing)
 
     # ------------------------------------------------------------------ closing
 
-    def stop_reading(self) -> None:
-        """Take no more requests; replies still being produced are sent."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RD)
+    def drain(self) -> None:
+        """Begin a clean stop (any thread): the goaway follows the last reply
+        to what was read so far. The server refuses what is read later."""
+        with self._cond:
+            self._draining = True
+            self._cond.notify_all()
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait until the goaway went out (or the connection closed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._goaway_sent or self._closed, timeout)
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until the connection closed (the client closed its end); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed, timeout)
 
     def close(self) -> None:
-        """Close at once; queued replies are dropped (their on_sent never runs)."""
+        """Close at once; queued replies are dropped (their on_sent never
+        runs). A write under way ends first (the shutdown cuts a blocked
+        send short), so a reply that was sent keeps its on_sent."""
         with self._cond:
             if self._closed:
                 return
@@ -278,6 +400,9 @@ class Connection:
             self._cond.notify_all()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S):
+                log.error("closing %s: a write did not end within %.0f s", self.peer, CLOSE_WAIT_S)
         self.sock.close()
         self._on_close(self)
 
@@ -288,3 +413,24 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def refuse(sock: socket.socket, message: str) -> None:
+    """Turn a new connection away with the documented answer: the server's
+    preamble, then an ``unavailable`` error frame with id 0, then close.
+    Never blocks for long: the socket is new, so its send buffer is empty.
+    A TLS connection is only closed: its handshake would have to run here,
+    on the acceptor, for a peer that may never finish it."""
+    try:
+        if isinstance(sock, ssl.SSLSocket):
+            return
+        sock.settimeout(0.5)
+        with contextlib.suppress(BlockingIOError):
+            sock.recv(framing.PREAMBLE.size, socket.MSG_DONTWAIT)  # read what came, so the close sends no reset
+        frame = framing.encode({"id": 0, "error": {"code": "unavailable", "message": message}})
+        framing.send_buffers(sock, [framing.preamble(), *frame])
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        sock.close()

@@ -7,11 +7,16 @@ then open the listening socket and write the ready file (readiness.py).
 Until that last step connection attempts are refused, so a client never
 talks to a half-recovered server.
 
-Stop (SIGTERM/SIGINT or :meth:`Server.stop`): remove the ready file, close
-the listening socket, stop reading new requests, let components finish or
-fail what is in flight, send the replies already produced (up to
-``shutdown_grace_s``), close the connections, flush and close every
-journal, release the LOCK.
+Stop (SIGTERM/SIGINT or :meth:`Server.stop`), all within
+``shutdown_timeout_s``: remove the ready file and stop accepting; from now
+on every request read is answered ``unavailable`` without being applied.
+Components answer their waiting calls (:meth:`Component.quiesce`). Each
+connection writes its remaining replies (so results written to a consumer
+are marked delivered), then a goaway frame (connection.py); the clients
+close. Then the connections are closed, every component stops (the queue
+records the delivered marks and flushes), the flusher makes the rest
+durable and the LOCK is released. A second SIGTERM/SIGINT during the stop
+flushes what was written and exits at once with status 1.
 
 Threads: an acceptor thread; per connection a reader and a writer thread
 (connection.py); per component its own owner threads; the flusher. The
@@ -21,32 +26,46 @@ server's own state (the set of connections, counters) is guarded by
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import resource
 import signal
 import socket
+import ssl
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from common.journal import Flusher
 from common.journal.lockfile import LockFile
+from common.wire import tls
 from common.wire.budget import ByteBudget
 from common.wire.component import Component, Request
-from common.wire.errors import Internal, ServiceError, Unavailable, UnknownCommand
+from common.wire.errors import Forbidden, Internal, ServiceError, Unavailable, UnknownCommand
 from shardmgr.store.service import StoreService
 from workq.service import WorkqService
 
-from . import readiness
+from . import exposure, readiness
+from .auth import COMMAND_ROLES, OPEN, Authenticator, Principal
 from .config import ServerConfig
-from .connection import Connection
+from .connection import Connection, refuse
 from .control import Control
 
 log = logging.getLogger(__name__)
 
 SIGNAL_POLL_S = 0.2
 """Longest a SIGTERM or SIGINT waits before the main thread handles it."""
+
+LINGER_S = 1.0
+"""At a stop, how long connections that got their goaway have to close
+before the server closes them (closing first could reset, and so lose,
+a goaway still in flight)."""
+
+EXIT_INTERRUPTED = 1
+"""Exit status after a second signal cut a stop short."""
 
 
 class Server:
@@ -55,6 +74,11 @@ class Server:
     def __init__(self, config: ServerConfig, components: Iterable[Component] | None = None) -> None:
         """``components`` default to the product's: the work queue and the vector store."""
         self.config = config.validate()
+        #: Checks tokens; AuthFileError (a ValueError naming the line) for a bad tokens file.
+        self.auth = Authenticator(config.auth_file)
+        self._tls: ssl.SSLContext | None = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            self._tls = tls.server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
         self.flusher = Flusher(config.flusher)
         if components is None:
             components = [WorkqService(config.data_dir, config.workq, self.flusher, config.max_frame_bytes),
@@ -78,7 +102,8 @@ class Server:
         self._wrote_ready_file = False
         self.started_at = time.time()
         self.counters = {"connections_total": 0, "connections_refused_total": 0, "requests_total": 0,
-                         "errors_total": 0}
+                         "errors_total": 0, "errors_unauthenticated_total": 0, "errors_forbidden_total": 0,
+                         "errors_tls_handshake_total": 0}
 
     # ------------------------------------------------------------------ life
 
@@ -113,7 +138,19 @@ class Server:
         except BaseException:
             self._shutdown()
             raise
-        log.info("ready: listening on %s:%d (data %s)", host, port, self.config.data_dir)
+        self._warn_exposure()
+        log.info("ready: listening on %s:%d (data %s%s%s)", host, port, self.config.data_dir,
+                 ", TLS" if self._tls is not None else "", ", tokens required" if self.auth.required else "")
+
+    def _warn_exposure(self) -> None:
+        found = exposure.exposed(self.config.listen_addresses)
+        if found and not self.auth.required:
+            log.warning("INSECURE: listening on %s (not loopback) without a tokens file: anyone who can reach "
+                        "the port can read, write and delete data (--insecure; see docs/security.md)",
+                        ", ".join(found))
+        if self.config.metrics_port is not None and not exposure.is_loopback(self.config.metrics_host):
+            log.warning("the metrics endpoint on %s:%s checks no tokens: it shows counters to anyone who "
+                        "reaches it", self.config.metrics_host, self.config.metrics_port)
 
     def _listen(self) -> None:
         listener = socket.create_server((self.config.host, self.config.port), backlog=512, reuse_port=False)
@@ -121,14 +158,15 @@ class Server:
         if self.config.metrics_port is not None:
             from .metrics import serve_metrics
 
-            self._metrics = serve_metrics(self, self.config.host, self.config.metrics_port)
+            self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port)
         self._acceptor = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
         self._acceptor.start()
 
     def run(self) -> int:
-        """Serve until SIGTERM or SIGINT, then stop cleanly. Returns 0."""
+        """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A
+        second signal during the stop flushes and exits at once (status 1)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stopping.set())
+            signal.signal(sig, self._on_signal)
         self.start()
         # Timed: a signal the kernel gave another thread is only handled when the main
         # thread next runs Python code, and an untimed wait would never return to it.
@@ -137,6 +175,23 @@ class Server:
         log.info("stopping: signal received")
         self._shutdown()
         return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self._stopping.is_set():
+            self._stopping.set()
+            return
+        log.warning("stopping now: second signal %d; flushing what was written", signum)
+        flush = threading.Thread(target=self._flush_quietly, name="last-flush", daemon=True)
+        flush.start()
+        flush.join(2.0)
+        logging.shutdown()
+        os._exit(EXIT_INTERRUPTED)
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.flusher.flush_now(timeout=2.0)
+        except Exception as exc:  # exiting anyway: the log says what was not flushed
+            log.error("the last flush failed: %s", exc)
 
     def stop(self) -> None:
         """Stop from another thread (tests, embedding)."""
@@ -149,30 +204,51 @@ class Server:
                 return
             self._stopped.set()
             self._stopping.set()
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self._stop_accepting()
+        with self._lock:
             connections = list(self._connections)
+        for conn in connections:
+            conn.drain()
+        for component in self.components:
+            self._guarded(component, component.quiesce)
+        drained = sum(_polled(functools.partial(conn.wait_drained, SIGNAL_POLL_S), deadline) for conn in connections)
+        if drained < len(connections):
+            log.warning("stop: %d of %d connections still had replies to send after %.1f s; closing them",
+                        len(connections) - drained, len(connections), self.config.shutdown_timeout_s)
+        linger = min(deadline, time.monotonic() + LINGER_S)
+        for conn in connections:
+            _polled(functools.partial(conn.wait_closed, SIGNAL_POLL_S), linger)
+            conn.close()
+        for conn in connections:
+            conn.join(max(0.0, deadline - time.monotonic()))
+        for component in reversed(self.components):
+            self._guarded(component, component.stop)
+        self.flusher.stop()
+        self._lockfile.release()
+        log.info("stopped")
+
+    def _stop_accepting(self) -> None:
         if self._wrote_ready_file and self.config.ready_file is not None:
             try:
                 readiness.remove(self.config.ready_file)
             except OSError as exc:  # the stop goes on: the data matters more than the marker
                 log.warning("could not remove the ready file %s: %s", self.config.ready_file, exc)
         if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the acceptor (a close alone may not)
             self._listener.close()
+        if self._acceptor is not None:
+            self._acceptor.join(SIGNAL_POLL_S)
         if self._metrics is not None:
             self._metrics.shutdown()
-        for conn in connections:
-            conn.stop_reading()
-        for component in reversed(self.components):
-            try:
-                component.stop()
-            except Exception:
-                log.exception("stopping %s failed", component.name)
-        deadline = time.monotonic() + self.config.shutdown_grace_s
-        for conn in connections:
-            conn.join(max(0.0, deadline - time.monotonic()))
-            conn.close()
-        self.flusher.stop()
-        self._lockfile.release()
-        log.info("stopped")
+
+    @staticmethod
+    def _guarded(component: Component, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:
+            log.exception("%s: %s failed during the stop", component.name, step.__name__)
 
     # --------------------------------------------------------------- serving
 
@@ -185,7 +261,15 @@ class Server:
             except OSError:
                 break  # the listener was closed: stopping
             name = f"{peer[0]}:{peer[1]}"
-            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.budget)
+            if self._tls is not None:  # the TLS handshake runs on the connection's thread, under its timeout
+                try:
+                    sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except OSError as exc:  # the peer is already gone; the acceptor must live on
+                    log.info("closing %s before its TLS handshake: %s", name, exc)
+                    sock.close()
+                    continue
+            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth,
+                              budget=self.budget)
             with self._lock:
                 refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()
                 if not refused:
@@ -195,8 +279,10 @@ class Server:
                 else:
                     self.counters["connections_refused_total"] += 1
             if refused:
-                log.warning("refusing %s: %d connections open", name, self.config.max_connections)
-                sock.close()
+                log.warning("refusing %s: %s", name, "stopping" if self._stopping.is_set()
+                            else f"{self.config.max_connections} connections open")
+                refuse(sock, "the server is stopping" if self._stopping.is_set() else
+                       f"the server has max_connections ({self.config.max_connections}) connections open; retry")
 
     def _forget(self, conn: Connection) -> None:
         with self._lock:
@@ -211,8 +297,9 @@ class Server:
     def command_names(self) -> list[str]:
         return sorted(self._routes)
 
-    def dispatch(self, request: Request) -> None:
-        """Route a request to its component (called on the connection's thread)."""
+    def dispatch(self, request: Request, principal: Principal = OPEN) -> None:
+        """Route a request to its component if ``principal`` may run it
+        (called on the connection's thread)."""
         with self._lock:
             self.counters["requests_total"] += 1
         component = self._routes.get(request.cmd)
@@ -221,6 +308,10 @@ class Server:
                 raise Unavailable("the server is shutting down; retry on the restarted server")
             if component is None:
                 raise UnknownCommand(f"unknown command {request.cmd!r}")
+            if not principal.may(request.cmd):
+                needs = COMMAND_ROLES.get(request.cmd, "admin")
+                raise Forbidden(f"{request.cmd} needs role {needs!r}{' (or admin)' if needs != 'admin' else ''}; "
+                                f"token {principal.name!r} has {', '.join(sorted(principal.roles))}")
             component.handle(request)
         except ServiceError as exc:
             request.fail(exc)
@@ -254,6 +345,15 @@ class Server:
             if component.name != "server":
                 result[component.name] = component.stats()
         return result
+
+
+def _polled(done: Callable[[], bool], deadline: float) -> bool:
+    """Call ``done`` (which waits briefly) until it is true or ``deadline``
+    passes. Short slices keep the main thread free to handle a second signal."""
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+    return True
 
 
 def _raise_file_limit() -> None:

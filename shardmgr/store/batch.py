@@ -4,6 +4,10 @@ Every check raises :class:`~shardmgr.errors.BadVectors` naming what was
 wrong (shape, dtype, the first non-finite row, ...). Accepted inputs come
 back in the store's layout: C-contiguous float32 [n, dim] vectors (other
 float dtypes converted), int64 ids and refs.
+
+An empty batch (n = 0) is accepted everywhere and its dtype is not checked
+(numpy makes ``[]`` float64): the store answers it with an empty result
+and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,16 +20,15 @@ from shardmgr.errors import BadVectors
 
 
 def vectors(value: Any, dim: int, what: str = "vectors", max_rows: int | None = None) -> np.ndarray:
-    """float32 [n >= 1, dim], finite; float16/float64 are converted, other dtypes refused."""
+    """float32 [n >= 0, dim], finite; float16/float64 are converted, other dtypes refused
+    (but for an empty batch: ``[]`` or [0, dim] of any dtype)."""
     array = np.asarray(value)
-    if array.dtype.kind != "f":
-        raise BadVectors(f"{what} must be floating point (float32 preferred), got {array.dtype}")
-    if array.ndim == 1 and array.shape[0] == dim:
-        array = array.reshape(1, dim)
+    if array.ndim == 1 and array.shape[0] in (0, dim):  # [] is no rows; [dim] is one
+        array = array.reshape(-1, dim)
     if array.ndim != 2 or array.shape[1] != dim:
         raise BadVectors(f"{what} must have shape [n, {dim}], got {list(array.shape)}")
-    if array.shape[0] == 0:
-        raise BadVectors(f"{what}: the batch is empty")
+    if array.dtype.kind != "f" and array.size:
+        raise BadVectors(f"{what} must be floating point (float32 preferred), got {array.dtype}")
     if max_rows is not None and array.shape[0] > max_rows:
         raise BadVectors(f"{what}: {array.shape[0]} rows in one call; the limit is {max_rows}")
     with np.errstate(over="ignore"):
@@ -40,7 +43,7 @@ def vectors(value: Any, dim: int, what: str = "vectors", max_rows: int | None = 
 def ids(value: Any, rows: int) -> np.ndarray:
     """int64 [rows]; other integer dtypes converted when the values fit."""
     array = np.asarray(value)
-    if array.dtype.kind not in "iu":
+    if array.dtype.kind not in "iu" and array.size:
         raise BadVectors(f"ids must be integers (int64), got {array.dtype}")
     if array.ndim != 1 or array.shape[0] != rows:
         raise BadVectors(f"ids must have shape [{rows}] (one per vector), got {list(array.shape)}")
@@ -52,7 +55,7 @@ def ids(value: Any, rows: int) -> np.ndarray:
 def refs(value: Any, max_rows: int | None = None) -> np.ndarray:
     """int64 [n] refs as append returned them (at most ``max_rows``)."""
     array = np.asarray(value)
-    if array.dtype.kind not in "iu" or array.ndim != 1:
+    if (array.dtype.kind not in "iu" and array.size) or array.ndim != 1:
         raise BadVectors(f"refs must be a 1-D integer array, got {array.dtype} {list(array.shape)}")
     if max_rows is not None and len(array) > max_rows:
         raise BadVectors(f"refs: {len(array)} in one call; the limit is {max_rows}")

@@ -19,7 +19,7 @@ class StoreClient:
     """A connection to a ``shardmgr serve`` process (not thread-safe: one per thread)."""
 
     def __init__(self, address: str | tuple[str, int], **options: Any) -> None:
-        """``options`` go to common.wire.client.RpcClient (timeout, retry_for, ...)."""
+        """``options`` go to common.wire.client.RpcClient (timeout, retry_for, token, tls, ca, ...)."""
         self.rpc = RpcClient(address, **options)
 
     def create_collection(self, name: str, dim: int, metric: str = "l2", index: str = "flat") -> dict[str, Any]:

@@ -46,14 +46,18 @@ log = logging.getLogger(__name__)
 
 META_KIND = b"SMCO"
 REASON_FILE = "QUARANTINED"  # in a quarantined shard's directory: why it was moved
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_NAME = 128
+"""Longest collection name, in characters."""
+NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}")
+"""The collection name alphabet: ASCII letters and digits, then also '.', '_' and '-'.
+A name becomes a directory name, so no separators, control characters or leading dots."""
 
 
 def check_name(name: Any) -> str:
     """``name`` if it is a valid collection name (it becomes a directory name); else BadName."""
-    if not isinstance(name, str) or not NAME.match(name):
-        raise BadName(f"collection name must be 1-128 of letters, digits, '.', '_' or '-' (not first), "
-                         f"got {name!r}")
+    if not isinstance(name, str) or not NAME.fullmatch(name):  # fullmatch: "$" would accept "abc\n"
+        raise BadName(f"collection name must be 1-{MAX_NAME} of letters, digits, '.', '_' or '-' (not first), "
+                      f"got {name!r}")
     return name
 
 
@@ -156,6 +160,7 @@ class Collection:
         if shard is not None and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes and shard.rows:
             shard.seal()
             shard = None
+        created = shard is None
         if shard is None:
             if self.next_shard > MAX_SHARD:
                 raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
@@ -164,9 +169,24 @@ class Collection:
             shard = Shard.create(self.directory / f"{shard_id:08d}", shard_id, self.dim, self.name,
                                  self.flusher, self.config.extent_bytes)
             self.shards[shard.id] = shard
-        first, ticket = shard.append(vectors, ids)
+        try:
+            first, ticket = shard.append(vectors, ids)
+        except BaseException:
+            if created:  # e.g. a full disk: leave no empty shard behind (no ref ever named it)
+                self._discard(shard)
+            raise
         self._publish()
         return ref_of(shard.id, np.arange(first, first + len(ids), dtype=np.int64)), ticket
+
+    def _discard(self, shard: Shard) -> None:
+        """Remove a shard that never held a row (its creation's first append failed)."""
+        del self.shards[shard.id]
+        try:
+            shard.close()
+            shutil.rmtree(shard.directory, ignore_errors=True)
+            fsync_dir(self.directory)
+        except Exception:  # the append's own error is the one to report; a leftover empty shard is harmless
+            log.exception("collection %s: removing the empty shard %s failed", self.name, shard.directory)
 
     def seal_idle(self, idle_since: float) -> bool:
         """Seal the growing shard if nothing was appended since ``idle_since``."""

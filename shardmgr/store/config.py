@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 #: The per-collection index kinds: exact search only, or an HNSW graph per sealed shard.
 INDEX_TYPES = ("flat", "hnsw")
@@ -38,9 +39,8 @@ class StoreConfig:
         if self.seal_bytes < 4096 or self.extent_bytes < 4096 or self.extent_bytes % 4096:
             raise ValueError(f"seal_bytes must be >= 4096 and extent_bytes a positive multiple of 4096, got "
                              f"{self.seal_bytes} and {self.extent_bytes}")
-        for name in ("idle_seal_s",):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 < self.idle_seal_s < math.inf:  # also NaN
+            raise ValueError(f"idle_seal_s must be a positive, finite number of seconds, got {self.idle_seal_s}")
         for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

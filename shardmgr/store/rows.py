@@ -142,9 +142,9 @@ class RowFile:
         raw = np.ascontiguousarray(data).data.cast("B")
         need = start + len(raw)
         try:
-            if need > self.size:
-                size = -(-need // self.extent) * self.extent
-                filesystem.grow(self.fd, self.size, size, self.preallocate)
+            if need > self.size:  # a whole extent, or what the disk still holds (filesystem.grow)
+                size = filesystem.grow(self.fd, self.size, -(-need // self.extent) * self.extent, self.preallocate,
+                                       at_least=need)
                 self._remap(size)  # may fail (ENOMEM): then size and mapping still agree
                 self.size = size
             view, pos = raw, start
@@ -152,8 +152,8 @@ class RowFile:
                 written = os.pwrite(self.fd, view, pos)
                 view, pos = view[written:], pos + written
         except OSError as exc:
-            raise WriteFailed(f"{self.path}: writing {len(raw)} bytes at {start} failed: {exc.strerror or exc}",
-                              exc.errno) from exc
+            raise WriteFailed(f"{self.path}: writing {len(raw)} bytes at {start} (needing {max(0, need - self.size)} "
+                              f"more bytes of disk) failed: {exc.strerror or exc}", exc.errno) from exc
 
     def rows(self, count: int) -> np.ndarray:
         """The first ``count`` rows, read-only, in place: [count, width] (ids: [count])."""

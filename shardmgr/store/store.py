@@ -18,6 +18,7 @@ computes). A maintenance thread seals shards that stay idle.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -26,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from common.journal import Flusher, FlusherConfig, Ticket
-from common.journal.filesystem import make_dirs
+from common.journal.filesystem import NO_SPACE, make_dirs
 from common.journal.lockfile import LockFile
-from shardmgr.errors import UnknownCollection
+from shardmgr.errors import DiskFull, UnknownCollection
 
 from . import batch, index
 from .collection import Collection, check_name
@@ -194,18 +195,28 @@ class Store:
 
     # ----------------------------------------------------------------- writes
 
-    def append_async(self, name: str, vectors: Any, ids: Any) -> tuple[np.ndarray, Ticket]:
-        """Append a batch; returns its refs and the ticket that says when it is durable."""
+    def append_async(self, name: str, vectors: Any, ids: Any) -> tuple[np.ndarray, Ticket | None]:
+        """Append a batch; returns its refs and the ticket that says when it
+        is durable (None for an empty batch: nothing is written)."""
         collection = self.collection(name)
         checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
         checked_ids = batch.ids(ids, len(checked))
+        if not len(checked):
+            return np.zeros(0, dtype=np.int64), None
         with self._write:
-            return collection.append(checked, checked_ids)
+            try:
+                return collection.append(checked, checked_ids)
+            except OSError as exc:  # WriteFailed too: the collection stored nothing of the batch
+                if exc.errno in NO_SPACE:
+                    raise DiskFull(f"collection {name!r}: the disk is full: {exc} "
+                                   f"({free_bytes_under(self.root)} bytes free); nothing was stored") from exc
+                raise
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
-        """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row."""
+        """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
+        (an empty batch answers no refs at once and writes nothing)."""
         refs, ticket = self.append_async(name, vectors, ids)
-        if durable:
+        if durable and ticket is not None:
             ticket.journal.wait_durable(ticket)
         return refs
 
@@ -220,7 +231,10 @@ class Store:
         missing results have ref -1."""
         collection = self.collection(name)
         checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.config.max_queries)
-        hits = collection.search(checked, batch.k(k, self.config.max_k))
+        k = batch.k(k, self.config.max_k)
+        if not len(checked):
+            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64)
+        hits = collection.search(checked, k)
         return hits.scores, hits.ids, hits.refs
 
     def get(self, name: str, refs: Any) -> np.ndarray:
@@ -240,3 +254,9 @@ class Store:
         return {"collections": len(infos), "rows": sum(i["rows"] for i in infos),
                 "shards": sum(i["shards"] for i in infos), "growing_shards": sum(i["growing"] for i in infos),
                 "quarantined_shards": sum(len(i["quarantined"]) for i in infos)}
+
+
+def free_bytes_under(directory: Path) -> int:
+    """Free bytes on ``directory``'s file system (for error messages)."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize

@@ -1,7 +1,8 @@
-"""Showing a verify report to a person: a progress bar and a rich table.
+"""Showing a verify report to a person: a progress bar and the findings.
 
 The progress bar appears only on a terminal and only once a run has taken
-more than a second; the table lists every finding, worst first.
+more than a second. The findings, worst first, are a rich table on a
+terminal and one line each elsewhere (shardmgr.tables).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from common.journal.check import Severity
+from shardmgr import tables
 
 from .runner import Report
 
@@ -55,7 +58,13 @@ class LateProgress:
 
 
 def show(report: Report, console: Console | None = None) -> None:
-    """The findings, worst first, then a one-line verdict."""
+    """The findings, worst first, then what --repair did and a one-line verdict.
+
+    On a terminal the findings are a table with paths relative to the data
+    directory; elsewhere one line per finding, tab-separated: severity, the
+    path as the report holds it, offset, problem, expected, found (see
+    shardmgr.tables for escaping).
+    """
     console = console or Console()
     root = Path(report.data_dir)
     if report.problems:
@@ -64,14 +73,15 @@ def show(report: Report, console: Console | None = None) -> None:
             table.add_column(column, no_wrap=column != "file", overflow="fold")
         for column in ("expected", "found"):
             table.add_column(column, overflow="fold", ratio=1)
+        rows = []
         for p in sorted(report.problems, key=lambda p: (-p.severity, p.path, p.offset or 0)):
             path = Path(p.path)
-            shown = str(path.relative_to(root)) if path.is_relative_to(root) else p.path
-            table.add_row(f"[{STYLES[p.severity]}]{p.severity.name.lower()}[/]", shown,
-                          "" if p.offset is None else str(p.offset), p.what, p.expected, p.found)
-        console.print(table)
+            shown = str(path.relative_to(root)) if console.is_terminal and path.is_relative_to(root) else p.path
+            rows.append((Text(p.severity.name.lower(), STYLES[p.severity]), shown,
+                         None if p.offset is None else str(p.offset), p.what, p.expected, p.found))
+        tables.show(console, table, rows)
     for action in report.repaired:
-        console.print(f"repaired: {action}")
+        tables.say(console, f"repaired: {action}")
     counts = ", ".join(f"{report.count(s)} {s.name.lower()}" for s in reversed(Severity))
-    console.print(f"{VERDICTS[report.exit_code]}: {counts}; {report.files} files, "
-                  f"{report.bytes_read / 1e9:.2f} GB read in {report.seconds:.2f} s (exit {report.exit_code})")
+    tables.say(console, f"{VERDICTS[report.exit_code]}: {counts}; {report.files} files, "
+                        f"{report.bytes_read / 1e9:.2f} GB read in {report.seconds:.2f} s (exit {report.exit_code})")

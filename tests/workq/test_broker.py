@@ -365,21 +365,27 @@ def test_a_waiting_call_cannot_be_cancelled_so_nothing_is_taken_unseen(tmp_path:
         assert [b.handles.tolist() for b in leasing_call.result(10)] == [[again.packed]]
 
 
-def test_negative_or_nan_waits_and_delays_are_refused_and_change_nothing(broker: Broker) -> None:
+def test_waits_and_delays_outside_their_limits_are_refused_and_change_nothing(broker: Broker) -> None:
     from common.wire.errors import BadRequest
+    from workq.broker import MAX_DELAY_S, MAX_WAIT_S
 
     [h] = broker.enqueue("j", "m", "s", 1, [b"x"])
     [item] = broker.lease(1, worker="w")
     before = broker.job_status("j")
-    for bad in (-1.0, float("nan")):
-        with pytest.raises(BadRequest, match="delay must be"):
-            broker.release([item.handle], delay=bad, worker="w")
-        with pytest.raises(BadRequest, match="wait must be"):
-            broker.lease(1, wait=bad)
-        with pytest.raises(BadRequest, match="wait must be"):
-            broker.results("j", wait=bad)
-    with pytest.raises(BadRequest, match="max_items must be"):
-        broker.lease(-1)
+    for bad in (-1.0, float("nan"), float("inf"), 1e308, "1", True):
+        with pytest.raises(BadRequest, match="delay must be a number of seconds in 0..604800"):
+            broker.release([item.handle], delay=bad, worker="w")  # type: ignore[arg-type]
+        with pytest.raises(BadRequest, match="wait must be a number of seconds in 0..3600"):
+            broker.lease(1, wait=bad)  # type: ignore[arg-type]
+        with pytest.raises(BadRequest, match="wait must be a number of seconds in 0..3600"):
+            broker.results("j", wait=bad)  # type: ignore[arg-type]
+    with pytest.raises(BadRequest, match="delay must be"):
+        broker.release([item.handle], delay=MAX_DELAY_S * 1.01, worker="w")
+    with pytest.raises(BadRequest, match="wait must be"):
+        broker.lease(1, wait=MAX_WAIT_S + 1)
+    for count in (-1, 1.5, None):
+        with pytest.raises(BadRequest, match="max_items must be an integer >= 0"):
+            broker.lease(count)  # type: ignore[arg-type]
     assert broker.job_status("j") == before  # still leased to w, nothing else moved
     broker.release([h], worker="w")
     assert [i.handle for i in broker.lease(1)] == [h]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common.journal import Flusher, Journal, Marker, Ticket
-from common.journal.filesystem import make_dirs
+from common.journal.filesystem import NO_SPACE, make_dirs
 from common.wire.errors import BadRequest
 from workq.config import SEGMENT_OVERHEAD, WorkqConfig
 from workq.disk.catalog import MAX_SEGMENT, SEGMENT, Catalog, Entry
@@ -113,10 +113,15 @@ class QueueState:
             raise BadRequest(f"this enqueue needs {need} bytes, more than one segment holds "
                              f"({self.config.segment_bytes}); split it")
         self._check_disk()
-        log = self._job_for_enqueue(name)
-        segment = self._active_segment(key, need)
-        first = self.next_position.get(log.job, 0)
-        offsets, ticket = segment.append(log.job, first, payloads)
+        try:
+            log = self._job_for_enqueue(name)
+            segment = self._active_segment(key, need)
+            first = self.next_position.get(log.job, 0)
+            offsets, ticket = segment.append(log.job, first, payloads)
+        except OSError as exc:  # the journal's WriteFailed too; it wrote nothing
+            if exc.errno in NO_SPACE:
+                raise DiskFull(f"the disk under {self.root} is full: {exc}; enqueue refused, nothing written") from exc
+            raise
         self.next_position[log.job] = first + len(payloads)
         self.items.enqueued(segment, log.job, offsets)
         return pack(segment.id, offsets), ticket

@@ -122,6 +122,29 @@ def test_empty_and_zero_dimensional_arrays_keep_their_shape() -> None:
     assert int(frame.parts["scalar"]) == 7
 
 
+@pytest.mark.parametrize("specs, body, problem", [
+    ([["a", "<u8", [1]], ["a", "<u8", [1]]], bytes(16), "appears twice"),
+    ([["x", "|u1", [1] * (framing.MAX_RANK + 1)]], bytes(1), "at most 8 dims"),
+    ([["x", "|u1", [1] * 100]], bytes(1), "at most 8 dims"),  # numpy stops at 64: this was a ValueError
+    ([[f"p{i}", "|u1", [0]] for i in range(framing.MAX_PARTS + 1)], b"", "at most 64 parts"),
+    ([["", "|u1", [0]]], b"", "name of 1-64"),
+    ([["x" * (framing.MAX_PART_NAME + 1), "|u1", [0]]], b"", "name of 1-64"),
+])
+def test_part_limits_are_refused_as_bad_frames(specs: list[Any], body: bytes, problem: str) -> None:
+    with pytest.raises(BadFrame, match=problem):
+        framing.decode_parts(specs, memoryview(body))
+
+
+def test_the_limits_themselves_are_accepted_and_encode_refuses_what_decode_would() -> None:
+    specs = [[f"p{i}", "|u1", [1] * framing.MAX_RANK] for i in range(framing.MAX_PARTS)]
+    parts = framing.decode_parts(specs, memoryview(b"".join(b"\x07" + bytes(7) for _ in specs)[:-7]))
+    assert len(parts) == framing.MAX_PARTS and parts["p0"].ndim == framing.MAX_RANK
+    with pytest.raises(ValueError, match="at most 8 dimensions"):
+        framing.encode({"id": 1}, {"x": np.zeros([1] * (framing.MAX_RANK + 1), np.uint8)})
+    with pytest.raises(ValueError, match="at most 64 parts"):
+        framing.encode({"id": 1}, {f"p{i}": np.zeros(1, np.uint8) for i in range(framing.MAX_PARTS + 1)})
+
+
 # ------------------------------------------------ memory budget and frame deadline
 
 

@@ -63,7 +63,7 @@ def test_the_limits_are_checked_and_the_budget_has_a_documented_default() -> Non
     with pytest.raises(ValueError, match="max_inflight_bytes must be at least 2 x max_frame_bytes"):
         ServerConfig(max_frame_bytes=8 * MiB, max_inflight_bytes=8 * MiB).validate()
     for bad in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="frame_timeout_s must be a positive number"):
+        with pytest.raises(ValueError, match="frame_timeout_s must be a positive, finite number of seconds"):
             ServerConfig(frame_timeout_s=bad).validate()
 
 

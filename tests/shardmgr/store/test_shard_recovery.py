@@ -20,7 +20,7 @@ from common.journal import Flusher, FormatError, Journal, JournalConfig
 from common.journal.anchors import Anchors
 from common.journal.header import HEADER_SIZE, METADATA_END, Identity
 from common.journal.testing import PowerCut
-from shardmgr.errors import UnknownRef
+from shardmgr.errors import DiskFull, UnknownRef
 from shardmgr.store.shard import BATCH, Shard, last_record
 
 
@@ -121,7 +121,8 @@ def test_a_failed_shard_creation_leaves_nothing_and_blocks_nothing(tmp_path: Pat
     store.create_collection("c", 8)
     first = store.append("c", rows_of(200, 8, 1), np.arange(200), durable=True)
     full = OSError(errno.ENOSPC, "No space left on device")
-    with mock.patch("shardmgr.store.shard.Journal.write_empty", side_effect=full), pytest.raises(OSError):
+    with mock.patch("shardmgr.store.shard.Journal.write_empty", side_effect=full), \
+            pytest.raises(DiskFull, match="nothing was stored"):
         store.append("c", rows_of(1, 8, 2), [200])  # needs a new shard
     assert not list((data / "shards" / "c").glob("*.tmp"))
     later = store.append("c", rows_of(1, 8, 3), [201], durable=True)  # the next attempt works

@@ -54,15 +54,17 @@ def test_collections_are_idempotent_and_checked(open_store: Callable[..., Store]
     assert store.create_collection("docs", 8, "ip")["name"] == "docs"
     with pytest.raises(CollectionConflict, match="dim 8, metric ip"):
         store.create_collection("docs", 16, "ip")
-    for bad in ("", "../x", "a/b", "x" * 200, ".hidden", 7):
+    for bad in ("", "../x", "a/b", "x" * 129, ".hidden", 7, "abc\n", "abc\r", "a\tb", "a\x00b", "caf\u00e9", "a b"):
         with pytest.raises(BadName, match="collection name") as raised:
             store.create_collection(bad, 8)  # type: ignore[arg-type]
         assert raised.value.code == "shardmgr.bad_name" and not isinstance(raised.value, BadVectors)
+    assert store.create_collection("x" * 128, 8)["name"] == "x" * 128  # the longest name
+    assert sorted(p.name for p in (store.root).iterdir()) == ["docs", "x" * 128]  # no directory for a refused one
     with pytest.raises(BadVectors, match="metric"):
         store.create_collection("other", 8, "cosine")
     with pytest.raises(UnknownCollection):
         store.collection_info("nope")
-    assert store.collections() == ["docs"]
+    assert store.collections() == ["docs", "x" * 128]
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
@@ -115,7 +117,8 @@ def test_bad_input_is_refused_and_changes_nothing(open_store: Callable[..., Stor
         (lambda: store.append("c", np.ones((2, 4), np.int64), [1, 2]), "floating point"),
         (lambda: store.append("c", good, [1, 2, 3]), "shape \\[2\\]"),
         (lambda: store.append("c", good, [1.5, 2.5]), "integers"),
-        (lambda: store.append("c", np.zeros((0, 4), np.float32), []), "empty"),
+        (lambda: store.append("c", np.zeros((0, 5), np.float32), []), "shape \\[n, 4\\]"),  # empty, wrong dim
+        (lambda: store.append("c", np.zeros((0, 4), np.float32), [1]), "shape \\[0\\]"),
         (lambda: store.search("c", good, k=0), "k must be"),
         (lambda: store.search("c", good, k=10**9), "k must be"),
         (lambda: store.search("c", np.ones((2, 3), np.float32), k=1), "shape"),

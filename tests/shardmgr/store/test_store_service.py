@@ -49,9 +49,10 @@ def test_wire_errors_are_typed_and_change_nothing(server: ServerProcess) -> None
         refs = client.append("c", np.ones((2, 4), np.float32), [1, 2])
         with pytest.raises(CollectionConflict):
             client.create_collection("c", 8)
-        with pytest.raises(BadName, match="collection name must be") as raised:
-            client.create_collection("../c", 4)
-        assert isinstance(raised.value, BadRequest) and not isinstance(raised.value, BadVectors)
+        for bad in ("../c", "abc\n", "a\x01"):
+            with pytest.raises(BadName, match="collection name must be") as raised:
+                client.create_collection(bad, 4)
+            assert isinstance(raised.value, BadRequest) and not isinstance(raised.value, BadVectors)
         assert client.collections() == ["c"]
         with pytest.raises(UnknownCollection):
             client.search("nope", np.ones((1, 4), np.float32))
