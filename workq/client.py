@@ -57,7 +57,8 @@ class QueueClient:
 
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of ``job`` (waits up to ``wait`` s for the first)."""
-        reply = self.rpc.call("workq.results", {"job": job, "max_items": max_items, "wait": float(wait)})
+        reply = self.rpc.call("workq.results", {"job": job, "max_items": max_items, "wait": float(wait)},
+                              wait=float(wait))
         seen = self._seen.setdefault(job, _Seen(REMEMBERED_RESULTS))
         return [r for r in decode_results(reply.parts) if seen.add_new(r.handle.packed)]
 

@@ -53,7 +53,8 @@ class Worker:
 
     def lease(self, max_items: int = 1, wait: float = 0.0) -> list[Item]:
         """Lease up to ``max_items`` tasks, waiting up to ``wait`` s for the first."""
-        reply = self._retrying(lambda: self.rpc.call("workq.lease", {"max_items": max_items, "wait": float(wait)}))
+        reply = self._retrying(lambda: self.rpc.call("workq.lease", {"max_items": max_items, "wait": float(wait)},
+                                                     wait=float(wait)))
         items = decode_lease(reply.result, reply.parts)
         self.held.update(reply.parts["handles"].tolist())
         return items

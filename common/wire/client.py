@@ -214,9 +214,11 @@ class RpcClient:
     # ---------------------------------------------------------------- calls
 
     def call(self, cmd: str, args: dict[str, Any] | None = None,
-             parts: dict[str, np.ndarray] | None = None) -> Reply:
-        """Send one request and wait for its reply; raise its error if any."""
-        return self.receive(self.send(cmd, args, parts))
+             parts: dict[str, np.ndarray] | None = None, *, wait: float = 0.0) -> Reply:
+        """Send one request and wait for its reply; raise its error if any.
+        ``wait``: seconds the server may hold the request on purpose (a long
+        poll), added to ``timeout`` for this reply."""
+        return self.receive(self.send(cmd, args, parts), wait=wait)
 
     def send(self, cmd: str, args: dict[str, Any] | None = None,
              parts: dict[str, np.ndarray] | None = None) -> int:
@@ -235,8 +237,16 @@ class RpcClient:
             raise self._ended.pop(request_id) from exc
         return request_id
 
-    def receive(self, request_id: int) -> Reply:
-        """Wait for the reply to ``request_id`` (replies may come in any order)."""
+    def receive(self, request_id: int, *, wait: float = 0.0) -> Reply:
+        """Wait for the reply to ``request_id`` (replies may come in any
+        order), up to ``timeout`` + ``wait`` seconds (see :meth:`call`)."""
+        if wait > 0 and self.timeout is not None and self._sock is not None:
+            self._sock.settimeout(self.timeout + min(wait, MAX_CLIENT_SECONDS))
+            try:
+                return self.receive(request_id)
+            finally:
+                if self._sock is not None:
+                    self._sock.settimeout(self.timeout)
         frame = self._early.pop(request_id, None)
         if frame is None and request_id in self._ended:
             raise self._ended.pop(request_id)

@@ -147,7 +147,8 @@ class Component(abc.ABC):
         must keep working until :meth:`stop`."""
 
     def stop(self) -> None:
-        """Finish or fail in-flight requests, flush and close. Idempotent."""
+        """Flush and close. Idempotent. The connections are closed by now:
+        a request answered only here reaches nobody (answer in quiesce)."""
 
     def connection_closed(self, connection_id: int) -> None:
         """A client connection ended (called on that connection's thread);

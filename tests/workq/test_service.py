@@ -192,3 +192,20 @@ def test_queue_stats_and_kick_commands(server: ServerProcess) -> None:
     assert kicked.returncode == 0 and "kicked 1" in kicked.stdout
     with Worker(server.address, "c", models=["m"]) as worker:
         assert [i.payload for i in worker.lease(1)] == [b"p"]
+
+
+def test_a_wait_longer_than_the_client_timeout_is_answered(tmp_path: Path) -> None:
+    """The client adds the wait it asked for to its timeout: a long poll is not a lost connection."""
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        with QueueClient(server.address, timeout=0.5) as client:
+            client.enqueue("job", "m", "s", 1, [b"x"])
+            started = time.monotonic()
+            assert client.results("job", wait=1.5) == []
+            assert time.monotonic() - started >= 1.4
+        worker = Worker(server.address, "w", timeout=0.5)
+        assert len(worker.lease(1, wait=1.5)) == 1
+        assert worker.lease(1, wait=1.5) == []
+        worker.close()
+    finally:
+        server.kill()

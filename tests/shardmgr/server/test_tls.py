@@ -111,7 +111,7 @@ def test_plain_client_to_a_tls_server_and_back(server: Server, pki: Pki, tmp_pat
 
 
 class Hold(Component):
-    """Holds every 'hold' request until stop(), then answers it."""
+    """Holds every 'hold' request until the server stops (quiesce), then answers it."""
 
     name = "hold"
 
@@ -126,15 +126,15 @@ class Hold(Component):
         self.held.append(request)
         self.arrived.set()
 
-    def stop(self) -> None:
+    def quiesce(self) -> None:
         for request in self.held:
             request.reply({"answered": "at stop"}, {"x": np.arange(1000, dtype=np.float64)})
 
 
 def test_replies_written_while_stopping_stay_encrypted(tmp_path: Path, pki: Pki) -> None:
-    """Stopping shuts the read side of each socket; on a TLS socket that must
-    not drop the TLS state (SSLSocket.shutdown does), or the replies still to
-    be written would go out in clear text and the client would see garbage."""
+    """Stopping shuts the sending side of each socket after the goaway; on a
+    TLS socket that must not drop the TLS state (SSLSocket.shutdown does), or
+    what is written or read afterwards would be clear text or garbage."""
     component = Hold()
     server = Server(tls_config(tmp_path, pki), [component])
     server.start()
