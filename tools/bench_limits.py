@@ -211,9 +211,6 @@ class _Feed:
         self._left = self._left[k:]
         return k
 
-    def setsockopt(self, level: int, optname: int, value: bytes) -> None:
-        pass
-
 
 def reader() -> dict[str, Any]:
     frame = b"".join(bytes(b) for b in framing.encode({"id": 1, "cmd": "ping"}))

@@ -39,6 +39,7 @@ import msgpack
 import numpy as np
 
 from .budget import ByteBudget
+from .deadlines import READ_DEADLINES, Deadline
 from .errors import BadFrame, FrameTimeout, FrameTooLarge
 
 MAGIC = b"SMWQ"
@@ -65,7 +66,6 @@ to this size are parsed out of it; larger ones get memory of their own."""
 FIRST_STEP_BYTES = 8 << 20
 """A larger frame's memory starts at most this big and doubles as its bytes
 arrive: frames up to this size are received with no copy."""
-_TIMEVAL = struct.Struct("@ll")
 TLS_COALESCE_BYTES = 64 << 10
 """On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
 
@@ -113,8 +113,6 @@ def _send_tls(sock: ssl.SSLSocket, buffers: list[bytes | memoryview]) -> None:
 
 class Receiver(Protocol):
     def recv_into(self, buffer: memoryview, nbytes: int = ..., flags: int = ...) -> int: ...
-
-    def setsockopt(self, level: int, optname: int, value: bytes, /) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -235,8 +233,9 @@ class FrameReader:
     both charged), waiting in turn when the budget is spent. With
     ``frame_timeout_s``, a frame must arrive whole, waits included, within
     that many seconds of its first byte, or FrameTimeout is raised; between
-    frames the reader waits for ever. The deadline is enforced with
-    SO_RCVTIMEO, so ``sock`` must be blocking (no Python-level timeout).
+    frames the reader waits for ever. A recv inside a frame is cut short by
+    shutting the socket's read side at the deadline (deadlines.py), so
+    ``sock`` must then be a real socket (plain or TLS).
 
     Not thread-safe: one reader per connection, used by one thread.
     """
@@ -252,7 +251,7 @@ class FrameReader:
         self._start = self._end = 0
         self._deadline: float | None = None  # set while a frame is arriving (with frame_timeout_s)
         self._size = 0  # the arriving frame's size, once its head is read (for error messages)
-        self._timed = False  # SO_RCVTIMEO is set on the socket
+        self._armed: Deadline | None = None  # the arriving frame's deadline, once a recv needed it
         self._charged = 0  # budget bytes held for the frame being read or the last one read
 
     def read_exact(self, n: int) -> bytes | None:
@@ -282,11 +281,15 @@ class FrameReader:
             self._deadline = time.monotonic() + self._timeout
         try:
             frame = self._read_frame()
+            if self._armed is not None and not READ_DEADLINES.disarm(self._armed):
+                raise self._too_slow()  # it arrived as the read side was being shut
         except BaseException:
+            if self._armed is not None:
+                READ_DEADLINES.disarm(self._armed)
             self.release()
-            self._deadline, self._size = None, 0
+            self._deadline, self._size, self._armed = None, 0, None
             raise
-        self._deadline, self._size = None, 0
+        self._deadline, self._size, self._armed = None, 0, None
         return frame
 
     def release(self) -> None:
@@ -383,27 +386,22 @@ class FrameReader:
         return True
 
     def _recv(self, view: memoryview) -> int:
-        """One ``recv_into``; while a frame is arriving, bounded by its deadline."""
+        """One ``recv_into``; while a frame is arriving, cut short at its deadline."""
         if self._deadline is None:
-            if self._timed:
-                self._set_receive_timeout(0.0)  # 0: wait for ever
             return self._sock.recv_into(view)
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise self._too_slow()
-        self._set_receive_timeout(left)
+        if self._armed is None:
+            if not isinstance(self._sock, socket.socket):
+                raise TypeError("frame_timeout_s needs a real socket")
+            self._armed = READ_DEADLINES.arm(self._sock, self._deadline)
         try:
-            return self._sock.recv_into(view)
-        except (BlockingIOError, ssl.SSLWantReadError) as exc:  # SO_RCVTIMEO expired
-            raise self._too_slow() from exc
-
-    def _set_receive_timeout(self, seconds: float) -> None:
-        whole = int(seconds)
-        micros = int((seconds - whole) * 1e6)
-        if seconds and not whole and not micros:
-            micros = 1  # 0 would mean no timeout at all
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(whole, micros))
-        self._timed = bool(seconds)
+            got = self._sock.recv_into(view)
+        except OSError as exc:  # a TLS socket reports the shut read side as an error
+            if self._armed.fired:
+                raise self._too_slow() from exc
+            raise
+        if not got and self._armed.fired:
+            raise self._too_slow()
+        return got
 
     def _too_slow(self) -> FrameTimeout:
         what = f"a frame of {self._size} bytes" if self._size else "a frame's 8-byte head"

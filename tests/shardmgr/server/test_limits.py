@@ -24,10 +24,11 @@ import psutil
 import pytest
 
 from common.units import GiB, KiB, MiB
-from common.wire import framing
+from common.wire import framing, tls
 from common.wire.client import RpcClient
 from shardmgr.server.config import ServerConfig
 
+from .certs import make_pki
 from .serverproc import ServerProcess
 from .test_server import raw_connection, read_frame
 
@@ -85,6 +86,29 @@ def test_a_stalled_frame_is_closed_with_frame_timeout_and_idle_connections_stay(
         assert read_frame(idle) == {"id": 7, "ok": {}}
         with RpcClient(proc.address) as client:
             assert client.call("stats").result["server"]["errors_frame_timeout_total"] == 1
+    finally:
+        proc.kill()
+
+
+def test_a_stalled_frame_on_a_tls_connection_is_closed_too(tmp_path: Path) -> None:
+    """The deadline holds under TLS, where a receive timeout surfaces inside OpenSSL."""
+    pki = make_pki(tmp_path / "pki")
+    config = tmp_path / "server.toml"
+    config.write_text("frame_timeout_s = 1.0\n")
+    proc = ServerProcess(tmp_path / "data", "--config", str(config), "--tls-cert", str(pki.server_cert),
+                         "--tls-key", str(pki.server_key)).start()
+    try:
+        raw = socket.create_connection(("127.0.0.1", proc.port), timeout=15)
+        slow = tls.client_context(pki.ca).wrap_socket(raw, server_hostname="127.0.0.1")
+        slow.sendall(framing.preamble())
+        assert framing.parse_preamble(slow.recv(8)) == framing.PROTOCOL_VERSION
+        slow.sendall(struct.pack("<II", 100, 20))
+        started = time.monotonic()
+        reply = read_frame(slow)
+        assert reply is not None and reply["error"]["code"] == "frame_timeout", reply
+        assert time.monotonic() - started < 10
+        with RpcClient(proc.address, tls=True, ca=pki.ca) as client:
+            assert client.call("ping").result == {}
     finally:
         proc.kill()
 
