@@ -102,6 +102,14 @@ class FrameTooLarge(BadFrame):
     code = "frame_too_large"
 
 
+class FrameTimeout(BadFrame):
+    """A frame did not arrive whole within the server's ``frame_timeout_s``
+    (a stalled or too slow peer, or no memory for it within that time); the
+    connection closes."""
+
+    code = "frame_timeout"
+
+
 class UnsupportedVersion(BadFrame):
     """The peer speaks a protocol version this side does not."""
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from common.journal import FlusherConfig
-from common.units import MiB
+from common.units import GiB, MiB
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 from shardmgr.store.config import StoreConfig
 from workq.config import WorkqConfig
@@ -59,6 +60,16 @@ class ServerConfig:
     metrics_port: int | None = None
     #: Python logging level name.
     log_level: str = "INFO"
+    #: Bytes that frames still arriving may hold at once, over all connections
+    #: (docs/architecture.md, "Memory and threads"). A frame that would pass it
+    #: waits for its turn within ``frame_timeout_s``. At least 2 x
+    #: ``max_frame_bytes``; None (default): min(1 GiB, physical RAM / 4), raised
+    #: to 2 x ``max_frame_bytes`` if that is more (see ``inflight_budget_bytes``).
+    max_inflight_bytes: int | None = None
+    #: Seconds a frame has, from its first byte, to arrive whole (including
+    #: any wait for ``max_inflight_bytes``); past it the connection is closed
+    #: with a ``frame_timeout`` error. Idle time between frames is not limited.
+    frame_timeout_s: float = 60.0
     #: The work queue's settings (TOML table ``[workq]``).
     workq: WorkqConfig = WorkqConfig()
     #: The vector store's settings (TOML table ``[store]``).
@@ -84,6 +95,14 @@ class ServerConfig:
         """The shared flusher's configuration (``flush_interval_ms`` in seconds)."""
         return FlusherConfig(interval=self.flush_interval_ms / 1e3)
 
+    @property
+    def inflight_budget_bytes(self) -> int:
+        """``max_inflight_bytes``, or its default for this machine when None."""
+        if self.max_inflight_bytes is not None:
+            return self.max_inflight_bytes
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(min(GiB, ram // 4), 2 * self.max_frame_bytes)
+
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""
         for name in ("port",) + (("metrics_port",) if self.metrics_port is not None else ()):
@@ -94,11 +113,14 @@ class ServerConfig:
             raise ValueError(f"flush_interval_ms must be in 0.1..60000, got {self.flush_interval_ms}")
         if not 4096 <= self.max_frame_bytes <= 2**32 - 1:
             raise ValueError(f"max_frame_bytes must be in 4096..{2**32 - 1}, got {self.max_frame_bytes}")
-        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_timeout_s"):
+        for name in ("send_timeout_s", "handshake_timeout_s", "shutdown_timeout_s", "frame_timeout_s"):
             if not 0 < getattr(self, name) < math.inf:  # also NaN
                 raise ValueError(f"{name} must be a positive, finite number of seconds, got {getattr(self, name)}")
         if self.max_connections < 1 or self.max_outbox_bytes < self.max_frame_bytes:
             raise ValueError("max_connections must be >= 1 and max_outbox_bytes >= max_frame_bytes")
+        if self.max_inflight_bytes is not None and self.max_inflight_bytes < 2 * self.max_frame_bytes:
+            raise ValueError(f"max_inflight_bytes must be at least 2 x max_frame_bytes ({2 * self.max_frame_bytes}) "
+                             f"so that a largest frame can always arrive, got {self.max_inflight_bytes}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
         self.workq.validate().fitted_to_frame(self.max_frame_bytes)

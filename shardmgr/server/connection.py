@@ -22,7 +22,11 @@ Bad bytes end the connection: the server sends an error frame with id 0
 client that stops reading is closed once its queued replies pass
 ``max_outbox_bytes`` or a send blocks for ``send_timeout_s``. The end of
 the client's stream (it closed) closes the connection at once: replies not
-yet sent are dropped, and whatever its requests wait for ends with it.
+yet sent are dropped, and whatever its requests wait for ends with it. A
+frame must arrive whole within ``frame_timeout_s`` of its first byte
+(``frame_timeout`` error, then closed); the memory of frames still arriving
+is charged to the server-wide ``budget`` (``max_inflight_bytes``) until the
+frame is dispatched.
 
 A clean stop (:meth:`Connection.drain`) keeps reading, but the server
 answers every request read from then on with ``unavailable`` without
@@ -52,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from common.wire import framing
+from common.wire.budget import ByteBudget
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
 
@@ -79,7 +84,7 @@ class Connection:
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
                  on_close: Callable[[Connection], None], count_error: CountError,
-                 auth: Authenticator | None = None) -> None:
+                 auth: Authenticator | None = None, budget: ByteBudget | None = None) -> None:
         self.peer = peer
         self.sock = sock
         self.requests = 0
@@ -89,6 +94,7 @@ class Connection:
         self._dispatch = dispatch
         self._on_close = on_close
         self._count_error = count_error
+        self._budget = budget
         self._auth = auth if auth is not None else Authenticator(None)
         # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
         self._principal: Principal | None = None if self._auth.required else OPEN
@@ -122,7 +128,8 @@ class Connection:
     # ------------------------------------------------------------------ reading
 
     def _read_loop(self) -> None:
-        reader = framing.FrameReader(self.sock, self._config.max_frame_bytes)
+        reader = framing.FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
+                                     frame_timeout_s=self._config.frame_timeout_s)
         try:
             if not self._handshake(reader):
                 return
@@ -134,6 +141,7 @@ class Connection:
                 if not self._serve(frame):
                     self._flush_held()  # the refusal, before the close
                     break
+                reader.release()  # dispatched: what it holds is the component's now
                 if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
                     self._flush_held()
         except BadFrame as exc:
@@ -147,6 +155,7 @@ class Connection:
         except Exception:  # a bug: lose this connection, never the server
             log.exception("closing %s after an unexpected error", self.peer)
         finally:
+            reader.release()
             self.close()
 
     def _handshake(self, reader: framing.FrameReader) -> bool:

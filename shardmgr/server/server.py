@@ -41,6 +41,7 @@ from typing import Any
 from common.journal import Flusher
 from common.journal.lockfile import LockFile
 from common.wire import tls
+from common.wire.budget import ByteBudget
 from common.wire.component import Component, Request
 from common.wire.errors import Forbidden, Internal, ServiceError, Unavailable, UnknownCommand
 from shardmgr.store.service import StoreService
@@ -91,6 +92,7 @@ class Server:
                 if cmd in self._routes:
                     raise ValueError(f"command {cmd!r} is served by both {self._routes[cmd].name} and {component.name}")
                 self._routes[cmd] = component
+        self.budget = ByteBudget(config.inflight_budget_bytes)  # shared by every connection's reader
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
         self._listener: socket.socket | None = None
@@ -280,7 +282,8 @@ class Server:
                     log.info("closing %s before its TLS handshake: %s", name, exc)
                     sock.close()
                     continue
-            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth)
+            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth,
+                              budget=self.budget)
             with self._lock:
                 refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()
                 started = False
@@ -365,7 +368,7 @@ class Server:
             counters = dict(self.counters)
         flusher = self.flusher.stats
         result: dict[str, dict[str, float | int]] = {
-            "server": {**counters, "connections_open": open_connections,
+            "server": {**counters, **self.budget.stats(), "connections_open": open_connections,
                        "uptime_seconds": round(time.time() - self.started_at, 3)},
             "flusher": {"rounds_total": flusher.rounds, "syncs_total": flusher.syncs,
                         "failures_total": flusher.failures,

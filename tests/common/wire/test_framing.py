@@ -4,7 +4,11 @@ that break the rules are refused with the documented error."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import struct
+import threading
+import time
 from typing import Any
 
 import msgpack
@@ -14,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.wire import framing
-from common.wire.errors import BadFrame, FrameTooLarge
+from common.wire.budget import ByteBudget
+from common.wire.errors import BadFrame, FrameTimeout, FrameTooLarge
 
 DTYPES = sorted(framing.DTYPES)
 
@@ -138,3 +143,113 @@ def test_the_limits_themselves_are_accepted_and_encode_refuses_what_decode_would
         framing.encode({"id": 1}, {"x": np.zeros([1] * (framing.MAX_RANK + 1), np.uint8)})
     with pytest.raises(ValueError, match="at most 64 parts"):
         framing.encode({"id": 1}, {f"p{i}": np.zeros(1, np.uint8) for i in range(framing.MAX_PARTS + 1)})
+
+
+# ------------------------------------------------ memory budget and frame deadline
+
+
+def test_large_frames_grow_as_they_arrive_and_round_trip() -> None:
+    """Frames past the read buffer, and past the first step (they are then
+    copied as their memory doubles), arrive intact however the stream is cut."""
+    budget = ByteBudget(1 << 30)
+    for n in (framing.READ_BUFFER_BYTES + 1, 100_000, framing.FIRST_STEP_BYTES * 2 + 12_345):
+        body = np.random.default_rng(n).integers(0, 255, n, dtype=np.uint8)
+        data = frame_bytes({"id": n}, {"b": body}) + frame_bytes({"id": 2})
+        reader = framing.FrameReader(Stream(data, [5000, 1 << 20, 7]), budget=budget)
+        frame = reader.read()
+        assert frame is not None and frame.header == {"id": n} and np.array_equal(frame.parts["b"], body)
+        assert 0 < budget.used <= frame.size  # held until released
+        reader.release()
+        assert budget.used == 0
+        frame = reader.read()
+        assert frame is not None and frame.header == {"id": 2}
+    assert budget.stats()["inflight_peak_bytes"] <= 2 * (framing.FIRST_STEP_BYTES * 2 + 12_400)
+
+
+def test_declared_but_unsent_bytes_are_not_charged() -> None:
+    """A peer that declares a 200 MiB frame and sends 1 MiB of it holds one
+    first step of the budget, not 200 MiB; when it goes away, nothing."""
+    budget = ByteBudget(1 << 30)
+    ours, theirs = socket.socketpair()
+    header = msgpack.packb({"id": 1, "parts": [["b", "|u1", [200 << 20]]]})
+    _send_soon(theirs, struct.pack("<II", len(header) + (200 << 20), len(header)) + header + bytes(1 << 20))
+    reader = framing.FrameReader(ours, budget=budget, frame_timeout_s=60)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _catch(reader.read, errors))
+    thread.start()
+    _wait_for(lambda: budget.used > 0)
+    assert budget.used == framing.FIRST_STEP_BYTES
+    theirs.close()
+    thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], ConnectionError)
+    assert budget.used == 0
+    ours.close()
+
+
+def test_a_frame_that_stalls_times_out_but_idle_time_between_frames_does_not() -> None:
+    ours, theirs = socket.socketpair()
+    reader = framing.FrameReader(ours, frame_timeout_s=0.2)
+    frames: list[framing.Frame | None] = []
+    thread = threading.Thread(target=lambda: frames.append(reader.read()))
+    thread.start()
+    time.sleep(0.5)  # idle between frames, longer than frame_timeout_s
+    theirs.sendall(frame_bytes({"id": 1}))
+    thread.join(30)
+    assert frames and frames[0] is not None and frames[0].header == {"id": 1}
+    theirs.sendall(frame_bytes({"id": 2})[:5])  # part of a head, then nothing
+    with pytest.raises(FrameTimeout, match="8-byte head did not arrive within frame_timeout_s=0.2 s"):
+        reader.read()
+    ours.close()
+    theirs.close()
+
+
+def test_a_large_frame_that_stalls_times_out_and_gives_its_budget_back() -> None:
+    budget = ByteBudget(1 << 30)
+    ours, theirs = socket.socketpair()
+    data = frame_bytes({"id": 1}, {"b": np.zeros(1 << 20, np.uint8)})
+    _send_soon(theirs, data[:len(data) // 2])
+    reader = framing.FrameReader(ours, budget=budget, frame_timeout_s=0.2)
+    with pytest.raises(FrameTimeout, match=f"frame of {len(data) - 8} bytes did not arrive"):
+        reader.read()
+    assert budget.used == 0
+    ours.close()
+    theirs.close()
+
+
+def test_a_frame_that_gets_no_budget_within_its_deadline_times_out() -> None:
+    budget = ByteBudget(4 << 20)
+    budget.acquire(4 << 20)  # every byte held by other connections
+    ours, theirs = socket.socketpair()
+    _send_soon(theirs, frame_bytes({"id": 1}, {"b": np.zeros(1 << 20, np.uint8)}))
+    reader = framing.FrameReader(ours, budget=budget, frame_timeout_s=0.2)
+    with pytest.raises(FrameTimeout, match="no memory for a frame .* hold 4194304 of the 4194304 bytes"):
+        reader.read()
+    budget.release(4 << 20)
+    assert budget.used == 0
+    ours.close()
+    theirs.close()
+
+
+def _send_soon(sock: socket.socket, data: bytes) -> None:
+    """Send from another thread: a socket pair holds less than ``data``."""
+
+    def send() -> None:
+        with contextlib.suppress(OSError):  # the reader closed its end
+            sock.sendall(data)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def _catch(call: Any, errors: list[BaseException]) -> None:
+    try:
+        call()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def _wait_for(condition: Any) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
