@@ -21,10 +21,12 @@ import time
 class ByteBudget:
     """At most ``limit`` bytes handed out at once."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, name: str = "inflight") -> None:
+        """``name`` prefixes its :meth:`stats` keys."""
         if limit <= 0:
             raise ValueError(f"a byte budget's limit must be positive, got {limit}")
         self._limit = limit
+        self._name = name
         self._lock = threading.Lock()
         self._waiters: collections.deque[tuple[int, threading.Condition]] = collections.deque()
         self._used = 0
@@ -70,6 +72,14 @@ class ByteBudget:
                 self._waiters.remove(me)
                 self._wake_first()
 
+    def try_acquire(self, n: int) -> bool:
+        """Take ``n`` bytes if they are free now and nobody waits; never waits."""
+        with self._lock:
+            if self._waiters or self._used + n > self._limit:
+                return False
+            self._take(n)
+            return True
+
     def release(self, n: int) -> None:
         """Give back ``n`` bytes taken earlier."""
         with self._lock:
@@ -81,9 +91,10 @@ class ByteBudget:
     def stats(self) -> dict[str, int]:
         """Gauges and counters for the server's ``stats``."""
         with self._lock:
-            return {"inflight_bytes": self._used, "inflight_peak_bytes": self._peak,
-                    "inflight_limit_bytes": self._limit, "inflight_waits_total": self._waits,
-                    "inflight_wait_timeouts_total": self._timeouts}
+            name = self._name
+            return {f"{name}_bytes": self._used, f"{name}_peak_bytes": self._peak,
+                    f"{name}_limit_bytes": self._limit, f"{name}_waits_total": self._waits,
+                    f"{name}_wait_timeouts_total": self._timeouts}
 
     def _take(self, n: int) -> None:
         self._used += n

@@ -70,6 +70,12 @@ class ServerConfig:
     #: any wait for ``max_inflight_bytes``); past it the connection is closed
     #: with a ``frame_timeout`` error. Idle time between frames is not limited.
     frame_timeout_s: float = 60.0
+    #: Bytes of replies queued for sending at once, over all connections (a
+    #: connection's own cap is ``max_outbox_bytes``). A connection whose reply
+    #: would pass it is closed, as one over its own cap is: clients that ask
+    #: for large replies and do not read them cannot hold the server's memory.
+    #: At least ``max_frame_bytes``; None (default): as ``max_inflight_bytes``.
+    max_outbox_total_bytes: int | None = None
     #: The work queue's settings (TOML table ``[workq]``).
     workq: WorkqConfig = WorkqConfig()
     #: The vector store's settings (TOML table ``[store]``).
@@ -103,6 +109,14 @@ class ServerConfig:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return max(min(GiB, ram // 4), 2 * self.max_frame_bytes)
 
+    @property
+    def outbox_budget_bytes(self) -> int:
+        """``max_outbox_total_bytes``, or its default for this machine when None."""
+        if self.max_outbox_total_bytes is not None:
+            return self.max_outbox_total_bytes
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(min(GiB, ram // 4), 2 * self.max_frame_bytes)
+
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""
         for name in ("port",) + (("metrics_port",) if self.metrics_port is not None else ()):
@@ -121,6 +135,9 @@ class ServerConfig:
         if self.max_inflight_bytes is not None and self.max_inflight_bytes < 2 * self.max_frame_bytes:
             raise ValueError(f"max_inflight_bytes must be at least 2 x max_frame_bytes ({2 * self.max_frame_bytes}) "
                              f"so that a largest frame can always arrive, got {self.max_inflight_bytes}")
+        if self.max_outbox_total_bytes is not None and self.max_outbox_total_bytes < self.max_frame_bytes:
+            raise ValueError(f"max_outbox_total_bytes must be at least max_frame_bytes ({self.max_frame_bytes}), "
+                             f"got {self.max_outbox_total_bytes}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
         self.workq.validate().fitted_to_frame(self.max_frame_bytes)

@@ -84,7 +84,8 @@ class Connection:
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
                  on_close: Callable[[Connection], None], count_error: CountError,
-                 auth: Authenticator | None = None, budget: ByteBudget | None = None) -> None:
+                 auth: Authenticator | None = None, budget: ByteBudget | None = None,
+                 outbox_budget: ByteBudget | None = None) -> None:
         self.peer = peer
         self.sock = sock
         self.requests = 0
@@ -95,6 +96,7 @@ class Connection:
         self._on_close = on_close
         self._count_error = count_error
         self._budget = budget
+        self._outbox_budget = outbox_budget  # server-wide: bytes of replies queued in every outbox
         self._auth = auth if auth is not None else Authenticator(None)
         # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
         self._principal: Principal | None = None if self._auth.required else OPEN
@@ -265,14 +267,29 @@ class Connection:
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
                 return
-            overflow = self._outbox_bytes + size > self._config.max_outbox_bytes
-            if not overflow:
-                self._outbox.append(entry)
-                self._outbox_bytes += size
-                self._cond.notify_all()
-        if overflow:
-            log.warning("closing %s: %d bytes of replies queued and not read", self.peer, self._outbox_bytes)
+            queued = self._queue([entry], size)
+        if not queued:
             self.close()
+
+    def _queue(self, entries: list[tuple[list[bytes | memoryview], int, OnSent | None]], size: int) -> bool:
+        """Under the lock: add replies to the outbox, charged to this
+        connection's cap and to the server-wide budget; False (nothing
+        queued, the caller closes the connection) if either would pass."""
+        if self._outbox_bytes + size > self._config.max_outbox_bytes:
+            log.warning("closing %s: %d bytes of replies queued and not read", self.peer, self._outbox_bytes)
+            return False
+        if self._outbox_budget is not None and not self._outbox_budget.try_acquire(size):
+            log.warning("closing %s: its %d bytes of queued replies would pass the server's max_outbox_total_bytes",
+                        self.peer, self._outbox_bytes + size)
+            return False
+        self._outbox.extend(entries)
+        self._outbox_bytes += size
+        self._cond.notify_all()
+        return True
+
+    def _uncharge(self, size: int) -> None:
+        if self._outbox_budget is not None and size:
+            self._outbox_budget.release(size)
 
     def _flush_held(self) -> None:
         """Send the replies the reader produced (reader thread only)."""
@@ -288,11 +305,11 @@ class Connection:
             if direct:
                 self._claim_writing()
             else:  # keep reply order simple: behind what is queued
-                self._outbox.extend(held)
-                self._outbox_bytes += sum(size for _, size, _ in held)
-                self._cond.notify_all()
+                queued = self._queue(held, sum(size for _, size, _ in held))
         if direct:
             self._write(held)
+        elif not queued:
+            self.close()
 
     def _send_now(self, data: bytes | dict[str, Any]) -> None:
         """Best-effort immediate write of one frame (a connection error),
@@ -368,10 +385,11 @@ class Connection:
                         self._claim_writing()
                     break
                 batch = list(self._outbox)
+                charged, self._outbox_bytes = self._outbox_bytes, 0
                 self._outbox.clear()
-                self._outbox_bytes = 0
                 self._claim_writing()
             self._write(batch)
+            self._uncharge(charged)
         if not self._handshaken:
             self.close()  # it never got a preamble: to its client this is a refused connection
             return
@@ -426,8 +444,9 @@ class Connection:
             first = not self._closed
             self._closed = True
             self._outbox.clear()
-            self._outbox_bytes = 0
+            charged, self._outbox_bytes = self._outbox_bytes, 0
             self._cond.notify_all()
+        self._uncharge(charged)
         if first:
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # not SSLSocket's (see _write_loop)

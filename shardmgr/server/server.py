@@ -93,6 +93,7 @@ class Server:
                     raise ValueError(f"command {cmd!r} is served by both {self._routes[cmd].name} and {component.name}")
                 self._routes[cmd] = component
         self.budget = ByteBudget(config.inflight_budget_bytes)  # shared by every connection's reader
+        self.outbox_budget = ByteBudget(config.outbox_budget_bytes, "outbox")  # ... and by their outboxes
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
         self._listener: socket.socket | None = None
@@ -283,7 +284,7 @@ class Server:
                     sock.close()
                     continue
             conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth,
-                              budget=self.budget)
+                              budget=self.budget, outbox_budget=self.outbox_budget)
             with self._lock:
                 refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()
                 started = False
@@ -368,7 +369,8 @@ class Server:
             counters = dict(self.counters)
         flusher = self.flusher.stats
         result: dict[str, dict[str, float | int]] = {
-            "server": {**counters, **self.budget.stats(), "connections_open": open_connections,
+            "server": {**counters, **self.budget.stats(), **self.outbox_budget.stats(),
+                       "connections_open": open_connections,
                        "uptime_seconds": round(time.time() - self.started_at, 3)},
             "flusher": {"rounds_total": flusher.rounds, "syncs_total": flusher.syncs,
                         "failures_total": flusher.failures,
