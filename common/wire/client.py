@@ -46,6 +46,11 @@ from .tls import client_context
 TOKEN_ENV = "SHARDMGR_TOKEN"
 """Environment variable a client takes its token from when given none."""
 
+IDLE_CHECK_S = 0.5
+"""A connection idle this long is checked (one select) before a request is
+sent on it, in case the server ended it meanwhile (a goaway, a restart);
+busier ones skip the syscall and learn of an end from their next read."""
+
 MAX_CLIENT_SECONDS = 86400.0
 """Longest timeout, connect timeout or retry period a client takes, in seconds."""
 
@@ -121,6 +126,7 @@ class RpcClient:
         self._waiting: set[int] = set()
         self._early: dict[int, framing.Frame] = {}  # answers read before their receive()
         self._ended: dict[int, ServiceError] = {}  # requests the end of a connection left unanswered
+        self._last_reply = 0.0  # monotonic time of the last reply received
         self._connecting = False
 
     # ------------------------------------------------------------- connection
@@ -224,7 +230,8 @@ class RpcClient:
     def send(self, cmd: str, args: dict[str, Any] | None = None,
              parts: dict[str, np.ndarray] | None = None) -> int:
         """Send a request without waiting (pipelining); returns its id."""
-        if self._sock is not None and not self._waiting and _ended_by_peer(self._sock):
+        if (self._sock is not None and not self._waiting and time.monotonic() - self._last_reply > IDLE_CHECK_S
+                and _ended_by_peer(self._sock)):
             self._drop_socket()  # an idle connection the server closed (a goaway, a restart): nothing was lost
         self.connect()
         request_id = next(self._ids)
@@ -268,6 +275,7 @@ class RpcClient:
                 self._end(_connection_error(got.header["error"], self._where()))
                 raise self._ended.pop(request_id)
         self._waiting.discard(request_id)
+        self._last_reply = time.monotonic()
         if "error" in frame.header:
             error = frame.header["error"]
             raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))

@@ -113,6 +113,7 @@ class Connection:
         self._goaway_sent = False  # decided: nothing but the goaway is written from now on
         self._goaway_written = False
         self._write_started = 0.0
+        self._write_waiters = 0  # threads waiting for the write under way to end
         self._close_done = threading.Event()
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
@@ -316,7 +317,7 @@ class Connection:
         never interleaved with another write, never after the goaway."""
         buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
         with self._cond:
-            self._cond.wait_for(lambda: not self._writing or self._closed, self._config.send_timeout_s)
+            self._await_writer(self._config.send_timeout_s)
             if self._closed or self._writing or self._goaway_sent:
                 return
             self._claim_writing()
@@ -334,7 +335,18 @@ class Connection:
     def _release_writing(self) -> None:
         with self._cond:
             self._writing = False
-            self._cond.notify_all()
+            # Wake only who can use it: waking the idle writer after every
+            # reply the reader wrote itself costs a thread switch per request.
+            if self._outbox or self._draining or self._closed or self._write_waiters:
+                self._cond.notify_all()
+
+    def _await_writer(self, timeout: float) -> bool:
+        """Under the lock: wait until no write is under way (or closed); False on timeout."""
+        self._write_waiters += 1
+        try:
+            return self._cond.wait_for(lambda: not self._writing or self._closed, timeout)
+        finally:
+            self._write_waiters -= 1
 
     def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
         """Send a batch (caller claimed ``_writing``); run callbacks; release ``_writing``.
@@ -454,7 +466,12 @@ class Connection:
             self._close_done.wait(CLOSE_WAIT_S)
             return
         with self._cond:
-            if not self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S):
+            self._write_waiters += 1
+            try:
+                ended = self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S)
+            finally:
+                self._write_waiters -= 1
+            if not ended:
                 log.error("closing %s: a write did not end within %.0f s", self.peer, CLOSE_WAIT_S)
         try:
             self.sock.close()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from common.wire import framing
-from common.wire.client import ConnectionLost, RpcClient
+from common.wire.client import IDLE_CHECK_S, ConnectionLost, RpcClient
 from common.wire.errors import BadRequest, Unavailable, UnknownCommand
 
 from .serverproc import ServerProcess
@@ -238,6 +238,7 @@ def test_sigkill_then_restart_and_client_reconnects(server: ServerProcess) -> No
     assert client.call("ping").result == {}
     server.signal(signal.SIGKILL)  # now idle: its next call finds the connection ended and reconnects
     server.wait()
+    time.sleep(IDLE_CHECK_S)
     threading.Timer(0.5, server.start).start()
     assert client.call("ping").result == {}
     client.close()
