@@ -228,20 +228,30 @@ def test_a_sigterm_another_thread_receives_stops_the_server(tmp_path: Path) -> N
 
 def test_sigkill_then_restart_and_client_reconnects(server: ServerProcess) -> None:
     client = RpcClient(server.address, retry_for=30)
-    assert client.call("ping").result == {}
-    in_flight = client.send("workq.results", {"job": "j", "wait": 30.0})
-    server.signal(signal.SIGKILL)
-    server.wait()
-    with pytest.raises(ConnectionLost):  # it was in flight: it may or may not have applied
-        client.receive(in_flight)
-    threading.Timer(0.5, server.start).start()  # come back while the client retries
-    assert client.call("ping").result == {}
-    server.signal(signal.SIGKILL)  # now idle: its next call finds the connection ended and reconnects
-    server.wait()
-    time.sleep(IDLE_CHECK_S)
-    threading.Timer(0.5, server.start).start()
-    assert client.call("ping").result == {}
-    client.close()
+    restarts: list[threading.Timer] = []
+
+    def restart_soon() -> None:  # come back while the client retries
+        restarts.append(threading.Timer(0.5, server.start))
+        restarts[-1].start()
+
+    try:
+        assert client.call("ping").result == {}
+        in_flight = client.send("workq.results", {"job": "j", "wait": 30.0})
+        server.signal(signal.SIGKILL)
+        server.wait()
+        with pytest.raises(ConnectionLost):  # it was in flight: it may or may not have applied
+            client.receive(in_flight)
+        restart_soon()
+        assert client.call("ping").result == {}
+        server.signal(signal.SIGKILL)  # now idle: its next call finds the connection ended and reconnects
+        server.wait()
+        time.sleep(IDLE_CHECK_S)
+        restart_soon()
+        assert client.call("ping").result == {}
+    finally:
+        for timer in restarts:
+            timer.join(60)  # a server it started is then the fixture's to stop
+        client.close()
 
 
 def test_second_server_on_the_same_directory_is_refused(server: ServerProcess) -> None:
