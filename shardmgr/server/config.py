@@ -111,11 +111,10 @@ class ServerConfig:
 
     @property
     def outbox_budget_bytes(self) -> int:
-        """``max_outbox_total_bytes``, or its default for this machine when None."""
+        """``max_outbox_total_bytes``, or when None the same as ``inflight_budget_bytes``."""
         if self.max_outbox_total_bytes is not None:
             return self.max_outbox_total_bytes
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return max(min(GiB, ram // 4), 2 * self.max_frame_bytes)
+        return self.inflight_budget_bytes
 
     def validate(self) -> ServerConfig:
         """Return self, or raise ValueError naming the bad setting."""
