@@ -16,7 +16,9 @@ are marked delivered), then a goaway frame (connection.py); the clients
 close. Then the connections are closed, every component stops (the queue
 records the delivered marks and flushes), the flusher makes the rest
 durable and the LOCK is released. A second SIGTERM/SIGINT during the stop
-flushes what was written and exits at once with status 1.
+exits at once with status 1, as a SIGKILL would, after one bounded attempt
+to flush what was written (a help against a power cut soon after, not a
+promise: only acknowledged durable writes are promised).
 
 Threads: an acceptor thread; a send watchdog; per connection a reader and a writer thread
 (connection.py); per component its own owner threads; the flusher. The
