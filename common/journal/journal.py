@@ -286,7 +286,7 @@ class Journal(RecordReader):
                               f"{exc.strerror or exc}", exc.errno) from exc
 
     def set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
-                    expect: Marker | None = None) -> Ticket:
+                    expect: Marker | None = None, proven: bool = False) -> Ticket:
         """Rewrite the markers of the records at ``offsets`` in place.
 
         Each offset must be a record start of this journal: structurally
@@ -294,12 +294,14 @@ class Journal(RecordReader):
         offset inside another record's body is refused even if a record
         image sits there. With ``expect``, every record must currently carry
         that marker. On any failure nothing is changed. Only the 4 marker
-        bytes of each record are written.
+        bytes of each record are written. ``proven``: the caller vouches the
+        offsets came from this journal (see RecordReader._locate); the chain
+        proof is skipped, the structural check is not.
         """
         marker = Marker(marker)
         self._check_writable()
         with self._lock:
-            offs, current = self._locate(offsets, unique=True)
+            offs, current = self._locate(offsets, unique=True, proven=proven)
             if expect is not None and (current != expect).any():
                 wrong = np.flatnonzero(current != expect)
                 raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "

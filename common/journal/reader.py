@@ -148,11 +148,12 @@ class RecordReader:
         np.cumsum(sizes[:-1], out=starts[1:])
         return span, starts.tolist()
 
-    def sizes(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Bytes each record at ``offsets`` occupies on disk (header, body, padding)."""
+    def sizes(self, offsets: Sequence[int] | np.ndarray, *, proven: bool = False) -> np.ndarray:
+        """Bytes each record at ``offsets`` occupies on disk (header, body,
+        padding). ``proven``: see :meth:`_locate`."""
         self._check_open()
         with self._lock:
-            offs, _ = self._locate(offsets)
+            offs, _ = self._locate(offsets, proven=proven)
             lengths = self._file.words[offs // 4 + 2] & LENGTH_MASK
         align = self.alignment
         sizes: np.ndarray = (lengths.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)
@@ -187,11 +188,22 @@ class RecordReader:
         start = offset + RECORD_HEADER_SIZE
         return mm[start:start + header.length]
 
-    def markers(self, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Current marker words (uint32) of the records at ``offsets``."""
+    def markers(self, offsets: Sequence[int] | np.ndarray, *, proven: bool = False) -> np.ndarray:
+        """Current marker words (uint32) of the records at ``offsets``.
+        ``proven``: see :meth:`_locate`."""
         self._check_open()
         with self._lock:
-            return self._locate(offsets)[1]
+            return self._locate(offsets, proven=proven)[1]
+
+    def refreshed(self, chunk: RecordChunk) -> RecordChunk:
+        """A chunk from this journal's scan() with its markers read again
+        (markers change in place; offsets, lengths and bodies never do).
+        Owners that keep a scanned chunk to serve later requests from it
+        use this instead of scanning the same records again."""
+        self._check_open()
+        with self._lock:
+            markers = self._file.words[chunk.offsets // 4]
+        return RecordChunk(chunk.offsets, markers, chunk.lengths, chunk.continues, chunk.first_seq)
 
     def scan(self, start: int | None = None, stop: int | None = None,
              window: int = WINDOW_BYTES) -> Iterator[RecordChunk]:
@@ -228,15 +240,23 @@ class RecordReader:
             for off, mark, body in zip(chunk.offsets.tolist(), chunk.markers.tolist(), bodies):
                 yield Record(off, Marker(mark), bytes(body))
 
-    def _locate(self, offsets: Sequence[int] | np.ndarray, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _locate(self, offsets: Sequence[int] | np.ndarray, unique: bool = False,
+                proven: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Prove ``offsets`` are record starts; return them (sorted without
-        repeats if ``unique``) and their markers. Caller holds _lock."""
+        repeats if ``unique``) and their markers. Caller holds _lock.
+
+        With ``proven`` the caller vouches that every offset came from this
+        journal itself (its scan or its append, in this process: e.g. an
+        item its owner dispatched and still holds), so the record-chain
+        proof is skipped; the structural check (alignment, range, marker,
+        length) still runs. Owners use it on per-request hot paths, where
+        re-walking a region for one offset costs more than the request."""
         offs = sorted_unique(np.asarray(offsets, dtype=np.int64).ravel())
         try:
             offs_checked, current = locate_records(self._file.words, offs, self._end, self.alignment)
         except RecordNotFound as exc:
             raise RecordNotFound(f"{self.path}: {exc}") from None
-        if len(offs):
+        if len(offs) and not proven:
             self._ensure_anchors().prove(self._file.bytes, offs_checked, self._end, self.alignment,
                                          self.identity.max_record_bytes, self.path)
         if unique:

@@ -5,7 +5,10 @@ The broker keeps no per-item index. Per segment it keeps, in memory:
 * per job, a cursor (no pending item of that job lies before it) and the
   number of that job's pending items in the segment;
 * ``held``: offsets that must not be dispatched now (leased, completing, or
-  released with a delay), at most the items in flight;
+  released with a delay), at most the items in flight. Every held offset is
+  a proven record start (it came from a dispatch scan, or was proven when a
+  worker reported it or a result named it), so operations on held items
+  skip the journal's record-chain proof: that is the per-request fast path;
 * byte and record counts for the operator view.
 
 Dispatch walks a job's records from its cursor with the vectorised journal
@@ -19,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgpack
 import numpy as np
 
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
-from common.journal.anchors import contains
 from common.journal.header import HEADER_SIZE
 from common.journal.scan import RecordChunk
 from workq.config import REPLY_ITEM_BYTES
@@ -55,10 +57,22 @@ def budgeted(costs: np.ndarray, budget: int, first: bool) -> int:
 
 @dataclasses.dataclass(slots=True)
 class JobCursor:
-    """Where a job's pending items in one segment start, and how many."""
+    """Where a job's pending items in one segment start, and how many.
+
+    ``ahead`` keeps the records of the last dispatch scan from the cursor
+    on (their markers as of that scan): the next dispatch starts from them
+    instead of scanning the same bytes again, so taking one item at a time
+    costs one scan per window, not one per call. It starts exactly at the
+    cursor; it is dropped whenever the cursor moves back."""
 
     cursor: int
     pending: int = 0
+    ahead: RecordChunk | None = None
+
+    def rewind(self, first: int) -> None:
+        """No pending item lies before ``first`` any more than before it: move back if need be."""
+        if first < self.cursor:
+            self.cursor, self.ahead = first, None
 
 
 @dataclasses.dataclass(slots=True)
@@ -72,6 +86,7 @@ class Taken:
     payloads: list[memoryview]
     cursor: int  # the job's cursor once these are committed
     cost: int  # response bytes: payloads plus REPLY_ITEM_BYTES each
+    rest: RecordChunk | None  # the scanned records from ``cursor`` on: the job's next lookahead
 
 
 class Segment:
@@ -84,7 +99,6 @@ class Segment:
         self.recovered = recovered  # existed before this broker started
         self.jobs: dict[int, JobCursor] = {}
         self.held: set[int] = set()
-        self._held_sorted: np.ndarray | None = np.zeros(0, dtype=np.int64)
         self.dead_bytes = 0
         self.last_append = time.monotonic()
 
@@ -148,16 +162,13 @@ class Segment:
         mine = self.jobs.get(job)
         if mine is None or mine.pending <= 0 or limit <= 0:
             return None
-        held = self._held_array()
         budget = max_bytes if max_bytes is not None else 1 << 62
         pieces: list[tuple[RecordChunk, np.ndarray]] = []
-        got, cost, cursor = 0, 0, self.journal.end
-        for chunk in self.journal.scan(start=mine.cursor, window=scan_window(self.journal, limit)):
+        got, cost, cursor, rest = 0, 0, self.journal.end, None
+        for chunk in self._from_cursor(mine, limit):
             jobs = self.journal.fields(chunk, JOB_AT, "<u8")
-            mask = (chunk.markers == LIVE) & (jobs == np.uint64(job))
-            if len(held):
-                mask &= ~contains(held, chunk.offsets)
-            picked = np.flatnonzero(mask)[: limit - got]
+            picked = self._free(chunk.offsets, np.flatnonzero((chunk.markers == LIVE) & (jobs == np.uint64(job))),
+                                limit - got)
             costs = chunk.lengths[picked] - HEAD_BYTES + REPLY_ITEM_BYTES
             kept = budgeted(costs, budget - cost, first and not got)
             if kept:
@@ -165,16 +176,41 @@ class Segment:
                 got += kept
                 cost += int(costs[:kept].sum())
             if got >= limit or kept < len(picked):
-                ends = chunk.ends(self.journal.alignment)
-                cursor = int(ends[picked[kept - 1]]) if kept else int(chunk.offsets[picked[0]])
+                cut = int(picked[kept - 1]) + 1 if kept else int(picked[0])
+                cursor = int(chunk.ends(self.journal.alignment)[cut - 1]) if kept else int(chunk.offsets[cut])
+                rest = chunk[cut:] if cut < len(chunk) else None
                 break
         if not pieces:
             if cursor == self.journal.end:
-                mine.cursor, mine.pending = cursor, 0  # nothing pending after all: repair the count
+                mine.cursor, mine.pending, mine.ahead = cursor, 0, None  # nothing pending after all: repair
             return None
-        return self._taken(job, pieces, cursor, cost)
+        return self._taken(job, pieces, cursor, cost, rest)
 
-    def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int, cost: int) -> Taken:
+    def _from_cursor(self, mine: JobCursor, limit: int) -> Iterator[RecordChunk]:
+        """The records from the job's cursor on: the lookahead first (its
+        markers read again), then a scan from where it ends."""
+        start = mine.cursor
+        if mine.ahead is not None and len(mine.ahead) and int(mine.ahead.offsets[0]) == start:
+            ahead = self.journal.refreshed(mine.ahead)
+            yield ahead
+            start = int(ahead.ends(self.journal.alignment)[-1])
+        yield from self.journal.scan(start=start, window=scan_window(self.journal, limit))
+
+    def _free(self, offsets: np.ndarray, candidates: np.ndarray, limit: int) -> np.ndarray:
+        """The first ``limit`` of ``candidates`` (indices into ``offsets``)
+        whose item is not held; one set lookup per candidate looked at."""
+        if not self.held:
+            return candidates[:limit]
+        held, picked = self.held, []
+        for index, offset in zip(candidates.tolist(), offsets[candidates].tolist()):
+            if offset not in held:
+                picked.append(index)
+                if len(picked) == limit:
+                    break
+        return np.array(picked, dtype=np.int64)
+
+    def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int, cost: int,
+               rest: RecordChunk | None) -> Taken:
         offsets, positions, payloads = [], [], []
         for chunk, picked in pieces:
             sub = RecordChunk(chunk.offsets[picked], chunk.markers[picked], chunk.lengths[picked],
@@ -182,22 +218,20 @@ class Segment:
             offsets.append(sub.offsets)
             positions.append(self.journal.fields(sub, POSITION_AT, "<u8"))
             payloads += self.journal.bodies(sub, skip=HEAD_BYTES)
-        return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor, cost)
+        return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor, cost, rest)
 
     def commit_take(self, taken: Taken) -> None:
         """Commit: the taken items are held (in flight); the cursor moves on."""
         mine = self.jobs[taken.job]
-        mine.cursor = taken.cursor
+        mine.cursor, mine.ahead = taken.cursor, taken.rest
         mine.pending -= len(taken.offsets)
         self.hold(taken.offsets)
 
     def hold(self, offsets: np.ndarray) -> None:
         self.held.update(offsets.tolist())
-        self._held_sorted = None
 
     def unhold(self, offsets: np.ndarray) -> None:
         self.held.difference_update(offsets.tolist())
-        self._held_sorted = None
 
     def give_back(self, job: int, offsets: np.ndarray) -> None:
         """Held items become pending again: rewind this job's cursor to them."""
@@ -211,7 +245,7 @@ class Segment:
         if cursor is None:
             self.jobs[job] = JobCursor(first, n)
         else:
-            cursor.cursor = min(cursor.cursor, first)
+            cursor.rewind(first)
             cursor.pending += n
 
     def drop_pending(self, job: int, n: int) -> None:
@@ -221,18 +255,18 @@ class Segment:
         if cursor is not None:
             cursor.pending -= n
 
-    def _held_array(self) -> np.ndarray:
-        if self._held_sorted is None:
-            self._held_sorted = np.fromiter(self.held, dtype=np.int64, count=len(self.held))
-            self._held_sorted.sort()
-        return self._held_sorted
-
     # ------------------------------------------------------------- inspection
 
-    def heads_of(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def holds_all(self, offsets: np.ndarray) -> bool:
+        """Are all of ``offsets`` held (so proven record starts: see ``held``)?"""
+        held = self.held
+        return all(offset in held for offset in offsets.tolist())
+
+    def heads_of(self, offsets: np.ndarray, *, proven: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(job ids, positions, current markers) of item offsets, proven
-        record starts (RecordNotFound otherwise)."""
-        markers = self.journal.markers(offsets)
+        record starts (RecordNotFound otherwise); ``proven``: the caller
+        knows they are (held items: see ``held``), and the chain proof is skipped."""
+        markers = self.journal.markers(offsets, proven=proven)
         chunk = RecordChunk(offsets, markers, np.full(len(offsets), HEAD_BYTES, dtype=np.int64),
                             np.zeros(len(offsets), dtype=bool), 0)
         return self.journal.fields(chunk, JOB_AT, "<u8"), self.journal.fields(chunk, POSITION_AT, "<u8"), markers

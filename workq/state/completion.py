@@ -76,7 +76,8 @@ def plan(state: QueueState, packed: np.ndarray, payloads: Sequence[bytes | memor
                 raise UnknownHandle(f"item {Handle.unpack(int(packed[rows[0]]))}: no such segment")
             continue  # the segment was collected: every item in it already has its result
         try:
-            jobs, positions, markers = segment.heads_of(offsets[rows])
+            mine = offsets[rows]
+            jobs, positions, markers = segment.heads_of(mine, proven=segment.holds_all(mine))
         except RecordNotFound as exc:
             raise UnknownHandle(f"segment {segment_id}: {exc}") from None
         ok = first[rows] & (markers != RETIRED)

@@ -257,9 +257,10 @@ class Items:
         them; returns the tombstones' ticket. A JournalError (the input
         segment failed earlier) changes nothing: see :meth:`stranded`."""
         segment = group.segment
-        ticket = segment.journal.set_markers(group.offsets, Marker.RETIRED)
+        # completion.plan proved every offset of the group (or found it held: proven before)
+        ticket = segment.journal.set_markers(group.offsets, Marker.RETIRED, proven=True)
         segment.unhold(group.offsets)
-        segment.dead_bytes += int(segment.journal.sizes(group.offsets).sum())
+        segment.dead_bytes += int(segment.journal.sizes(group.offsets, proven=True).sum())
         listed = group.handles.tolist()
         self.completing.difference_update(listed)
         self.leases.forget(listed)
