@@ -71,18 +71,23 @@ class Anchors:
         """Add consecutive records (ascending ``offsets``, seqs from ``first_seq``)."""
         if not len(offsets):
             return
-        buckets = offsets // ANCHOR_BYTES
-        last = self._offsets[self._n - 1] // ANCHOR_BYTES if self._n else -1
-        new = np.flatnonzero(np.diff(buckets, prepend=last) != 0)
-        if not len(new):
+        last = int(self._offsets[self._n - 1]) // ANCHOR_BYTES if self._n else -1
+        if len(offsets) == 1:  # one append of one record: no numpy machinery
+            if int(offsets[0]) // ANCHOR_BYTES != last:
+                self._add(offsets[:1], np.array([first_seq], dtype=np.int64))
             return
-        need = self._n + len(new)
+        new = np.flatnonzero(np.diff(offsets // ANCHOR_BYTES, prepend=last) != 0)
+        if len(new):
+            self._add(offsets[new], first_seq + new)
+
+    def _add(self, offsets: np.ndarray, seqs: np.ndarray) -> None:
+        need = self._n + len(offsets)
         if need > len(self._offsets):
             size = max(need, 2 * len(self._offsets))
             self._offsets = np.resize(self._offsets, size)
             self._seqs = np.resize(self._seqs, size)
-        self._offsets[self._n:need] = offsets[new]
-        self._seqs[self._n:need] = first_seq + new
+        self._offsets[self._n:need] = offsets
+        self._seqs[self._n:need] = seqs
         self._n = need
 
     def truncate(self, end: int) -> None:

@@ -40,6 +40,13 @@ LENGTH_MASK = (1 << 28) - 1
 BATCH_CONTINUES = 1 << 31
 RESERVED_FLAGS = 0x7 << 28
 SEQ_MODULUS = 1 << 32
+SMALL_BATCH = 8
+"""Batches up to this many records are encoded and located with plain
+Python ints: numpy's per-call overhead (tens of calls per batch) costs more
+than the work below about this size, and one item per request is common.
+Both paths give the same bytes and the same errors (tests/common/journal)."""
+
+_WORD_PAIR = struct.Struct("<II")
 
 Body = bytes | bytearray | memoryview
 ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
@@ -75,18 +82,62 @@ def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignme
     body copy for variable-length bodies and one crc32c call per record.
     Raises RecordTooLarge (naming the first offending body) before any work.
     """
+    if not isinstance(bodies, np.ndarray) and len(bodies) <= SMALL_BATCH:
+        return _encode_few(bodies, first_seq, alignment, max_record_bytes, marker, prefix)
+    return _encode_many(bodies, first_seq, alignment, max_record_bytes, marker, prefix)
+
+
+def _check_prefix(prefix: np.ndarray, n: int) -> int:
+    """The prefix's width (ValueError unless it is uint8 [n, width])."""
+    if prefix.ndim != 2 or prefix.dtype != np.uint8 or prefix.shape[0] != n:
+        raise ValueError(f"prefix must be uint8 [{n}, width], got {prefix.dtype} {prefix.shape}")
+    return int(prefix.shape[1])
+
+
+def _too_large(index: int, length: int, limit: int) -> RecordTooLarge:
+    return RecordTooLarge(f"body {index} of the batch has {length} bytes; the limit is {limit}")
+
+
+def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_record_bytes: int, marker: Marker,
+                prefix: np.ndarray | None) -> EncodedBatch:
+    """encode_batch for a few records, one struct call per header word pair."""
+    n = len(bodies)
+    front = 0 if prefix is None else _check_prefix(prefix, n)
+    views = [memoryview(b).cast("B") for b in bodies]
+    lengths = [front + v.nbytes for v in views]
+    for i, length in enumerate(lengths):
+        if length > max_record_bytes:
+            raise _too_large(i, length, max_record_bytes)
+    offsets, total = [], 0
+    for length in lengths:
+        offsets.append(total)
+        total += align_up(length + RECORD_HEADER_SIZE, alignment)
+    data = bytearray(total)
+    view, crc = memoryview(data), crc32c.crc32c
+    for i, (off, length, body) in enumerate(zip(offsets, lengths, views)):
+        start = off + RECORD_HEADER_SIZE
+        if front:
+            data[start:start + front] = prefix[i].tobytes()  # type: ignore[index]
+        data[start + front:start + length] = body
+        word = length | (BATCH_CONTINUES if i < n - 1 else 0)
+        _WORD_PAIR.pack_into(data, off + 8, word, (first_seq + i) % SEQ_MODULUS)
+        _WORD_PAIR.pack_into(data, off, int(marker), crc(view[off + 8:start + length]))
+    return EncodedBatch(data, np.array(offsets, dtype=np.int64), np.full(n, np.uint32(marker), dtype=np.uint32))
+
+
+def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment: int, max_record_bytes: int,
+                 marker: Marker, prefix: np.ndarray | None) -> EncodedBatch:
+    """encode_batch, vectorised: headers built with numpy."""
     lengths = _lengths(bodies)
     n = len(lengths)
     front = 0
     if prefix is not None:
-        if prefix.ndim != 2 or prefix.dtype != np.uint8 or prefix.shape[0] != n:
-            raise ValueError(f"prefix must be uint8 [{n}, width], got {prefix.dtype} {prefix.shape}")
-        front = prefix.shape[1]
+        front = _check_prefix(prefix, n)
         lengths = lengths + front
     too_big = np.flatnonzero(lengths > max_record_bytes)
     if len(too_big):
         i = int(too_big[0])
-        raise RecordTooLarge(f"body {i} of the batch has {int(lengths[i])} bytes; the limit is {max_record_bytes}")
+        raise _too_large(i, int(lengths[i]), max_record_bytes)
     sizes = align_up(lengths + RECORD_HEADER_SIZE, alignment)
     offsets = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
@@ -186,6 +237,8 @@ def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: 
     offsets this journal gave them. Raises RecordNotFound for the first bad one.
     """
     offs = np.asarray(offsets, dtype=np.int64).ravel()
+    if len(offs) <= SMALL_BATCH:
+        return offs, _locate_few(words, offs.tolist(), end, alignment)
     bad = (offs % alignment != 0) | (offs < HEADER_SIZE) | (offs + RECORD_HEADER_SIZE > end)
     if bad.any():
         raise RecordNotFound(f"offset {int(offs[np.argmax(bad)])} is not an aligned record offset "
@@ -198,3 +251,21 @@ def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: 
         i = int(np.argmax(bad))
         raise RecordNotFound(f"no record starts at offset {int(offs[i])} (marker word {int(current[i]):#010x})")
     return offs, current
+
+
+_VALID_MARKERS = frozenset(int(m) for m in Marker)
+
+
+def _locate_few(words: np.ndarray, offsets: list[int], end: int, alignment: int) -> np.ndarray:
+    """locate_records for a few offsets, with plain ints (same rules, same errors)."""
+    current = []
+    for off in offsets:
+        if off % alignment or off < HEADER_SIZE or off + RECORD_HEADER_SIZE > end:
+            raise RecordNotFound(f"offset {off} is not an aligned record offset in [{HEADER_SIZE}, {end})")
+    for off in offsets:
+        marker, length_word = int(words[off // 4]), int(words[off // 4 + 2])
+        if (marker not in _VALID_MARKERS or length_word & RESERVED_FLAGS
+                or off + RECORD_HEADER_SIZE + (length_word & LENGTH_MASK) > end):
+            raise RecordNotFound(f"no record starts at offset {off} (marker word {marker:#010x})")
+        current.append(marker)
+    return np.array(current, dtype=np.uint32)

@@ -1,14 +1,27 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from unittest import mock
 
 import crc32c
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from common.journal import record
 from common.journal.errors import RecordNotFound, RecordTooLarge
+from common.journal.header import HEADER_SIZE
 from common.journal.marker import MARKER_TAG, MARKER_VALUES, Marker
-from common.journal.record import BATCH_CONTINUES, LENGTH_MASK, RECORD_HEADER_SIZE, check_record, encode_batch
+from common.journal.record import (
+    BATCH_CONTINUES,
+    LENGTH_MASK,
+    RECORD_HEADER_SIZE,
+    SMALL_BATCH,
+    check_record,
+    encode_batch,
+)
 
 
 def test_marker_codewords_are_far_apart_and_tagged() -> None:
@@ -81,3 +94,54 @@ def test_prefix_is_placed_before_each_body() -> None:
     rows = np.full((3, 5), 7, dtype=np.uint8)
     assert bytes(encode_batch(rows, first_seq=0, alignment=8, prefix=prefix).data) == bytes(
         encode_batch([bytes(prefix[i]) + bytes(rows[i]) for i in range(3)], first_seq=0, alignment=8).data)
+
+
+# ------------------------------------------------ small batches: plain-int paths
+
+bodies_strategy = st.lists(st.binary(max_size=40), min_size=1, max_size=SMALL_BATCH)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bodies=bodies_strategy, first_seq=st.integers(0, 2**32 + 5), alignment=st.sampled_from([8, 16, 64]),
+       width=st.integers(0, 24), marker=st.sampled_from(list(Marker)))
+def test_small_batches_encode_exactly_as_the_vectorised_path(bodies: list[bytes], first_seq: int, alignment: int,
+                                                             width: int, marker: Marker) -> None:
+    prefix = np.arange(len(bodies) * width, dtype=np.uint8).reshape(len(bodies), width) if width else None
+    few = record._encode_few(bodies, first_seq, alignment, LENGTH_MASK, marker, prefix)
+    many = record._encode_many(bodies, first_seq, alignment, LENGTH_MASK, marker, prefix)
+    assert bytes(few.data) == bytes(many.data)
+    assert few.offsets.tolist() == many.offsets.tolist() and few.markers.tolist() == many.markers.tolist()
+    assert few.offsets.dtype == many.offsets.dtype and few.markers.dtype == many.markers.dtype
+
+
+def test_small_batches_refuse_what_the_vectorised_path_refuses() -> None:
+    for encode in (record._encode_few, record._encode_many):
+        with pytest.raises(RecordTooLarge, match="body 1 of the batch has 11 bytes; the limit is 10"):
+            encode([b"ok", b"x" * 11], 0, 8, 10, Marker.LIVE, None)
+        with pytest.raises(ValueError, match="prefix must be uint8"):
+            encode([b"a"], 0, 8, LENGTH_MASK, Marker.LIVE, np.zeros((2, 3), dtype=np.uint8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_locating_a_few_offsets_agrees_with_the_vectorised_check(data: st.DataObject) -> None:
+    batch = encode_batch([b"x" * n for n in data.draw(st.lists(st.integers(0, 30), min_size=1, max_size=12))],
+                         first_seq=0, alignment=8)
+    image = np.zeros(HEADER_SIZE + len(batch.data) + 64, dtype=np.uint8)
+    image[HEADER_SIZE:HEADER_SIZE + len(batch.data)] = np.frombuffer(bytes(batch.data), dtype=np.uint8)
+    words, end = image.view("<u4"), HEADER_SIZE + len(batch.data)
+    starts = (batch.offsets + HEADER_SIZE).tolist()
+    anywhere = st.integers(0, len(image)) | st.sampled_from(starts)
+    offsets = data.draw(st.lists(anywhere, min_size=1, max_size=SMALL_BATCH))
+
+    def outcome(locate: Callable[[], object]) -> object:
+        try:
+            return np.asarray(locate()).tolist()
+        except RecordNotFound as exc:
+            return str(exc)
+
+    def vectorised() -> object:
+        with mock.patch.object(record, "SMALL_BATCH", 0):
+            return record.locate_records(words, offsets, end, 8)[1]
+
+    assert outcome(lambda: record._locate_few(words, offsets, end, 8)) == outcome(vectorised)
