@@ -92,6 +92,25 @@ def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
                 sent = 0
 
 
+def send_some(sock: socket.socket, buffers: list[bytes | memoryview]) -> list[memoryview]:
+    """One non-blocking ``sendmsg`` of the buffers (not TLS); returns what
+    it did not send (empty: all of it). Never blocks; OSError other than
+    "would block" is raised."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    try:
+        sent = sock.sendmsg(views[:1024], [], socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return views
+    while sent and views:
+        if sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
+    return views
+
+
 def _send_tls(sock: ssl.SSLSocket, buffers: list[bytes | memoryview]) -> None:
     pending: list[bytes | memoryview] = []
     pending_bytes = 0

@@ -4,9 +4,11 @@ The reader thread does the handshake, reads frames and dispatches requests.
 Replies produced on the reader thread are held until no complete request is
 left in the read buffer, then written together with one sendmsg (pipelined
 clients get many replies per syscall, and quick commands need no thread
-switch). Replies from any other thread (component owner threads) go into
-the outbox and the writer thread sends them, so an owner thread never
-blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
+switch). A reply from any other thread (a component's owner thread) is
+sent by that thread with one non-blocking sendmsg when nothing else is
+being written or queued (no thread switch either); otherwise, or for what
+that send leaves over, it goes into the outbox and the writer thread sends
+it. So an owner thread never blocks on a socket. ``on_sent`` callbacks run after their frame's bytes were
 written.
 
 With a tokens file (auth.py), the first frame after the preambles must be
@@ -116,6 +118,8 @@ class Connection:
         self._write_waiters = 0  # threads waiting for the write under way to end
         self._close_done = threading.Event()
         self._closed = False
+        # Non-reader threads may try a non-blocking send themselves (not on TLS: no MSG_DONTWAIT there).
+        self._plain = not isinstance(sock, ssl.SSLSocket)
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
 
@@ -268,7 +272,40 @@ class Connection:
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
                 return
-            queued = self._queue([entry], size)
+            direct = self._plain and not self._outbox and not self._writing
+            if direct:
+                self._claim_writing()
+            else:
+                queued = self._queue([entry], size)
+        if direct:
+            self._try_now(entry)
+        elif not queued:
+            self.close()
+
+    def _try_now(self, entry: tuple[list[bytes | memoryview], int, OnSent | None]) -> None:
+        """Send one reply from a non-reader thread without blocking it (caller
+        claimed ``_writing``): one non-blocking sendmsg, which on an idle
+        socket takes it whole, so the reply needs no switch to the writer
+        thread. What the socket does not take goes to the front of the
+        outbox for the writer thread; ``on_sent`` runs once the last byte is out."""
+        buffers, size, on_sent = entry
+        try:
+            views = framing.send_some(self.sock, buffers)
+        except OSError as exc:
+            log.info("closing %s: send failed: %s", self.peer, exc)
+            self._release_writing()
+            self.close()
+            return
+        if not views:
+            self.bytes_out += size
+            self._run_on_sent(on_sent)
+            self._release_writing()
+            return
+        rest = sum(v.nbytes for v in views)
+        with self._cond:
+            self.bytes_out += size - rest
+            queued = self._queue_first((list(views), rest, on_sent), rest)
+        self._release_writing()
         if not queued:
             self.close()
 
@@ -286,6 +323,13 @@ class Connection:
         self._outbox.extend(entries)
         self._outbox_bytes += size
         self._cond.notify_all()
+        return True
+
+    def _queue_first(self, entry: tuple[list[bytes | memoryview], int, OnSent | None], size: int) -> bool:
+        """Under the lock: like :meth:`_queue`, but ahead of what is queued (the rest of a reply begun)."""
+        if not self._queue([entry], size):
+            return False
+        self._outbox.rotate(1)
         return True
 
     def _uncharge(self, size: int) -> None:
@@ -373,14 +417,17 @@ class Connection:
                 sent = False
                 break
             run = []
-            if on_sent is not None:
-                try:
-                    on_sent()
-                except Exception:  # a callback bug must not kill the connection's writer
-                    log.exception("on_sent callback failed for %s", self.peer)
+            self._run_on_sent(on_sent)
         self._release_writing()
         if not sent:
             self.close()
+
+    def _run_on_sent(self, on_sent: OnSent | None) -> None:
+        if on_sent is not None:
+            try:
+                on_sent()
+            except Exception:  # a callback bug must not kill the connection's writer
+                log.exception("on_sent callback failed for %s", self.peer)
 
     def _write_loop(self) -> None:
         """Send queued replies until the connection closes; when draining,
