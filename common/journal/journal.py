@@ -53,7 +53,7 @@ from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, r
 from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker, marker_index
 from .reader import RecordReader
-from .record import Body, encode_batch
+from .record import SMALL_BATCH, Body, encode_batch
 from .recovery import RecoveryReport, recover
 from .syncer import Syncer
 
@@ -309,7 +309,11 @@ class Journal(RecordReader):
                                      f"{_marker_name(int(current[wrong[0]]))})",
                                      offs[wrong].tolist(), current[wrong].tolist())
             self._file.words[offs // 4] = np.uint32(marker)
-            self._counters -= np.bincount(marker_index(current), minlength=len(Marker))
+            if len(offs) <= SMALL_BATCH:
+                for word in current.tolist():
+                    self._counters[MARKER_INDEX[word]] -= 1
+            else:
+                self._counters -= np.bincount(marker_index(current), minlength=len(Marker))
             self._counters[MARKER_INDEX[marker]] += len(offs)
             self._seq += 1
             return Ticket(self, self._seq)

@@ -11,7 +11,9 @@ never sees a body cut short by a concurrent append's remap.
 
 from __future__ import annotations
 
+import functools
 import mmap
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,7 +27,7 @@ from .errors import CorruptJournal, RecordNotFound
 from .header import HEADER_SIZE, Identity
 from .mapping import MappedFile
 from .marker import Marker
-from .record import LENGTH_MASK, RECORD_HEADER_SIZE, RecordHeader, check_record, locate_records
+from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, RecordHeader, check_record, locate_records
 from .scan import END, WINDOW_BYTES, RecordChunk, Walk
 
 
@@ -35,6 +37,14 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
         return values
     values = np.sort(values)
     return values[np.concatenate(([True], values[1:] != values[:-1]))]
+
+
+@functools.lru_cache(maxsize=16)
+def _field_struct(dtype: str) -> struct.Struct:
+    """The struct format of one numpy integer dtype (e.g. ``"<u8"``)."""
+    kind = np.dtype(dtype)
+    code = {"u": "BHIQ", "i": "bhiq"}[kind.kind]["1248".index(str(kind.itemsize))]  # standard sizes
+    return struct.Struct((">" if kind.byteorder == ">" else "<") + code)
 
 
 class Record(NamedTuple):
@@ -165,6 +175,8 @@ class RecordReader:
         with numpy (owners keep fixed per-record headers at the start of
         their bodies). Records shorter than the field give 0."""
         self._check_open()
+        if len(chunk) <= SMALL_BATCH:
+            return self._few_fields(chunk, at, dtype)
         size = np.dtype(dtype).itemsize
         starts = chunk.offsets + RECORD_HEADER_SIZE + at
         fits = chunk.lengths >= at + size
@@ -179,6 +191,15 @@ class RecordReader:
                 values = raw.copy().view(dtype).ravel()
         values[~fits] = 0
         return values
+
+    def _few_fields(self, chunk: RecordChunk, at: int, dtype: str) -> np.ndarray:
+        """fields() for a few records: one struct read each."""
+        field = _field_struct(dtype)
+        with self._lock:
+            mm = self._file.mm
+            values = [field.unpack_from(mm, off + RECORD_HEADER_SIZE + at)[0] if length >= at + field.size else 0
+                      for off, length in zip(chunk.offsets.tolist(), chunk.lengths.tolist())]
+        return np.array(values, dtype=dtype)
 
     def _body(self, mm: mmap.mmap, offset: int, end: int) -> bytes:
         try:

@@ -81,7 +81,7 @@ class Completion:
     handles: np.ndarray  # packed, uint64
     positions: np.ndarray
     markers: np.ndarray  # uint32, when planned
-    payloads: list[memoryview]
+    payloads: list[bytes | memoryview]
 
 
 class Items:

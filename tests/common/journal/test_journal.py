@@ -25,6 +25,7 @@ from common.journal import (
     RecordNotFound,
     RecordTooLarge,
     WriteFailed,
+    reader,
 )
 from common.journal.header import HEADER_SIZE, SLOT_OFFSETS
 
@@ -455,3 +456,17 @@ def test_companion_files_are_synced_before_the_journal(tmp_path: Path, flusher: 
     assert order[:2] == ["data", "j2"]
     j.close()
     os.close(data_fd)
+
+
+@pytest.mark.parametrize("dtype", ["<u8", "<u4", "<i8", "|u1", "<u2"])
+def test_fields_of_a_few_records_agree_with_the_vectorised_gather(journal: Journal, dtype: str) -> None:
+    rng = np.random.default_rng(7)
+    bodies = [rng.bytes(int(n)) for n in rng.integers(0, 40, size=12)]
+    journal.append_batch(bodies)
+    chunk = next(iter(journal.scan()))
+    for at in (0, 3, 8, 17, 30):
+        for part in (slice(0, 1), slice(2, 7), slice(4, 12)):
+            few = journal.fields(chunk[part], at, dtype)
+            with mock.patch.object(reader, "SMALL_BATCH", 0):
+                many = journal.fields(chunk[part], at, dtype)
+            assert few.dtype == many.dtype and few.tolist() == many.tolist(), (at, part)
