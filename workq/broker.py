@@ -41,6 +41,7 @@ from common.wire.errors import BadRequest, Unavailable
 
 from .config import WorkqConfig
 from .delivery import Delivery
+from .enqueues import Enqueue
 from .loop import OwnerLoop, Wants, settle
 from .protocol import Handle, Item, Key, Leased, Result, pack_handles
 from .state import collector, completion, leasing
@@ -188,17 +189,15 @@ class Broker:
                       durable: bool = False) -> Future[np.ndarray]:
         """Add one job's tasks for one key; answers their packed handles
         (uint64), in order, at once or, with ``durable``, once the flush
-        that covers them completed."""
+        that covers them completed. Requests that reach the owner thread
+        together for one job and key are written as one batch (enqueues.py)."""
 
-        def run(future: Future[np.ndarray]) -> None:
-            packed, ticket = self._state.enqueue(job, key, payloads)
-            if durable:
-                self._loop.after_durable([ticket], lambda: settle(future, packed),
-                                         lambda exc: settle(future, error=exc))
-            else:
-                settle(future, packed)
-
-        return self._loop.future(run)
+        message = Enqueue(self._state, self._loop, job, key, payloads, durable)
+        try:
+            self._loop.submit(message)
+        except Unavailable as exc:
+            settle(message.future, error=exc)
+        return message.future
 
     def enqueue(self, job: str, model: str, shape: str, lane: str | int, payloads: Sequence[bytes],
                 durable: bool = False) -> list[Handle]:

@@ -9,7 +9,10 @@ queue's state needs no locks. Work that must wait never blocks the thread:
   results call with ``wait``) that is tried again whenever what it waits
   for may have changed, and answered at its deadline at the latest;
 * timers run every TICK_S between batches of messages; at each tick,
-  waiters whose caller went away (``alive``) end at once.
+  waiters whose caller went away (``alive``) end at once;
+* a run of adjacent :class:`Mergeable` messages of one ``group`` in a
+  wake-up's batch runs as one call (``run_many``): many producers'
+  one-item enqueues become one append (order is kept: only neighbours merge).
 
 Threads: any thread may submit (``_submit_lock`` makes a submit and a
 stop exclusive, so a submitted function either runs or is refused);
@@ -42,6 +45,23 @@ Wants = Literal["items", "results"]
 _WAKE = object()
 _STOP = object()
 _ABANDON = object()
+
+
+class Mergeable:
+    """A message that may run together with its like neighbours in the inbox.
+
+    Subclasses set ``group`` (messages merge only with adjacent ones of an
+    equal group) and implement ``run_many``; calling one alone runs it as a
+    run of one."""
+
+    group: object = None
+
+    def __call__(self) -> None:
+        type(self).run_many([self])
+
+    @classmethod
+    def run_many(cls, messages: list[Any]) -> None:
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(slots=True)
@@ -189,13 +209,16 @@ class OwnerLoop:
                     batch.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            for message in batch:
+            for run in _runs(batch):
+                message = run[0]
                 if message is _STOP:
                     self._stop()
                     return
                 if message is _ABANDON:
                     return
-                if message is not _WAKE:
+                if len(run) > 1:
+                    self.guarded(functools.partial(type(message).run_many, run))
+                elif message is not _WAKE:
                     self.guarded(message)
             self._after()
 
@@ -274,6 +297,18 @@ class OwnerLoop:
         for cont in self._continuations:
             self.guarded(functools.partial(cont.failed, closed))
         self._continuations = []
+
+
+def _runs(batch: list[Any]) -> list[list[Any]]:
+    """The batch as runs: adjacent Mergeable messages of one group together, others alone."""
+    runs: list[list[Any]] = []
+    for message in batch:
+        if (isinstance(message, Mergeable) and runs and type(runs[-1][0]) is type(message)
+                and runs[-1][0].group == message.group):
+            runs[-1].append(message)
+        else:
+            runs.append([message])
+    return runs
 
 
 def settle(future: Future[T], value: T | None = None, *, error: BaseException | None = None) -> None:

@@ -100,18 +100,10 @@ class QueueState:
                 payloads: Sequence[bytes | memoryview]) -> tuple[np.ndarray, Ticket | None]:
         """Append one job's tasks for one key; they are pending at once and
         durable when the returned ticket is."""
-        check_job(name)
         if not payloads:
+            check_job(name)
             return np.zeros(0, dtype=np.uint64), None
-        sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
-        limit = self.config.payload_limit
-        too_big = np.flatnonzero(sizes > limit)
-        if len(too_big):
-            raise PayloadTooLarge(f"payload {int(too_big[0])} has {int(sizes[too_big[0]])} bytes; the limit is {limit}")
-        need = int(sizes.sum()) + len(payloads) * (HEAD_BYTES + 24)
-        if need > self.config.segment_bytes - SEGMENT_OVERHEAD:
-            raise BadRequest(f"this enqueue needs {need} bytes, more than one segment holds "
-                             f"({self.config.segment_bytes}); split it")
+        need = self.check_enqueue(name, payloads)
         self._check_disk()
         try:
             log = self._job_for_enqueue(name)
@@ -125,6 +117,24 @@ class QueueState:
         self.next_position[log.job] = first + len(payloads)
         self.items.enqueued(segment, log.job, offsets)
         return pack(segment.id, offsets), ticket
+
+    def check_enqueue(self, name: str, payloads: Sequence[bytes | memoryview]) -> int:
+        """The bytes an enqueue of ``payloads`` takes in a segment; the error
+        :meth:`enqueue` would raise for them (bad job name, a payload over
+        the limit, more than a segment holds). Changes nothing."""
+        check_job(name)
+        limit = self.config.payload_limit
+        total = 0
+        for index, payload in enumerate(payloads):
+            size = len(payload)
+            if size > limit:
+                raise PayloadTooLarge(f"payload {index} has {size} bytes; the limit is {limit}")
+            total += size
+        need = total + len(payloads) * (HEAD_BYTES + 24)
+        if need > self.config.segment_bytes - SEGMENT_OVERHEAD:
+            raise BadRequest(f"this enqueue needs {need} bytes, more than one segment holds "
+                             f"({self.config.segment_bytes}); split it")
+        return need
 
     def _check_disk(self) -> None:
         floor = self.config.disk_floor_bytes
