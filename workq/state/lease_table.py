@@ -5,7 +5,12 @@ items (one segment, one job, one holder, one deadline), since items are
 leased, extended and given back in batches. ``by_handle`` maps each item to
 its lease (dict updates run in C), and the expiry heap holds one entry per
 lease, not per item. Touching some items of a lease moves them to a new
-lease with the new deadline.
+lease with the new deadline. A lease whose items all ended early (most
+do: they complete) stays in the heap until its deadline would pop it, so
+once such entries outnumber the live ones (and pass
+:data:`COMPACT_AFTER`) the heap is rebuilt without them: one item leased
+per call at thousands a second would otherwise keep every lease of the
+last ``lease_s`` seconds in memory.
 
 A lease ends when its item is completed, released, reclaimed after its
 deadline, or reclaimed after its worker disconnected for longer than the
@@ -30,6 +35,9 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
+COMPACT_AFTER = 4096
+"""Ended leases the expiry heap may hold before it is rebuilt without them."""
+
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Lease:
@@ -50,6 +58,7 @@ class LeaseTable:
         self.by_worker: dict[str, set[Lease]] = {}
         self.deliveries: collections.Counter[int] = collections.Counter()  # packed handle -> dispatches
         self._heap: list[tuple[float, int, Lease]] = []
+        self._ended = 0  # heap entries whose lease has no items left
         self._order = itertools.count()
 
     def __len__(self) -> int:
@@ -78,7 +87,17 @@ class LeaseTable:
                 ended.append((handle, lease))
                 if not lease.handles:
                     self._drop(lease)
+                    self._ended += 1
+        if self._ended > COMPACT_AFTER and 2 * self._ended > len(self._heap):
+            self._heap = [entry for entry in self._heap if entry[2].handles]
+            heapq.heapify(self._heap)
+            self._ended = 0
         return ended
+
+    @property
+    def heap_size(self) -> int:
+        """Entries in the expiry heap (live leases plus ended ones not yet dropped)."""
+        return len(self._heap)
 
     def _drop(self, lease: Lease) -> None:
         if lease.worker is not None:
@@ -105,6 +124,7 @@ class LeaseTable:
         while self._heap and self._heap[0][0] <= now:
             _, _, lease = heapq.heappop(self._heap)
             if not lease.handles:
+                self._ended -= 1
                 continue
             handles = list(lease.handles)
             for handle in handles:
@@ -117,6 +137,7 @@ class LeaseTable:
     def next_deadline(self) -> float | None:
         while self._heap and not self._heap[0][2].handles:
             heapq.heappop(self._heap)
+            self._ended -= 1
         return self._heap[0][0] if self._heap else None
 
     def delivered(self, handles: list[int]) -> list[int]:
