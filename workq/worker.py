@@ -7,6 +7,12 @@ before handing it anything new, and tells it which ones to drop (already
 completed, or given to someone else). Completing is idempotent per handle,
 so a completion cut off by a dropped connection is simply sent again.
 
+Pipelining (docs/workq.md, "Pipelining"): ``complete_async``,
+``release_async`` and ``touch_async`` send at once and return a
+:class:`~common.wire.pipeline.Pending`; ``pipeline()`` queues them and
+sends them together. ``held`` changes when a Pending settles, as for the
+plain calls when they return; :meth:`Worker.close` waits for the answers first.
+
 Threads: a Worker is not thread-safe; use one per thread.
 """
 
@@ -17,7 +23,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from common.wire.client import ConnectionLost, RpcClient
+from common.wire.client import ConnectionLost, Reply, RpcClient
+from common.wire.pipeline import DEFAULT_MAX_IN_FLIGHT, Batch, Pending, Pipe, Request
 
 from . import errors  # noqa: F401 - registers the workq.* error codes, so replies raise those classes
 from .protocol import Handle, Item, decode_lease, decode_statuses, joined, pack_handles
@@ -30,14 +37,16 @@ class Worker:
 
     def __init__(self, address: str | tuple[str, int], worker_id: str, models: Sequence[str] | None = None,
                  shapes: Sequence[str] | None = None, lanes: Sequence[str | int] | None = None,
-                 **options: Any) -> None:
+                 *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, **options: Any) -> None:
         """``models``/``shapes``/``lanes`` restrict what it leases (None: any);
+        ``max_in_flight``: pipelined requests that may wait for answers;
         ``options`` go to common.wire.client.RpcClient (timeout, retry_for, token, tls, ca, ...)."""
         self.worker_id = worker_id
         self._profile = {"worker": worker_id, "models": _listed(models), "shapes": _listed(shapes),
                          "lanes": _listed(lanes)}
         self.held: set[int] = set()  # packed handles
         self.rpc = RpcClient(address, on_connect=self._hello, **options)
+        self.pipe = Pipe(self.rpc, max_in_flight)
 
     def _hello(self, rpc: RpcClient) -> None:
         reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
@@ -62,35 +71,119 @@ class Worker:
     def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes]) -> str | list[str]:
         """Send results; returns 'completed' or 'duplicate' (the item already
         had a result) per handle, once the results are durable."""
+        return self._call(*self._complete(handles, results))
+
+    def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:
+        """Give items back (pending again after ``delay`` seconds)."""
+        self._call(*self._release(handles, delay))
+
+    def touch(self, handles: Handle | Sequence[Handle]) -> None:
+        """Extend the leases (another full lease period from now)."""
+        self._call(*self._touch(handles))
+
+    def complete_async(self, handles: Handle | Sequence[Handle],
+                       results: bytes | Sequence[bytes]) -> Pending[str | list[str]]:
+        """:meth:`complete` without waiting: sends now, returns a Pending for
+        the statuses. The handles leave ``held`` when the Pending settles (its
+        ``result()`` is asked, the ``max_in_flight`` bound makes room, or
+        :meth:`settle`/:meth:`close`); a connection lost before the answer
+        sends it once more, as complete does."""
+        return self.pipe.submit(*self._complete(handles, results))
+
+    def release_async(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> Pending[None]:
+        """:meth:`release` without waiting; the handles leave ``held`` when the Pending settles."""
+        return self.pipe.submit(*self._release(handles, delay))
+
+    def touch_async(self, handles: Handle | Sequence[Handle]) -> Pending[None]:
+        """:meth:`touch` without waiting."""
+        return self.pipe.submit(*self._touch(handles))
+
+    def pipeline(self, raise_on_error: bool = True) -> WorkerPipeline:
+        """Completes, releases and touches queued and sent together; see :class:`WorkerPipeline`."""
+        return WorkerPipeline(self, raise_on_error)
+
+    @property
+    def in_flight(self) -> int:
+        """Pipelined requests sent whose answers were not taken yet (at most ``max_in_flight``)."""
+        return self.pipe.in_flight
+
+    def settle(self) -> None:
+        """Wait for the answer to every pipelined request in flight."""
+        self.pipe.settle_all()
+
+    def _call(self, request: Request, decode: Callable[[Reply], T]) -> T:
+        return decode(self._retrying(lambda: self.rpc.call(request.cmd, request.args, request.parts)))
+
+    # Each request with the decoder of its answer, which also keeps ``held``
+    # right: handles leave it only once the server answered (any status).
+
+    def _complete(self, handles: Handle | Sequence[Handle],
+                  results: bytes | Sequence[bytes]) -> tuple[Request, Callable[[Reply], str | list[str]]]:
         single = isinstance(handles, Handle)
         handle_list: list[Handle] = [handles] if single else list(handles)  # type: ignore[list-item, arg-type]
         result_list: list[bytes] = [results] if single else list(results)  # type: ignore[list-item, arg-type]
         packed = pack_handles(handle_list)
-        reply = self._retrying(lambda: self.rpc.call("workq.complete", None,
-                                                     {"handles": packed, **joined(result_list)}))
-        self.held.difference_update(packed.tolist())
-        statuses = decode_statuses(reply.parts)
-        return statuses[0] if single else statuses
 
-    def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:
-        """Give items back (pending again after ``delay`` seconds)."""
-        packed = pack_handles([handles] if isinstance(handles, Handle) else handles)
-        self._retrying(lambda: self.rpc.call("workq.release", {"delay": float(delay)}, {"handles": packed}))
-        self.held.difference_update(packed.tolist())
+        def decode(reply: Reply) -> str | list[str]:
+            self.held.difference_update(packed.tolist())
+            statuses = decode_statuses(reply.parts)
+            return statuses[0] if single else statuses
 
-    def touch(self, handles: Handle | Sequence[Handle]) -> None:
-        """Extend the leases (another full lease period from now)."""
+        return Request("workq.complete", None, {"handles": packed, **joined(result_list)}, resend=True), decode
+
+    def _release(self, handles: Handle | Sequence[Handle],
+                 delay: float) -> tuple[Request, Callable[[Reply], None]]:
         packed = pack_handles([handles] if isinstance(handles, Handle) else handles)
-        self._retrying(lambda: self.rpc.call("workq.touch", None, {"handles": packed}))
+
+        def decode(reply: Reply) -> None:
+            self.held.difference_update(packed.tolist())
+
+        return Request("workq.release", {"delay": float(delay)}, {"handles": packed}, resend=True), decode
+
+    def _touch(self, handles: Handle | Sequence[Handle]) -> tuple[Request, Callable[[Reply], None]]:
+        packed = pack_handles([handles] if isinstance(handles, Handle) else handles)
+        return Request("workq.touch", None, {"handles": packed}, resend=True), _nothing
 
     def close(self) -> None:
-        self.rpc.close()
+        """Wait for the answers to pipelined requests (:meth:`settle`), then close."""
+        try:
+            self.pipe.settle_all()
+        finally:
+            self.rpc.close()
 
     def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class WorkerPipeline(Batch):
+    """A worker's completes, releases and touches sent together, answered
+    in order (:class:`common.wire.pipeline.Batch`: ``execute`` returns the
+    answers, the first error raised once all are read, or errors in place
+    with ``raise_on_error=False``). ``held`` changes as for the plain calls."""
+
+    def __init__(self, worker: Worker, raise_on_error: bool = True) -> None:
+        super().__init__(worker.pipe, raise_on_error)
+        self._worker = worker
+
+    def complete(self, handles: Handle | Sequence[Handle],
+                 results: bytes | Sequence[bytes]) -> Pending[str | list[str]]:
+        """Queue a complete (arguments as :meth:`Worker.complete`)."""
+        return self.add(*self._worker._complete(handles, results))
+
+    def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> Pending[None]:
+        """Queue a release."""
+        return self.add(*self._worker._release(handles, delay))
+
+    def touch(self, handles: Handle | Sequence[Handle]) -> Pending[None]:
+        """Queue a touch."""
+        return self.add(*self._worker._touch(handles))
+
+
+def _nothing(reply: Reply) -> None:
+    return None
 
 
 def _listed(values: Sequence[str | int] | None) -> list[str] | None:

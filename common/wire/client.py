@@ -2,6 +2,11 @@
 
 Both ``workq`` and ``shardmgr`` clients are built on :class:`RpcClient`.
 
+Pipelining: :meth:`RpcClient.send` returns at once and :meth:`RpcClient.receive`
+takes replies in any order; ``send_many`` writes several requests at once
+and ``poll`` reads replies already there without waiting.
+:mod:`common.wire.pipeline` builds answers as objects, with a bound, on them.
+
 Threads: a RpcClient is not thread-safe; use one per thread (they are cheap).
 
 Failures: while the server is down or still recovering (it listens only
@@ -33,7 +38,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,10 +235,7 @@ class RpcClient:
     def send(self, cmd: str, args: dict[str, Any] | None = None,
              parts: dict[str, np.ndarray] | None = None) -> int:
         """Send a request without waiting (pipelining); returns its id."""
-        if (self._sock is not None and not self._waiting and time.monotonic() - self._last_reply > IDLE_CHECK_S
-                and _ended_by_peer(self._sock)):
-            self._drop_socket()  # an idle connection the server closed (a goaway, a restart): nothing was lost
-        self.connect()
+        self._ready_to_send()
         request_id = next(self._ids)
         header: dict[str, Any] = {"id": request_id, "cmd": cmd}
         if args:
@@ -246,6 +248,48 @@ class RpcClient:
             self._end(self._salvage(exc))
             raise self._ended.pop(request_id) from exc
         return request_id
+
+    def send_many(self, requests: Sequence[tuple[str, dict[str, Any] | None, dict[str, np.ndarray] | None]]
+                  ) -> list[int]:
+        """Send several requests (cmd, args, parts) in one write, without
+        waiting; returns their ids, in order. Unlike :meth:`send`, a failed
+        write raises nothing here: :meth:`receive` raises each request's
+        error, as for any request in flight when a connection ends. Raises
+        only what connecting raises (then nothing was sent)."""
+        self._ready_to_send()
+        ids: list[int] = []
+        buffers: list[bytes | memoryview] = []
+        for cmd, args, parts in requests:
+            header: dict[str, Any] = {"id": next(self._ids), "cmd": cmd}
+            if args:
+                header["args"] = args
+            buffers.extend(framing.encode(header, parts))
+            ids.append(header["id"])
+        self._waiting.update(ids)
+        try:
+            framing.send_buffers(self._sock, buffers)
+        except OSError as exc:
+            self._end(self._salvage(exc))
+        return ids
+
+    def poll(self) -> None:
+        """Read the replies that have already arrived, without waiting for
+        more; :meth:`receive` then returns them at once. A caller keeping
+        many requests in flight calls this now and then, so unread replies
+        do not fill the socket buffers (a server stops reading a connection
+        it cannot write to, and a client blocked sending would then wait
+        for ever). A broken connection ends here as in :meth:`receive`."""
+        while (self._sock is not None and len(self._early) < len(self._waiting)
+               and (self._reader.frame_buffered() or _ended_by_peer(self._sock))):  # type: ignore[union-attr]
+            got = self._read_frame()
+            if got is None:
+                return
+            self._last_reply = time.monotonic()
+            got_id = got.header.get("id")
+            if got_id in self._waiting:
+                self._early[got_id] = got
+            elif "error" in got.header:  # a connection-level error (id 0): the server is closing us
+                self._end(_connection_error(got.header["error"], self._where()))
 
     def receive(self, request_id: int, *, wait: float = 0.0) -> Reply:
         """Wait for the reply to ``request_id`` (replies may come in any
@@ -280,6 +324,12 @@ class RpcClient:
             error = frame.header["error"]
             raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))
         return Reply(frame.header.get("ok") or {}, frame.parts)
+
+    def _ready_to_send(self) -> None:
+        if (self._sock is not None and not self._waiting and time.monotonic() - self._last_reply > IDLE_CHECK_S
+                and _ended_by_peer(self._sock)):
+            self._drop_socket()  # an idle connection the server closed (a goaway, a restart): nothing was lost
+        self.connect()
 
     def _read_frame(self) -> framing.Frame | None:
         """The next frame; None once a broken connection was ended
@@ -328,8 +378,9 @@ class RpcClient:
 
 
 def _ended_by_peer(sock: socket.socket) -> bool:
-    """True if the server sent something or closed while no request was in
-    flight: that can only be a goaway, an error frame or the end of the stream."""
+    """True if the socket has bytes to read (or is closed). While no request
+    is in flight that can only be a goaway, an error frame or the end of the
+    stream; :meth:`RpcClient.poll` uses it to read replies without blocking."""
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
     try:
