@@ -10,6 +10,8 @@ queue's state needs no locks. Work that must wait never blocks the thread:
   for may have changed, and answered at its deadline at the latest;
 * timers run every TICK_S between batches of messages; at each tick,
   waiters whose caller went away (``alive``) end at once;
+* the replies made while a wake-up's batch runs leave together at its end
+  (common/wire/reply_batch.py);
 * a run of adjacent :class:`Mergeable` messages of one ``group`` in a
   wake-up's batch runs as one call (``run_many``): many producers'
   one-item enqueues become one append (order is kept: only neighbours merge).
@@ -33,6 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from common.journal import Flusher, Ticket
 from common.wire.errors import DurabilityLost, Unavailable
+from common.wire.reply_batch import batched_replies
 
 log = logging.getLogger(__name__)
 
@@ -209,18 +212,26 @@ class OwnerLoop:
                     batch.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            for run in _runs(batch):
-                message = run[0]
-                if message is _STOP:
-                    self._stop()
+            with batched_replies():  # the batch's replies leave together, one sendmsg per connection
+                if not self._run_batch(batch):
                     return
-                if message is _ABANDON:
-                    return
-                if len(run) > 1:
-                    self.guarded(functools.partial(type(message).run_many, run))
-                elif message is not _WAKE:
-                    self.guarded(message)
-            self._after()
+
+    def _run_batch(self, batch: list[Any]) -> bool:
+        """Run one wake-up's messages, then continuations, timers and
+        waiters; False once the loop must end."""
+        for run in _runs(batch):
+            message = run[0]
+            if message is _STOP:
+                self._stop()
+                return False
+            if message is _ABANDON:
+                return False
+            if len(run) > 1:
+                self.guarded(functools.partial(type(message).run_many, run))
+            elif message is not _WAKE:
+                self.guarded(message)
+        self._after()
+        return True
 
     def guarded(self, fn: Callable[[], object]) -> None:
         """Run ``fn``, logging (not raising) what it raises."""

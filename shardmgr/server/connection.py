@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from common.wire import framing
+from common.wire import framing, reply_batch
 from common.wire.budget import ByteBudget
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadFrame, BadRequest, ServiceError, Unauthenticated, UnsupportedVersion
@@ -78,6 +78,8 @@ GOAWAY = {"id": 0, "error": {"code": "unavailable",
 """The last frame of a clean stop (docs/protocol.md)."""
 
 Dispatch = Callable[[Request, Principal], None]
+Entry = tuple[list[bytes | memoryview], int, OnSent | None]
+"""A reply ready to send: its buffers, their size, and what to run once they are written."""
 CountError = Callable[[str], None]
 
 
@@ -105,11 +107,12 @@ class Connection:
         self._frames: framing.FrameReader | None = None  # the reader thread's, while its frame limit is lowered
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._outbox: collections.deque[tuple[list[bytes | memoryview], int, OnSent | None]] = collections.deque()
+        self._outbox: collections.deque[Entry] = collections.deque()
         self._outbox_bytes = 0
         self._writing = False  # some thread is inside sendmsg for this socket
         self._pending = 0  # requests dispatched whose replies are not yet in the outbox or sent
-        self._held: list[tuple[list[bytes | memoryview], int, OnSent | None]] = []  # reader thread only
+        self._held: list[Entry] = []  # reader thread only
+        self._batched: list[Entry] = []  # other threads' replies
         self._handshaken = False  # our preamble is (being) sent
         self._draining = False
         self._goaway_sent = False  # decided: nothing but the goaway is written from now on
@@ -268,7 +271,20 @@ class Connection:
             self._held.append(entry)  # sent by _flush_held, batched with its neighbours; pending until then
             return
         with self._cond:
-            self._pending -= 1
+            first = not self._batched
+            self._batched.append(entry)
+        if not first or not reply_batch.hold(self, self._flush_batched):
+            self._flush_batched()  # outside a batch, or already registered in it: it sends at the batch's end
+
+    def _flush_batched(self) -> None:
+        """Send the replies other threads made (see reply_batch): with one
+        non-blocking sendmsg when the socket is idle (no switch to the
+        writer thread), else through the outbox."""
+        with self._cond:
+            batch, self._batched = self._batched, []
+            if not batch:
+                return
+            self._pending -= len(batch)
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
                 return
@@ -276,40 +292,45 @@ class Connection:
             if direct:
                 self._claim_writing()
             else:
-                queued = self._queue([entry], size)
+                queued = self._queue(batch, sum(size for _, size, _ in batch))
         if direct:
-            self._try_now(entry)
+            self._try_now(batch)
         elif not queued:
             self.close()
 
-    def _try_now(self, entry: tuple[list[bytes | memoryview], int, OnSent | None]) -> None:
-        """Send one reply from a non-reader thread without blocking it (caller
-        claimed ``_writing``): one non-blocking sendmsg, which on an idle
-        socket takes it whole, so the reply needs no switch to the writer
-        thread. What the socket does not take goes to the front of the
-        outbox for the writer thread; ``on_sent`` runs once the last byte is out."""
-        buffers, size, on_sent = entry
+    def _try_now(self, batch: list[Entry]) -> None:
+        """Send replies without blocking (caller claimed ``_writing``): one
+        non-blocking sendmsg, which an idle socket takes whole. Each reply's
+        ``on_sent`` runs once its last byte is out; what the socket did not
+        take goes to the front of the outbox for the writer thread."""
         try:
-            views = framing.send_some(self.sock, buffers)
+            left = framing.send_some(self.sock, [b for buffers, _, _ in batch for b in buffers])
         except OSError as exc:
             log.info("closing %s: send failed: %s", self.peer, exc)
             self._release_writing()
             self.close()
             return
-        if not views:
-            self.bytes_out += size
+        unsent = sum(v.nbytes for v in left)
+        done = len(batch)
+        while unsent and done:  # the replies at the end that are not wholly written
+            done -= 1
+            unsent -= min(unsent, batch[done][1])
+        rest = sum(v.nbytes for v in left)
+        self.bytes_out += sum(size for _, size, _ in batch) - rest
+        for _, _, on_sent in batch[:done]:
             self._run_on_sent(on_sent)
+        if not rest:
             self._release_writing()
             return
-        rest = sum(v.nbytes for v in views)
+        # the rest of a reply begun, and the whole replies after it
+        tail: Entry = (list[bytes | memoryview](left), rest, batch[-1][2])
         with self._cond:
-            self.bytes_out += size - rest
-            queued = self._queue_first((list(views), rest, on_sent), rest)
+            queued = self._queue_first([tail], rest, batch[done:-1])
         self._release_writing()
         if not queued:
             self.close()
 
-    def _queue(self, entries: list[tuple[list[bytes | memoryview], int, OnSent | None]], size: int) -> bool:
+    def _queue(self, entries: list[Entry], size: int) -> bool:
         """Under the lock: add replies to the outbox, charged to this
         connection's cap and to the server-wide budget; False (nothing
         queued, the caller closes the connection) if either would pass."""
@@ -325,11 +346,19 @@ class Connection:
         self._cond.notify_all()
         return True
 
-    def _queue_first(self, entry: tuple[list[bytes | memoryview], int, OnSent | None], size: int) -> bool:
-        """Under the lock: like :meth:`_queue`, but ahead of what is queued (the rest of a reply begun)."""
-        if not self._queue([entry], size):
+    def _queue_first(self, tail: list[Entry], size: int,
+                     before: list[Entry]) -> bool:
+        """Under the lock: like :meth:`_queue`, but ahead of what is queued
+        (the rest of a batch begun: ``tail`` carries its bytes; the
+        ``on_sent`` callbacks of the whole replies inside it, ``before``,
+        run once it is written, in order)."""
+        if not self._queue(tail, size):
             return False
         self._outbox.rotate(1)
+        if before:
+            buffers, rest, last = self._outbox[0]
+            callbacks = [o for _, _, o in before if o is not None] + ([last] if last is not None else [])
+            self._outbox[0] = (buffers, rest, _chained(callbacks) if callbacks else None)
         return True
 
     def _uncharge(self, size: int) -> None:
@@ -392,7 +421,7 @@ class Connection:
         finally:
             self._write_waiters -= 1
 
-    def _write(self, batch: list[tuple[list[bytes | memoryview], int, OnSent | None]]) -> None:
+    def _write(self, batch: list[Entry]) -> None:
         """Send a batch (caller claimed ``_writing``); run callbacks; release ``_writing``.
 
         The batch goes out in runs, each ending with a reply that has an
@@ -555,3 +584,13 @@ def refuse(sock: socket.socket, message: str) -> None:
         pass
     finally:
         sock.close()
+
+
+def _chained(callbacks: list[OnSent]) -> OnSent:
+    """One on_sent that runs several in order."""
+
+    def run() -> None:
+        for callback in callbacks:
+            callback()
+
+    return run
