@@ -1,150 +1,223 @@
 """Work-queue benchmark: workq against real peers on the same machine, same workload.
 
-Every server is started by this script on loopback, with a fresh data
-directory on the disk under test:
+Every server is started by this script on loopback, fresh for each run, with
+its data directory on the disk under test ($BENCH_DIR, default the current
+directory):
 
-* workq (``shardmgr serve``), group commit (5 ms) and ``durable=True``;
+* workq (``shardmgr serve``), group commit (5 ms), and with ``durable=True``
+  on every enqueue;
 * Redis 7 streams with a consumer group, ``appendonly yes`` with
   ``appendfsync everysec`` and ``always``;
 * beanstalkd with its binlog and ``-f 5`` (fsync at most every 5 ms);
 * NATS JetStream, file storage, work-queue retention (default sync).
 
-Workload (the same batching and pipelining for all): one producer enqueues
-N items of 512 bytes in batches of 1000; then 2 worker processes lease
-batches of up to 1000, publish a 256-byte result per item and ack; a
-consumer collects results until all N are delivered. Printed: items/s of the
-enqueue phase, of the work phase and end to end, the server's peak RSS and
-its data directory's size after the enqueue phase, and workq's ratios to
-each peer.
+Phases, for each batch size B (``--batch``, default 1 and 1000): one producer
+enqueues N items of 512 bytes, B per call (the enqueue phase); then 2 worker
+processes lease B items per call, store a 256-byte result per item and retire
+it, while a consumer collects results until all N are in (the work phase).
+B = 1 is one plain call per item, as a new user writes it. Each phase is
+timed on its own from the moment every client is connected; end to end is
+N over the sum of the two phase times. Server CPU per item (user + system
+time of the server process, from /proc) is reported for each phase.
 
-Usage: python tools/bench_workq.py [--items N] [--peers redis,beanstalkd,nats] [--json]
-       python tools/bench_workq.py --rss-items 10000000   # workq RSS with a 10M backlog
-Needs redis-server, beanstalkd and nats-server on PATH (Debian packages),
-and the Python clients redis, greenstalk-free raw sockets, nats-py.
+Concurrent producers (``--producers``, default 1, 8, 64): that many processes,
+each with its own connection, enqueue one item per call for a few seconds:
+workq ``durable=True`` against Redis ``always`` and ``everysec``.
+
+Every configuration runs ``--runs`` times (default 3) in interleaved rounds;
+printed: the median of each figure with its min-max over the runs, and
+workq/peer ratios computed from the medians. Peer drivers: tools/peer_*.py.
+
+Usage (from the tree to measure; ``shardmgr serve`` imports from the CWD):
+  BENCH_DIR=/path/on/disk PYTHONPATH=. python tools/bench_workq.py [--json]
+  python tools/bench_workq.py --runs 1 --items 20000 --items-b1 1000 --producers 1,8   # smoke run
+  python tools/bench_workq.py --rss-items 10000000   # workq RSS with a 10M backlog
+Needs redis-server, beanstalkd and nats-server on PATH (Debian packages) and
+the Python clients redis and nats-py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import shutil
-import tempfile
-import threading
+import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
-import psutil
-from peers import PEERS, Peer  # noqa: E402  (tools/peers.py, beside this file)
+from emit import emit  # tools/emit.py, beside this file
+from measure import PAYLOAD, RESULT, WORKERS, Phases, Producers, measure_phases, measure_producers
+from peers import PEERS, PRODUCER_PEERS
 from rich.console import Console
 from rich.table import Table
+from rounds import Spread, interleave, ratio, summarise
 
-PAYLOAD = 512
-RESULT = 256
-BATCH = 1000
-WORKERS = 2
+BATCH_RSS = 1000
 
 
-class RssSampler(threading.Thread):
-    """Peak RSS of a process, and peak anonymous RSS (RSS less file-backed
-    pages, e.g. mapped segments the kernel can drop), sampled every 50 ms."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.process = psutil.Process(pid)
-        self.peak = self.peak_anon = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.05):
-            try:
-                info = self.process.memory_info()
-            except psutil.Error:
-                return
-            self.peak = max(self.peak, info.rss)
-            self.peak_anon = max(self.peak_anon, info.rss - info.shared)
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def run_peer(peer: Peer, items: int) -> dict[str, Any]:
-    base = Path(tempfile.mkdtemp(prefix=f"bench-{peer.name}-", dir=os.environ.get("BENCH_DIR", os.getcwd())))
+def _ints(text: str) -> list[int]:
+    """'1,1000' -> [1, 1000]; '' -> []."""
     try:
-        peer.start(base)
-        sampler = RssSampler(peer.pid)
-        sampler.start()
-        started = time.perf_counter()
-        peer.produce(items, BATCH, PAYLOAD)
-        enqueued = time.perf_counter()
-        backlog_bytes = dir_bytes(base)
-        backlog_rss = sampler.peak
-        stop = mp.Event()
-        workers = [mp.Process(target=peer.work, args=(i, BATCH, RESULT, stop)) for i in range(WORKERS)]
-        for proc in workers:
-            proc.start()
-        peer.consume(items)
-        done = time.perf_counter()
-        stop.set()
-        for proc in workers:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-        sampler.stop.set()
-        return {"peer": peer.name, "enqueue_per_s": items / (enqueued - started),
-                "work_per_s": items / (done - enqueued), "end_to_end_per_s": items / (done - started),
-                "rss_after_enqueue_MB": backlog_rss / 1e6, "rss_peak_MB": sampler.peak / 1e6,
-                "anon_peak_MB": sampler.peak_anon / 1e6,
-                "disk_after_enqueue_MB": backlog_bytes / 1e6}
-    finally:
-        peer.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every value must be at least 1: {text!r}")
+    return values
 
 
-def show(rows: list[dict[str, Any]], items: int) -> None:
-    table = Table(title=f"{items:,} items of {PAYLOAD} B, batches of {BATCH}, {WORKERS} workers, results of {RESULT} B")
-    for col in ("system", "enqueue/s", "work/s", "end-to-end/s", "RSS after enqueue", "RSS peak", "anon peak",
-                "disk"):
+def _names(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {', '.join(unknown)}: choose from {', '.join(PEERS)}")
+    return names
+
+
+def _commit() -> str:
+    """The commit of the tree measured (the CWD: ``shardmgr serve`` imports from there), '+' if modified."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def _summaries(configs: list[Any], runs: list[list[dict[str, float]]]) -> list[dict[str, Any]]:
+    return [{**vars(c), "system": PEERS[c.peer].name, "summary": summarise(r), "runs": r}
+            for c, r in zip(configs, runs)]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every configuration in interleaved rounds; medians, spreads and ratios."""
+    phases = [Phases(name, b, args.items_b1 if b == 1 else args.items) for b in args.batch for name in args.peers]
+    producers = [Producers(name, n, args.producer_seconds) for name in args.producer_peers for n in args.producers]
+    configs: list[Phases | Producers] = [*phases, *producers]
+
+    def measure(config: Phases | Producers) -> dict[str, float]:
+        return measure_phases(config) if isinstance(config, Phases) else measure_producers(config)
+
+    runs = interleave(configs, args.runs, measure)
+    settings = {"tree": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": args.runs,
+                "payload_B": PAYLOAD, "result_B": RESULT, "workers": WORKERS, "producer_seconds": args.producer_seconds}
+    return {"settings": settings,
+            "phases": _summaries(phases, runs[: len(phases)]),
+            "producers": _summaries(producers, runs[len(phases):])}
+
+
+PHASE_KEYS = ("enqueue_per_s", "work_per_s", "end_to_end_per_s")
+
+
+def ratios(rows: list[dict[str, Any]], match: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """workq / peer for every workq mode and every other peer measured with the same ``match``
+    (batch, or producer count), from the medians: one dict per pair, in ``match`` order."""
+    out = []
+    for value in sorted({r[match] for r in rows}):
+        group = [r for r in rows if r[match] == value]
+        for mine in (r for r in group if r["peer"].startswith("workq")):
+            for theirs in (r for r in group if not r["peer"].startswith("workq")):
+                out.append({match: value, "workq": mine["system"], "peer": theirs["system"],
+                            **{k: ratio(mine["summary"][k], theirs["summary"][k]) for k in keys}})
+    return out
+
+
+def jsonable(results: dict[str, Any]) -> dict[str, Any]:
+    """Spreads as dicts, plus the ratios of the medians, for ``--json``."""
+    def rows(section: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "summary": {k: s.as_dict() for k, s in r["summary"].items()}} for r in section]
+
+    return {**results, "phases": rows(results["phases"]), "producers": rows(results["producers"]),
+            "ratios_of_medians": ratios(results["phases"], "batch", PHASE_KEYS),
+            "producer_ratios_of_medians": ratios(results["producers"], "producers", ("enqueue_per_s",))}
+
+
+def show(results: dict[str, Any]) -> None:
+    console = Console(width=max(Console().width, 120))  # a pipe gets 80 columns: too few for these tables
+    spread = "median of {runs} interleaved runs [min–max]".format(**results["settings"])
+    for batch in sorted({r["batch"] for r in results["phases"]}):
+        rows = [r for r in results["phases"] if r["batch"] == batch]
+        _phase_table(console, rows, batch, spread)
+    if results["phases"]:
+        _memory_table(console, results["phases"], results["settings"]["runs"])
+    if results["producers"]:
+        _producer_table(console, results["producers"], spread, results["settings"]["producer_seconds"])
+
+
+def _phase_table(console: Console, rows: list[dict[str, Any]], batch: int, spread: str) -> None:
+    items = rows[0]["items"]
+    table = Table(title=f"B={batch}: {items:,} items of {PAYLOAD} B, {WORKERS} workers, results of {RESULT} B; "
+                        f"items/s and server CPU µs/item, {spread}")
+    for col in ("system", "enqueue/s", "work/s", "end-to-end/s", "CPU µs/item enqueue", "CPU µs/item work"):
         table.add_column(col, justify="right")
     for row in rows:
-        table.add_row(row["peer"], f"{row['enqueue_per_s']:,.0f}", f"{row['work_per_s']:,.0f}",
-                      f"{row['end_to_end_per_s']:,.0f}", f"{row['rss_after_enqueue_MB']:,.0f} MB",
-                      f"{row['rss_peak_MB']:,.0f} MB", f"{row['anon_peak_MB']:,.0f} MB",
-                      f"{row['disk_after_enqueue_MB']:,.0f} MB")
-    console = Console()
+        s: dict[str, Spread] = row["summary"]
+        table.add_row(row["system"], *(s[k].cell() for k in PHASE_KEYS),
+                      *(s[k].cell("{:,.1f}") for k in ("enqueue_cpu_us", "work_cpu_us")))
+        if s.get("leftover") and s["leftover"].high:
+            console.print(f"[red]{row['system']} B={batch}: {s['leftover'].high:.0f} inputs left in the queue[/red]")
     console.print(table)
-    ours = {r["peer"]: r for r in rows if r["peer"].startswith("workq")}
-    ratios = Table(title="workq / peer")
-    for col in ("workq mode", "peer", "enqueue", "work", "end-to-end"):
-        ratios.add_column(col, justify="right")
-    for name, mine in ours.items():
-        for row in rows:
-            if not row["peer"].startswith("workq"):
-                ratios.add_row(name, row["peer"], *(f"{mine[k] / row[k]:.2f}" for k in
-                                                    ("enqueue_per_s", "work_per_s", "end_to_end_per_s")))
-    console.print(ratios)
+    table = Table(title=f"B={batch}: workq / peer, ratios of the medians (higher is better for workq)")
+    for col in ("workq", "peer", "enqueue", "work", "end-to-end"):
+        table.add_column(col, justify="right")
+    for pair in ratios(rows, "batch", PHASE_KEYS):
+        table.add_row(pair["workq"], pair["peer"], *(f"{pair[k]:.2f}" for k in PHASE_KEYS))
+    if table.row_count:
+        console.print(table)
+
+
+def _memory_table(console: Console, rows: list[dict[str, Any]], runs: int) -> None:
+    table = Table(title=f"server memory and disk, medians of {runs} runs (RSS counts mapped file pages; "
+                        "anon = RSS less file-backed pages)")
+    for col in ("system", "B", "RSS after enqueue", "RSS peak", "anon peak", "disk after enqueue"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        s = row["summary"]
+        table.add_row(row["system"], str(row["batch"]), *(f"{s[k].median:,.0f} MB" for k in (
+            "rss_after_enqueue_MB", "rss_peak_MB", "anon_peak_MB", "disk_after_enqueue_MB")))
+    console.print(table)
+
+
+def _producer_table(console: Console, rows: list[dict[str, Any]], spread: str, seconds: float) -> None:
+    table = Table(title=f"concurrent single-item producers, one connection and process each, {seconds:g} s; {spread}")
+    for col in ("system", "producers", "enqueues/s", "server CPU µs/item", "producers' CPU µs/item"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        s = row["summary"]
+        table.add_row(row["system"], str(row["producers"]), s["enqueue_per_s"].cell(),
+                      s["enqueue_cpu_us"].cell("{:,.1f}"), s["client_cpu_us"].cell("{:,.1f}"))
+    console.print(table)
+    table = Table(title="concurrent producers: workq / peer enqueues/s, ratios of the medians")
+    for col in ("producers", "workq", "peer", "ratio"):
+        table.add_column(col, justify="right")
+    for pair in ratios(rows, "producers", ("enqueue_per_s",)):
+        table.add_row(str(pair["producers"]), pair["workq"], pair["peer"], f"{pair['enqueue_per_s']:.2f}")
+    if table.row_count:
+        console.print(table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=200_000)
-    parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from {','.join(PEERS)}")
+    parser.add_argument("--batch", type=_ints, default=[1, 1000], help="batch sizes B (default 1,1000)")
+    parser.add_argument("--items", type=int, default=200_000, help="items per run for B > 1")
+    parser.add_argument("--items-b1", type=int, default=5_000, help="items per run for B = 1")
+    parser.add_argument("--runs", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--peers", type=_names, default=list(PEERS), help=f"phase runs, from {','.join(PEERS)}")
+    parser.add_argument("--producers", type=_ints, default=[1, 8, 64], help="concurrent producer counts ('' skips)")
+    parser.add_argument("--producer-peers", type=_names, default=list(PRODUCER_PEERS))
+    parser.add_argument("--producer-seconds", type=float, default=3.0, help="how long each producer enqueues")
     parser.add_argument("--rss-items", type=int, default=0, help="only measure workq's RSS with this backlog")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.rss_items:
-        from peers import backlog_rss
+        from peer_workq import backlog_rss
 
-        print(json.dumps(backlog_rss(args.rss_items, BATCH, PAYLOAD), indent=2))
+        print(json.dumps(backlog_rss(args.rss_items, BATCH_RSS, PAYLOAD), indent=2))
         return
-    rows = [run_peer(PEERS[name](), args.items) for name in args.peers.split(",")]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        show(rows, args.items)
+    if min(args.items, args.items_b1, args.runs) < 1 or args.producer_seconds <= 0:
+        parser.error("--items, --items-b1 and --runs must be at least 1, --producer-seconds positive")
+    results = run(args)
+    emit(jsonable(results) if args.json else results, args.json, show)
 
 
 if __name__ == "__main__":

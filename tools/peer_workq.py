@@ -1,0 +1,123 @@
+"""workq as a peer of tools/bench_workq.py: ``shardmgr serve`` and the workq clients.
+
+Group commit is the server's default (5 ms); ``WorkqDurable`` passes
+``durable=True`` on every enqueue, so each call returns after the flush that
+covers it. Workers use ``Worker.lease`` and ``Worker.complete`` (which stores
+the result and retires the task in one call).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from peer import JOB, Begin, Peer
+
+import workq
+from shardmgr.server import readiness
+
+
+class Workq(Peer):
+    name = "workq"
+    durable = False
+
+    def start(self, base: Path) -> None:
+        ready, log = base / "data.ready", base / "data.log"
+        with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
+            self.proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(base / "data"),
+                                          "--port", "0", "--ready-file", str(ready)], stderr=stderr)
+        host, port = readiness.wait(ready, self.proc, 3600, log=log.read_text)
+        self.address = f"{host}:{port}"
+
+    def produce(self, items: int, batch: int, size: int, begin: Begin) -> None:
+        payloads = [os.urandom(size) for _ in range(batch)]
+        with workq.connect(self.address) as client:
+            begin()
+            for start in range(0, items, batch):
+                client.enqueue(JOB, "m", "s", 1, payloads[: min(batch, items - start)], durable=self.durable)
+
+    def work(self, index: int, batch: int, size: int, begin: Begin, stop: Any) -> None:
+        result = os.urandom(size)
+        with workq.Worker(self.address, f"w{index}", models=["m"]) as worker:
+            begin()
+            while True:
+                items = worker.lease(batch, wait=0.2)
+                if not items:
+                    if stop.is_set():
+                        return
+                elif batch == 1:  # the single-item form a new user writes
+                    worker.complete(items[0].handle, result)
+                else:
+                    worker.complete([i.handle for i in items], [result] * len(items))
+
+    def consume(self, items: int, begin: Begin) -> None:
+        got = 0
+        with workq.connect(self.address) as client:
+            begin()
+            while got < items:
+                got += len(client.results(JOB, max_items=5000, wait=1.0))
+
+    def produce_single(self, seconds: float, size: int, begin: Begin) -> int:
+        payload = [os.urandom(size)]
+        count = 0
+        with workq.connect(self.address) as client:
+            begin()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                client.enqueue(JOB, "m", "s", 1, payload, durable=self.durable)
+                count += 1
+        return count
+
+    def leftover(self) -> int | None:
+        with workq.connect(self.address) as client:
+            status = client.job_status(JOB)
+        return int(status["pending"]) + int(status["in_flight"])
+
+
+class WorkqDurable(Workq):
+    name = "workq durable"
+    durable = True
+
+
+def _memory(process: psutil.Process, queued: int) -> dict[str, Any]:
+    info = process.memory_info()
+    return {"queued": queued, "rss_MB": round(info.rss / 1e6, 1), "anon_MB": round((info.rss - info.shared) / 1e6, 1)}
+
+
+def backlog_rss(items: int, batch: int, size: int) -> dict[str, Any]:
+    """workq's server RSS as a backlog of ``items`` builds up (sampled each 10%),
+    then the time a restart takes to be ready with all of it pending."""
+    base = Path(tempfile.mkdtemp(prefix="bench-rss-", dir=os.environ.get("BENCH_DIR", os.getcwd())))
+    peer = Workq()
+    peer.start(base)
+    samples = []
+    try:
+        payloads = [os.urandom(size) for _ in range(batch)]
+        process = psutil.Process(peer.pid)
+        started = time.perf_counter()
+        with workq.connect(peer.address) as client:
+            for start in range(0, items, batch):
+                client.enqueue(JOB, "m", "s", 1, payloads)
+                if (start // batch) % max(1, items // batch // 10) == 0:
+                    samples.append(_memory(process, start + batch))
+            samples.append(_memory(process, items))
+            status = client.job_status(JOB)
+        elapsed = time.perf_counter() - started
+        disk = sum(f.stat().st_size for f in base.rglob("*") if f.is_file())
+        peer.stop()
+        restarted = time.perf_counter()
+        peer.start(base)  # recovers the whole backlog before it listens
+        restart_s = time.perf_counter() - restarted
+        return {"items": items, "enqueue_per_s": round(items / elapsed), "disk_GB": round(disk / 1e9, 2),
+                "pending": status["pending"], "restart_to_ready_s": round(restart_s, 2),
+                "rss_after_restart": _memory(psutil.Process(peer.pid), items), "rss": samples}
+    finally:
+        peer.stop()
+        shutil.rmtree(base, ignore_errors=True)
