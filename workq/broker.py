@@ -75,7 +75,8 @@ class Broker:
         self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
         self._state = QueueState(self.data_dir / "workq", self.config, self.flusher)
         self._lock = LockFile(self.data_dir) if lock else None
-        self._loop = OwnerLoop(self.flusher, self._tick, self._changes, self._collect_now)
+        self._loop = OwnerLoop(self.flusher, self._tick, self._changes, self._collect_now,
+                               linger=self.config.results_linger_s)
         self.recovery: RecoverySummary | None = None
 
     # -------------------------------------------------------------- lifecycle

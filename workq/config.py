@@ -47,6 +47,12 @@ class WorkqConfig:
     disk_floor_bytes: int = 1 * GiB
     #: Most items one lease may return.
     max_lease_items: int = 100_000
+    #: Seconds a *waiting* results call lingers after new results appear,
+    #: to take the ones that follow in the same response (as Kafka's
+    #: fetch.max.wait): one response per result would cost the server more
+    #: than the result when items complete one at a time. 0: answer at once.
+    #: A results call that finds results when it arrives answers at once.
+    results_linger_s: float = 0.005
 
     @property
     def payload_limit(self) -> int:
@@ -83,6 +89,8 @@ class WorkqConfig:
         for name in ("disconnect_grace_s", "reconnect_window_s"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {getattr(self, name)}")
+        if not 0 <= self.results_linger_s <= 1:
+            raise ValueError(f"results_linger_s must be in 0..1 seconds, got {self.results_linger_s}")
         if self.disk_floor_bytes < 0:
             raise ValueError(f"disk_floor_bytes must be >= 0, got {self.disk_floor_bytes}")
         if self.max_payload_bytes < 1:

@@ -7,7 +7,9 @@ queue's state needs no locks. Work that must wait never blocks the thread:
   it names is durable; the shared flusher's round listener wakes the loop;
 * a *waiter* (:meth:`OwnerLoop.park`) is a call with a deadline (a lease or
   results call with ``wait``) that is tried again whenever what it waits
-  for may have changed, and answered at its deadline at the latest;
+  for may have changed, and answered at its deadline at the latest; results
+  waiters are retried ``linger`` seconds after results changed, so results
+  that complete one at a time leave in shared responses;
 * timers run every TICK_S between batches of messages; at each tick,
   waiters whose caller went away (``alive``) end at once;
 * the replies made while a wake-up's batch runs leave together at its end
@@ -101,7 +103,7 @@ class OwnerLoop:
     """
 
     def __init__(self, flusher: Flusher, tick: Callable[[float], None], changes: Callable[[], tuple[int, int]],
-                 stop: Callable[[], None]) -> None:
+                 stop: Callable[[], None], linger: float = 0.0) -> None:
         self.flusher = flusher
         self._tick = tick
         self._changes = changes
@@ -112,6 +114,8 @@ class OwnerLoop:
         self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
         self._next_tick = 0.0
         self._seen = (-1, -1)  # changes() at the last retry of waiters
+        self._linger = linger
+        self._results_due: float | None = None  # when results waiters are retried after a change
         self._quiesced = False  # a stop is coming: waiting calls are answered at once
         self._submit_lock = threading.Lock()
         self.closed = False
@@ -202,7 +206,8 @@ class OwnerLoop:
 
     def _run(self) -> None:
         while True:
-            wait = max(0.0, min(self._next_tick, self._next_waiter()) - time.monotonic())
+            due = self._results_due if self._results_due is not None else float("inf")
+            wait = max(0.0, min(self._next_tick, self._next_waiter(), due) - time.monotonic())
             try:
                 batch = [self._inbox.get(timeout=min(wait, TICK_S))]
             except queue.Empty:
@@ -280,11 +285,18 @@ class OwnerLoop:
 
     def _serve_waiters(self, now: float) -> None:
         """Retry waiting calls when what they want changed since the last
-        try, and answer those whose deadline passed."""
+        try (results waiters: ``linger`` seconds after), and answer those
+        whose deadline passed."""
         if not self._waiters:
+            self._results_due = None
             return
         seen = self._changes()
-        changed = {"items": seen[0] != self._seen[0], "results": seen[1] != self._seen[1]}
+        if seen[1] != self._seen[1] and self._results_due is None:
+            self._results_due = now + self._linger
+        changed = {"items": seen[0] != self._seen[0],
+                   "results": self._results_due is not None and now >= self._results_due}
+        if changed["results"]:
+            self._results_due = None
         self._seen = seen
         waiting = self._waiters
         self._waiters = []

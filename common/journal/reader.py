@@ -227,13 +227,16 @@ class RecordReader:
         return RecordChunk(chunk.offsets, markers, chunk.lengths, chunk.continues, chunk.first_seq)
 
     def scan(self, start: int | None = None, stop: int | None = None,
-             window: int = WINDOW_BYTES) -> Iterator[RecordChunk]:
+             window: int = WINDOW_BYTES, *, proven: bool = False) -> Iterator[RecordChunk]:
         """Yield the records in [start, stop) as vectorised chunks.
 
         ``start`` must be a record start (default: the first record) and
         ``stop`` a record boundary (default: the end). Each chunk covers at
         most about ``window`` bytes (small windows suit callers that stop
         early). Markers are read as they are when each chunk is produced.
+        ``proven``: the caller found ``start`` itself (a record start or the
+        end from an earlier scan of this journal, e.g. a cursor), so it is
+        not proven again (see :meth:`_locate`).
         """
         self._check_open()
         with self._lock:
@@ -242,7 +245,7 @@ class RecordReader:
             stop = end if stop is None else min(int(stop), end)
             first_seq = 0
             if start < stop:
-                self._locate([start])
+                self._locate([start], proven=proven)
                 first_seq = RecordHeader.unpack(self._file.mm, start).seq
         walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
                     max_record_bytes=self.identity.max_record_bytes, window=window)

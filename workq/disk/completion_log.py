@@ -304,7 +304,8 @@ class CompletionLog:
             if journal.count_of(Marker.LIVE) <= len(self.in_delivery.get(seq, ())):
                 continue
             skip = np.fromiter(self.in_delivery.get(seq, ()), dtype=np.int64)
-            for chunk in journal.scan(start=self.cursors.get(seq, HEADER_SIZE), window=scan_window(journal, limit)):
+            cursor = self.cursors.get(seq, HEADER_SIZE)  # a record start this log's own scan found
+            for chunk in journal.scan(start=cursor, window=scan_window(journal, limit), proven=True):
                 handles = journal.fields(chunk, HANDLE_AT, "<u8")
                 mask = (chunk.markers == LIVE) & (handles != LEDGER)
                 if len(skip):
@@ -348,7 +349,8 @@ class CompletionLog:
         tickets = []
         for out in batch:
             if out.seq in self.segments:
-                tickets.append(self.segments[out.seq].set_markers(out.offsets, Marker.DELIVERED))
+                # offsets this log's own scan found (take): no chain proof again
+                tickets.append(self.segments[out.seq].set_markers(out.offsets, Marker.DELIVERED, proven=True))
                 self.in_delivery.get(out.seq, set()).difference_update(out.offsets.tolist())
         return tickets
 

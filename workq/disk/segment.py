@@ -194,7 +194,8 @@ class Segment:
             ahead = self.journal.refreshed(mine.ahead)
             yield ahead
             start = int(ahead.ends(self.journal.alignment)[-1])
-        yield from self.journal.scan(start=start, window=scan_window(self.journal, limit))
+        # cursors are record starts found by scans or appends, or held items (see ``held``)
+        yield from self.journal.scan(start=start, window=scan_window(self.journal, limit), proven=True)
 
     def _free(self, offsets: np.ndarray, candidates: np.ndarray, limit: int) -> np.ndarray:
         """The first ``limit`` of ``candidates`` (indices into ``offsets``)
