@@ -240,8 +240,10 @@ def test_pipelined_completes_keep_held_right(server: ServerProcess) -> None:
 
 
 def test_pipelined_completes_cut_by_a_restart_are_sent_again(tmp_path: Path) -> None:
-    """Completes waiting for a flush when the server dies are sent again
-    (they are idempotent) after the worker reconnects and says hello."""
+    """Completes cut off by a server kill are sent again (they are
+    idempotent) after the worker reconnects and says hello: each answers
+    'completed', or 'duplicate' if its result became durable before the kill
+    (a complete hurries a flush round, so that race is the kill's to win)."""
     config = tmp_path / "data.toml"
     server = serve(tmp_path, WORKQ)
     try:
@@ -249,7 +251,7 @@ def test_pipelined_completes_cut_by_a_restart_are_sent_again(tmp_path: Path) -> 
             client.enqueue("job", "m", "s", 1, [b"%d" % i for i in range(10)], durable=True)
         server.signal(signal.SIGTERM)
         assert server.wait() == 0
-        config.write_text(SLOW_FLUSH + WORKQ)  # completes now wait a minute for their flush
+        config.write_text(SLOW_FLUSH + WORKQ)  # no timed flush round: only the completes' own
         server.start()
         worker = Worker(server.address, "w", retry_for=60, timeout=30)
         items: list[Item] = []
@@ -262,7 +264,8 @@ def test_pipelined_completes_cut_by_a_restart_are_sent_again(tmp_path: Path) -> 
         server.wait()
         config.write_text(WORKQ)
         server.start()
-        assert [p.result() for p in pending] == ["completed"] * 10  # reconnected, said hello, sent again
+        statuses = [p.result() for p in pending]  # reconnected, said hello, sent again: none lost
+        assert set(statuses) <= {"completed", "duplicate"} and len(statuses) == 10
         assert worker.held == set()
         worker.close()
         with QueueClient(server.address) as client:
