@@ -71,10 +71,12 @@ class Delivery:
         """The results response carrying these results (workq/protocol.py)."""
         return encode_results(self.handles, self.positions, self.payloads)
 
-    def confirm(self) -> Future[None]:
+    def confirm(self, hurry: bool = True) -> Future[None]:
         """The response was handed over: mark the results DELIVERED. The
         future is answered once the marks are durable (DurabilityLost if
-        they cannot be; Unavailable if the queue closed first)."""
+        they cannot be; Unavailable if the queue closed first). ``hurry``:
+        start a flush round for them now; without it they are durable at
+        the next timed round (for callers that do not wait for them)."""
         if not self._decide("confirmed") or not self._batch:
             done: Future[None] = Future()
             done.set_result(None)
@@ -82,7 +84,8 @@ class Delivery:
 
         def run(future: Future[None]) -> None:
             tickets = self._state.confirm_results(self._log, self._batch)
-            self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc))
+            self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc),
+                                     hurry=hurry)
 
         return self._loop.future(run)
 

@@ -177,15 +177,18 @@ class OwnerLoop:
         return future
 
     def after_durable(self, tickets: Sequence[Ticket | None], done: Callable[[], None],
-                      failed: Callable[[Exception], None]) -> None:
+                      failed: Callable[[Exception], None], *, hurry: bool = True) -> None:
         """Owner thread: run ``done`` once every ticket is durable, or
-        ``failed`` (DurabilityLost) once one of their journals failed."""
+        ``failed`` (DurabilityLost) once one of their journals failed.
+        ``hurry``: start a flush round for their journals now (else the
+        next timed round covers them)."""
         real = [t for t in tickets if t is not None and not t.durable]
         if not real:
             done()
             return
         self._continuations.append(_Continuation(real, done, failed))
-        self.flusher.hurry()
+        if hurry:
+            self.flusher.hurry([t.journal for t in real])
 
     def park(self, deadline: float, attempt: Callable[[bool], bool], wants: Wants,
              fail: Callable[[Exception], None], alive: Callable[[], bool] | None = None) -> None:

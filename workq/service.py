@@ -200,7 +200,8 @@ class WorkqService(Component):
         """Writer thread: the response is on the socket."""
         with self._lock:
             self._deliveries.get(connection, set()).discard(delivery)
-        delivery.confirm().add_done_callback(_log_unconfirmed)
+        # nobody waits for these marks (the response is out): the next timed round makes them durable
+        delivery.confirm(hurry=False).add_done_callback(_log_unconfirmed)
 
     # ----------------------------------------------------------------- workers
 

@@ -6,9 +6,14 @@ calls fdatasync, then advances the journal's durable watermark to that
 snapshot and writes a checkpoint (made durable by the next round). A write
 is therefore durable once the first round that *starts after it* completes.
 When someone waits for durability (:meth:`Flusher.wait_durable`,
-:meth:`Flusher.hurry`) the next round starts at once instead of at the end
-of the interval: a lone writer waits for one fdatasync, not an interval,
-while concurrent writers still share rounds (group commit).
+:meth:`Flusher.hurry`) a round starts at once instead of at the end of the
+interval: a lone writer waits for one fdatasync, not an interval, while
+concurrent writers still share rounds (group commit). Such a *hurried*
+round syncs only the journals someone waits for; the timed rounds, every
+``interval``, sync every journal with writes, so no write waits longer for
+its flush than it did before (a queue that retires items one at a time
+would otherwise fdatasync every journal it touched, tombstones and delivery
+marks nobody waits for, once per item).
 
 Threads: the flusher thread alone calls fdatasync on registered journals
 during rounds (a journal serialises its own explicit syncs, e.g. on seal,
@@ -26,7 +31,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from .config import FlusherConfig
@@ -76,6 +81,8 @@ class Flusher:
         self._finished = False  # the last round is done (guarded by _cond)
         self._skip_last = False  # stop(flush=False): no last round (guarded by _cond)
         self._synced_last_round = False  # flusher thread only
+        self._hurried: dict[int, Journal] = {}  # journals waited for before the next round (guarded by _cond)
+        self._hurry_all = False  # the next round syncs every journal, timed or not (guarded by _cond)
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Flusher:
@@ -125,10 +132,16 @@ class Flusher:
         with self._cond:
             self._listeners.append(callback)
 
-    def hurry(self) -> None:
-        """Someone waits for durability: start the next round now instead of
-        at the end of the interval (a round already running finishes first;
-        writes arriving meanwhile share the following round)."""
+    def hurry(self, journals: Iterable[Journal] | None = None) -> None:
+        """Someone waits for durability: start a round now instead of at the
+        end of the interval (a round already running finishes first; writes
+        arriving meanwhile share the following round). The round syncs
+        ``journals`` (the ones waited for) or, if None, every journal."""
+        with self._cond:
+            if journals is None:
+                self._hurry_all = True
+            else:
+                self._hurried.update((id(j), j) for j in journals)
         self._wake.set()
 
     def notify(self) -> None:
@@ -156,7 +169,7 @@ class Flusher:
         journal = ticket.journal
         deadline = None if timeout is None else time.monotonic() + timeout
         if journal.durable_seq < ticket.seq:
-            self.hurry()
+            self.hurry([journal])
         with self._cond:
             while journal.durable_seq < ticket.seq:
                 journal.raise_if_failed()
@@ -176,6 +189,7 @@ class Flusher:
             if not self.running:
                 raise JournalClosed("the flusher is not running: nothing can be flushed")
             target = self._started_rounds + 1
+            self._hurry_all = True  # the round it waits for syncs every journal
             self._wake.set()
             if not self._cond.wait_for(lambda: self._done_rounds >= target or not self.running, timeout):
                 raise TimeoutError(f"flush round not finished after {timeout} s")
@@ -191,7 +205,15 @@ class Flusher:
             with self._cond:
                 stopping = self._stopping
                 self._started_rounds += 1
-                journals = [] if self._skip_last else list(self._journals.values())
+                timed = self._hurry_all or stopping or time.monotonic() >= next_round
+                if self._skip_last:
+                    journals = []
+                elif timed:
+                    journals = list(self._journals.values())
+                else:  # hurried: only what someone waits for (and is still registered)
+                    journals = [j for key, j in self._hurried.items() if key in self._journals]
+                self._hurried.clear()
+                self._hurry_all = False
             started = time.monotonic()
             self._round(journals)
             elapsed = time.monotonic() - started
@@ -206,7 +228,8 @@ class Flusher:
             self.stats.max_round_seconds = max(self.stats.max_round_seconds, elapsed)
             if stopping:
                 return
-            next_round = started + interval
+            if timed:
+                next_round = started + interval
 
     def _round(self, journals: list[Journal]) -> None:
         self._synced_last_round = False
