@@ -24,7 +24,7 @@ def test_round_trip_counts_and_positions(broker: Broker) -> None:
     assert status(broker, "j") == (3, 3, 0, 0, 0, 0)
     items = broker.lease(2, models=["llama"])
     assert [i.payload for i in items] == [b"p0", b"p1"] and [i.position for i in items] == [0, 1]
-    assert items[0].job == "j" and items[0].key == ("llama", "chat", "512") and items[0].deliveries == 1
+    assert items[0].job == "j" and items[0].key == ("llama", "chat", 512) and items[0].deliveries == 1
     assert status(broker, "j") == (3, 1, 2, 0, 0, 0)
     assert broker.complete([i.handle for i in items], [b"r0", b"r1"]) == ["completed", "completed"]
     assert status(broker, "j") == (3, 1, 0, 2, 0, 0)
