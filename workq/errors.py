@@ -31,7 +31,9 @@ class NotLeased(WorkqError, Conflict):
 
 
 class UnknownJob(WorkqError, NotFound):
-    """No item was ever enqueued for this job (or it was forgotten)."""
+    """No item was ever enqueued for this job. Kept for clients of older
+    servers: this version raises it nowhere (``job_status``, ``results`` and
+    ``kick`` answer zeros, nothing and 0 for such a job)."""
 
     code = "workq.unknown_job"
 
