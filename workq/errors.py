@@ -38,6 +38,15 @@ class UnknownJob(WorkqError, NotFound):
     code = "workq.unknown_job"
 
 
+class WorkerIdInUse(WorkqError, Conflict):
+    """``workq.hello`` named a worker that another live connection holds,
+    from another :class:`~workq.Worker` (another session): two processes
+    must not share a worker id. The same Worker reconnecting takes its
+    name over instead."""
+
+    code = "workq.worker_id_in_use"
+
+
 class PayloadTooLarge(WorkqError, BadRequest):
     """A payload or result exceeds the configured maximum."""
 
@@ -52,5 +61,5 @@ class ResultsNotRecorded(WorkqError):
     code = "workq.results_not_recorded"
 
 
-__all__ = ["WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
-           "ResultsNotRecorded"]
+__all__ = ["WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "WorkerIdInUse", "PayloadTooLarge",
+           "DiskFull", "ResultsNotRecorded"]

@@ -7,11 +7,20 @@ before handing it anything new, and tells it which ones to drop (already
 completed, or given to someone else). Completing is idempotent per handle,
 so a completion cut off by a dropped connection is simply sent again.
 
+A worker id belongs to one Worker at a time. Each Worker sends a random
+session token with its hello: reconnecting, it takes its id over from its
+old connection even if the server has not noticed that one died yet; a
+second Worker (another process) saying hello with an id that a live
+connection holds gets :class:`~workq.errors.WorkerIdInUse` from the call
+that connected (after the server waited a moment for that connection to
+close), and says hello again at its next call.
+
 Threads: a Worker is not thread-safe; use one per thread.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,7 +28,7 @@ import numpy as np
 
 from common.wire.client import ConnectionLost, RpcClient
 
-from . import errors  # noqa: F401 - registers the workq.* error codes, so replies raise those classes
+from . import errors  # registers the workq.* error codes, so replies raise those classes
 from .protocol import Handle, Item, decode_lease, decode_statuses, joined, pack_handles
 
 T = TypeVar("T")
@@ -34,14 +43,18 @@ class Worker:
         """``models``/``shapes``/``lanes`` restrict what it leases (None: any);
         ``options`` go to common.wire.client.RpcClient (timeout, retry_for, token, tls, ca, ...)."""
         self.worker_id = worker_id
-        self._profile = {"worker": worker_id, "models": _listed(models), "shapes": _listed(shapes),
-                         "lanes": _listed(lanes)}
+        self._profile = {"worker": worker_id, "session": secrets.token_hex(16), "models": _listed(models),
+                         "shapes": _listed(shapes), "lanes": _listed(lanes)}
         self.held: set[int] = set()  # packed handles
         self.rpc = RpcClient(address, on_connect=self._hello, **options)
 
     def _hello(self, rpc: RpcClient) -> None:
-        reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
-                         {"held": np.array(sorted(self.held), dtype=np.uint64)})
+        try:
+            reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
+                             {"held": np.array(sorted(self.held), dtype=np.uint64)})
+        except errors.WorkerIdInUse:
+            rpc.close()  # unnamed, the connection is no use: the next call connects and says hello again
+            raise
         self.held.difference_update(reply.parts["dropped"].tolist())
 
     def _retrying(self, call: Callable[[], T]) -> T:

@@ -83,21 +83,6 @@ def test_vanished_worker_loses_its_leases_after_the_grace(server: ServerProcess)
         assert {i.payload for i in items} == {b"a", b"b"} and all(i.deliveries == 2 for i in items)
 
 
-def test_a_worker_on_a_second_connection_keeps_its_leases_when_the_first_drops(server: ServerProcess) -> None:
-    with QueueClient(server.address) as client:
-        client.enqueue("j", "m", "s", 1, [b"a"])
-    first = Worker(server.address, "gpu-1")
-    [item] = first.lease(1)
-    second = Worker(server.address, "gpu-1")  # e.g. the worker reconnected before the old socket closed
-    second.touch(item.handle)
-    first.close()
-    time.sleep(1.5)  # well past the disconnect grace
-    with Worker(server.address, "rival") as rival:
-        assert rival.lease(10) == []
-    assert second.complete(item.handle, b"r") == "completed"
-    second.close()
-
-
 def test_responses_never_exceed_a_frame(tmp_path: Path) -> None:
     config = tmp_path / "small.toml"
     config.write_text("max_frame_bytes = 65536\n[workq]\nreconnect_window_s = 0.0\ndisk_floor_bytes = 0\n"
