@@ -333,9 +333,15 @@ class Broker:
 
     def complete(self, handles: Sequence[Handle], results: Sequence[bytes]) -> list[str]:
         """Record results; returns per handle, once they are durable,
-        'completed', or 'duplicate' if the item already had a result (from
-        this or another worker): ``complete([h1, h1], [r, r])`` answers
-        ``['completed', 'duplicate']`` and keeps the first."""
+        ``'completed'``, or ``'duplicate'`` if the item already had a result
+        (from this or another worker, or earlier in this call): the first
+        result is kept, later ones are dropped. A duplicate is not an error;
+        a retried call answers it for the items it already recorded::
+
+            broker.complete([h1, h2], [r1, r2])    # ['completed', 'completed']
+            broker.complete([h1, h3], [r1, r3])    # ['duplicate', 'completed']
+            broker.complete([h4, h4], [r4, r4b])   # ['completed', 'duplicate']: r4 is kept
+        """
         return self.complete_async(pack_handles(handles), results).result()
 
     def release_async(self, worker: str, packed: np.ndarray, delay: float = 0.0) -> Future[None]:

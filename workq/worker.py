@@ -73,8 +73,17 @@ class Worker:
         return items
 
     def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes]) -> str | list[str]:
-        """Send results; returns 'completed' or 'duplicate' (the item already
-        had a result) per handle, once the results are durable."""
+        """Send results; returns, once they are durable, per handle (a single
+        status for a single handle) ``'completed'``, or ``'duplicate'`` if
+        the item already had a result (from this or another worker: the
+        first result is kept, this one dropped). A duplicate is not an
+        error: it is what a repeated completion answers, e.g. after a lost
+        reply or an expired lease whose item another worker finished::
+
+            worker.complete([a.handle, b.handle], [ra, rb])  # ['completed', 'completed']
+            worker.complete([a.handle, c.handle], [ra, rc])  # ['duplicate', 'completed']
+            worker.complete(c.handle, rc)                    # 'duplicate'
+        """
         single = isinstance(handles, Handle)
         handle_list: list[Handle] = [handles] if single else list(handles)  # type: ignore[list-item, arg-type]
         result_list: list[bytes] = [results] if single else list(results)  # type: ignore[list-item, arg-type]

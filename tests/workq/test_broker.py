@@ -386,3 +386,11 @@ def test_waits_and_delays_outside_their_limits_are_refused_and_change_nothing(br
     assert broker.job_status("j") == before  # still leased to w, nothing else moved
     broker.release([h], worker="w")
     assert [i.handle for i in broker.lease(1)] == [h]
+
+
+def test_complete_answers_duplicate_per_item_and_keeps_the_first(broker: Broker) -> None:
+    h1, h2, h3 = broker.enqueue("j", "m", "s", 1, [b"1", b"2", b"3"])
+    broker.lease(3)
+    assert broker.complete([h1, h2], [b"r1", b"r2"]) == ["completed", "completed"]
+    assert broker.complete([h1, h3, h3], [b"again", b"r3", b"r3b"]) == ["duplicate", "completed", "duplicate"]
+    assert [r.payload for r in broker.results("j")] == [b"r1", b"r2", b"r3"]
