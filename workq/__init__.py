@@ -32,7 +32,16 @@ from common.journal import FlusherConfig
 from .broker import Broker
 from .client import QueueClient
 from .config import WorkqConfig
-from .errors import DiskFull, NotLeased, PayloadTooLarge, ResultsNotRecorded, UnknownHandle, UnknownJob, WorkqError
+from .errors import (
+    DiskFull,
+    NotLeased,
+    PayloadTooLarge,
+    ResultsNotRecorded,
+    UnknownHandle,
+    UnknownJob,
+    WorkerIdInUse,
+    WorkqError,
+)
 from .protocol import Handle, Item, Key, Result
 from .worker import Worker
 
@@ -55,5 +64,5 @@ def connect(address: str, **options: Any) -> QueueClient:
 __all__ = [
     "open", "connect", "Broker", "QueueClient", "Worker", "WorkqConfig", "Item", "Result", "Handle", "Key",
     "WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
-    "ResultsNotRecorded",
+    "ResultsNotRecorded", "WorkerIdInUse",
 ]

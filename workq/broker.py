@@ -242,20 +242,24 @@ class Broker:
         """Take up to ``max_items`` undelivered, durable results of ``job``
         (payloads plus REPLY_ITEM_BYTES each within ``max_bytes``), waiting
         up to ``wait`` seconds for the first. The caller confirms or drops
-        the Delivery (delivery.py). ``alive``: see :meth:`_waiting`."""
+        the Delivery (delivery.py). ``alive``: see :meth:`_waiting`. A job
+        nothing was enqueued for (yet) has no results: the call waits like
+        any other, and answers those of a job enqueued and completed
+        meanwhile; asking creates nothing."""
 
         def take(final: bool) -> Delivery | None:
-            job_log, batch = self._state.take_results(job, max_items, max_bytes)
+            job_log, batch = self._state.take_results(job, max_items, max_bytes)  # unknown: a name hash and a dict miss
             return Delivery(self._loop, self._state, job_log, batch) if batch or final else None
 
-        # an unknown job fails at once, not after the wait
-        return self._waiting("results", max_items, wait, alive, take, check=lambda: self._state.job(job))
+        # a malformed name fails at once, not after the wait
+        return self._waiting("results", max_items, wait, alive, take, check=lambda: self._state.find_job(job))
 
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of the job (at most ``max_items``), waiting up
         to ``wait`` seconds for the first. Returns once they are durably
         marked delivered, so a result returned here is never returned again,
-        even after a crash."""
+        even after a crash. A job nothing was enqueued for yet has none
+        (``[]``, after the wait): a consumer may start before its producer."""
         delivery = self.results_async(job, max_items, wait).result()
         delivery.confirm().result()
         return delivery.results()
@@ -264,7 +268,9 @@ class Broker:
         return self._loop.future(lambda f: settle(f, self._state.job_status(job)))
 
     def job_status(self, job: str) -> dict[str, int]:
-        """Counts: enqueued, pending, in_flight, completed, delivered, buried."""
+        """Counts: enqueued, pending, in_flight, completed, delivered, buried.
+        A job nothing was enqueued for yet answers all zeros (and is not
+        created by asking); a malformed name is a ValueError."""
         return self.job_status_async(job).result()
 
     # ---------------------------------------------------------------- workers
@@ -327,9 +333,15 @@ class Broker:
 
     def complete(self, handles: Sequence[Handle], results: Sequence[bytes]) -> list[str]:
         """Record results; returns per handle, once they are durable,
-        'completed', or 'duplicate' if the item already had a result (from
-        this or another worker): ``complete([h1, h1], [r, r])`` answers
-        ``['completed', 'duplicate']`` and keeps the first."""
+        ``'completed'``, or ``'duplicate'`` if the item already had a result
+        (from this or another worker, or earlier in this call): the first
+        result is kept, later ones are dropped. A duplicate is not an error;
+        a retried call answers it for the items it already recorded::
+
+            broker.complete([h1, h2], [r1, r2])    # ['completed', 'completed']
+            broker.complete([h1, h3], [r1, r3])    # ['duplicate', 'completed']
+            broker.complete([h4, h4], [r4, r4b])   # ['completed', 'duplicate']: r4 is kept
+        """
         return self.complete_async(pack_handles(handles), results).result()
 
     def release_async(self, worker: str, packed: np.ndarray, delay: float = 0.0) -> Future[None]:
@@ -361,7 +373,8 @@ class Broker:
     # --------------------------------------------------------------- operator
 
     def kick_async(self, job: str) -> Future[int]:
-        """Make the job's buried items pending again; answers how many."""
+        """Make the job's buried items pending again; answers how many (0
+        for a job nothing was enqueued for)."""
         return self._loop.future(lambda f: settle(f, self._state.kick(job)))
 
     def kick(self, job: str) -> int:

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 class Delivery:
     """The results of one results call, in delivery."""
 
-    def __init__(self, loop: OwnerLoop, state: QueueState, job_log: CompletionLog, batch: list[Outgoing]) -> None:
+    def __init__(self, loop: OwnerLoop, state: QueueState, job_log: CompletionLog | None,
+                 batch: list[Outgoing]) -> None:
+        """``job_log`` may be None only with an empty batch (a job nothing was enqueued for)."""
         self._loop = loop
         self._state = state
         self._log = job_log
@@ -77,13 +79,14 @@ class Delivery:
         they cannot be; Unavailable if the queue closed first). ``hurry``:
         start a flush round for them now; without it they are durable at
         the next timed round (for callers that do not wait for them)."""
-        if not self._decide("confirmed") or not self._batch:
+        job_log = self._log
+        if not self._decide("confirmed") or not self._batch or job_log is None:
             done: Future[None] = Future()
             done.set_result(None)
             return done
 
         def run(future: Future[None]) -> None:
-            tickets = self._state.confirm_results(self._log, self._batch)
+            tickets = self._state.confirm_results(job_log, self._batch)
             self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc),
                                      hurry=hurry)
 
@@ -91,10 +94,11 @@ class Delivery:
 
     def drop(self) -> None:
         """The response never left: the results are deliverable again."""
-        if not self._decide("dropped") or not self._batch:
+        job_log = self._log
+        if not self._decide("dropped") or not self._batch or job_log is None:
             return
         with contextlib.suppress(Unavailable):  # closed: after a restart they are undelivered anyway
-            self._loop.submit(lambda: self._state.drop_results(self._log, self._batch))
+            self._loop.submit(lambda: self._state.drop_results(job_log, self._batch))
 
     def _decide(self, outcome: str) -> bool:
         with self._lock:

@@ -31,9 +31,20 @@ class NotLeased(WorkqError, Conflict):
 
 
 class UnknownJob(WorkqError, NotFound):
-    """No item was ever enqueued for this job (or it was forgotten)."""
+    """No item was ever enqueued for this job. Kept for clients of older
+    servers: this version raises it nowhere (``job_status``, ``results`` and
+    ``kick`` answer zeros, nothing and 0 for such a job)."""
 
     code = "workq.unknown_job"
+
+
+class WorkerIdInUse(WorkqError, Conflict):
+    """``workq.hello`` named a worker that another live connection holds,
+    from another :class:`~workq.Worker` (another session): two processes
+    must not share a worker id. The same Worker reconnecting takes its
+    name over instead."""
+
+    code = "workq.worker_id_in_use"
 
 
 class PayloadTooLarge(WorkqError, BadRequest):
@@ -50,5 +61,5 @@ class ResultsNotRecorded(WorkqError):
     code = "workq.results_not_recorded"
 
 
-__all__ = ["WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "PayloadTooLarge", "DiskFull",
-           "ResultsNotRecorded"]
+__all__ = ["WorkqError", "UnknownHandle", "NotLeased", "UnknownJob", "WorkerIdInUse", "PayloadTooLarge",
+           "DiskFull", "ResultsNotRecorded"]

@@ -71,27 +71,70 @@ def pack_handles(handles: Sequence[Handle] | Sequence[tuple[int, int]]) -> np.nd
     return pack(pairs[:, 0], pairs[:, 1])
 
 
+LANE_MIN, LANE_MAX = -(1 << 63), (1 << 63) - 1
+"""The range of an int lane (what msgpack and the segment metadata keep as an int)."""
+
+
 class Key(NamedTuple):
-    """What a segment holds: one model, one prompt shape, one length lane."""
+    """What a segment holds: one model, one prompt shape, one length lane.
+
+    A lane is a string or an int and keeps its type: it comes back (in
+    :class:`Item`, over the wire, after a restart) as it was given. ``1``
+    and ``"1"`` are different keys (their items never share a segment), but
+    the same lane for filters: a worker's ``lanes`` match a key by
+    :attr:`lane_name`, the lane's text. Keys sort with int lanes (by value)
+    before string lanes."""
 
     model: str
     shape: str
-    lane: str
+    lane: str | int
 
     def __str__(self) -> str:
         return f"{self.model}/{self.shape}/{self.lane}"
 
+    @property
+    def lane_name(self) -> str:
+        """The lane as text (``1`` and ``"1"`` both give ``"1"``): what lane filters compare."""
+        return str(self.lane)
+
     @classmethod
     def of(cls, model: object, shape: object, lane: object) -> Key:
-        """Build and check a key (ValueError naming the bad part)."""
-        parts = []
-        for name, value in (("model", model), ("shape", shape), ("lane", lane)):
-            if isinstance(value, int) and not isinstance(value, bool):
-                value = str(value)
-            if not isinstance(value, str) or not 0 < len(value.encode()) <= 128 or "\0" in value:
-                raise ValueError(f"{name} must be a non-empty string of at most 128 bytes, got {value!r}")
-            parts.append(value)
-        return cls(*parts)
+        """Build and check a key (ValueError naming the bad part). An int
+        lane stays an int; a bool is refused."""
+        return cls(_name("model", model), _name("shape", shape), _lane(lane))
+
+    def _order(self) -> tuple[str, str, bool, str | int]:
+        return self.model, self.shape, isinstance(self.lane, str), self.lane
+
+    # a tuple's own ordering would compare an int lane with a str lane (TypeError)
+    def __lt__(self, other: object) -> bool:
+        return self._order() < other._order() if isinstance(other, Key) else NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        return self._order() <= other._order() if isinstance(other, Key) else NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return self._order() > other._order() if isinstance(other, Key) else NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        return self._order() >= other._order() if isinstance(other, Key) else NotImplemented
+
+
+def _name(part: str, value: object) -> str:
+    if not isinstance(value, str) or not 0 < len(value.encode()) <= 128 or "\0" in value:
+        raise ValueError(f"{part} must be a non-empty string of at most 128 bytes, got {value!r}")
+    return value
+
+
+def _lane(value: object) -> str | int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not LANE_MIN <= value <= LANE_MAX:
+            raise ValueError(f"lane must be a string or an integer in -2**63..2**63-1, got {value!r}")
+        return value
+    try:
+        return _name("lane", value)
+    except ValueError:
+        raise ValueError(f"lane must be a non-empty string of at most 128 bytes or an integer, got {value!r}") from None
 
 
 class Item(NamedTuple):

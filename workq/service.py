@@ -10,7 +10,12 @@ the encodings in protocol.py.
 
 A worker names itself with ``workq.hello`` (reporting the handles it holds)
 before it leases; when its connection drops, its leases end after the
-disconnect grace period unless it comes back and reports them.
+disconnect grace period unless it comes back and reports them. A name
+belongs to one live connection: a hello naming a worker that another live
+connection holds waits up to CLAIM_WAIT_S for it to close, then is refused
+(WorkerIdInUse), unless it carries the same ``session`` (the same Worker
+object, reconnected before the server noticed its old connection died),
+which takes the name over at once.
 
 Results are marked delivered when the response carrying them has been
 written to the consumer's socket (its ``on_sent``); if the connection
@@ -23,8 +28,10 @@ threads, writer threads and the owner thread all touch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -40,6 +47,7 @@ from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 from .broker import Broker
 from .config import WorkqConfig
 from .delivery import Delivery
+from .errors import WorkerIdInUse
 from .protocol import LENGTH_DTYPES, Key, Parts, encode_lease, encode_statuses, split
 from .state.dispatch import Filters
 
@@ -47,6 +55,20 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Reply = tuple[dict[str, Any], Parts]
+MAX_SESSION = 128  # characters of a hello's session token
+#: Seconds a hello waits for the connection holding its worker id to close
+#: before it is refused: a client that closed and reconnected at once is
+#: not refused because the server had not handled the close yet.
+CLAIM_WAIT_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Claim:
+    """The live connection a worker name belongs to, and the session (one
+    Worker object; None from clients that send none) that said hello on it."""
+
+    connection: int
+    session: str | None
 
 
 class WorkqService(Component):
@@ -63,7 +85,9 @@ class WorkqService(Component):
         #: WorkqConfig.reply_bytes), so that it always fits a frame.
         self.reply_bytes = config.reply_bytes(max_frame_bytes)
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)  # notified when a connection gives its worker id up
         self._workers: dict[int, str] = {}  # connection -> worker name
+        self._claims: dict[str, _Claim] = {}  # worker name -> its connection (the inverse of _workers)
         self._filters: dict[int, Filters] = {}  # connection -> what its worker serves
         self._deliveries: dict[int, set[Delivery]] = {}  # connection -> results responses on their way to it
         self._handlers: dict[str, Callable[[Request], None]] = {
@@ -101,9 +125,10 @@ class WorkqService(Component):
 
     def connection_closed(self, connection_id: int) -> None:
         with self._lock:
-            worker = self._workers.pop(connection_id, None)
-            if worker in self._workers.values():
-                worker = None  # the worker is connected again (or twice): its leases stay
+            worker = self._workers.pop(connection_id, None)  # None too if its Worker moved to a new connection
+            if worker is not None:
+                del self._claims[worker]
+                self._released.notify_all()
             self._filters.pop(connection_id, None)
             deliveries = self._deliveries.pop(connection_id, set())
         for delivery in deliveries:
@@ -209,26 +234,66 @@ class WorkqService(Component):
         worker = request.arg("worker", str)
         if not 0 < len(worker) <= 256:
             raise BadRequest("workq.hello: worker must be a non-empty name of at most 256 characters")
+        session = request.arg("session", str, None)
+        if session is not None and not 0 < len(session) <= MAX_SESSION:
+            raise BadRequest(f"workq.hello: session must be a non-empty string of at most {MAX_SESSION} characters")
         held = request.part("held", "<u8", ndim=1) if "held" in request.parts else np.zeros(0, np.uint64)
         try:
             filters = Filters.of(request.args.get("models"), request.args.get("shapes"), request.args.get("lanes"))
         except ValueError as exc:
             raise BadRequest(f"workq.hello: {exc}") from None
-        with self._lock:
-            self._workers[request.connection_id] = worker
-            self._filters[request.connection_id] = filters
+        given_up = self._claim(request, worker, session, filters)
+        if given_up is not None:
+            with contextlib.suppress(Unavailable):
+                self.broker.worker_gone(given_up)
         reported = len(set(held.tolist()))
         self._answer(request, self.broker.hello_async(worker, held),
                      lambda dropped: ({"kept": reported - len(dropped)},
                                       {"dropped": np.array(dropped, dtype=np.uint64)}))
 
-    def _lease(self, request: Request) -> None:
-        worker = self._worker(request)
+    def _claim(self, request: Request, worker: str, session: str | None, filters: Filters) -> str | None:
+        """Give ``worker`` to the request's connection (WorkerIdInUse,
+        changing nothing, if another live connection of another session
+        still holds it after CLAIM_WAIT_S); returns the name the connection
+        held before, if it gives one up. Runs on the connection's thread."""
+        connection = request.connection_id
+        deadline = time.monotonic() + CLAIM_WAIT_S
         with self._lock:
-            filters = self._filters[request.connection_id]
+            while (claim := self._claims.get(worker)) is not None and claim.connection != connection and (
+                    session is None or claim.session != session):
+                if not self._released.wait(deadline - time.monotonic()):
+                    raise WorkerIdInUse(f"worker id {worker!r} is in use by another live connection (another "
+                                        f"process or Worker object): give each worker its own id (if that "
+                                        f"process is gone, its id is free once the server sees its connection close)")
+            if not request.connection_open:  # closed while it waited: a claim now would outlive the close
+                raise Unavailable("workq.hello: the connection closed")
+            if claim is not None and claim.connection != connection:
+                # the same Worker on a new connection: the old one is dead, though not closed here yet
+                del self._workers[claim.connection]
+                del self._filters[claim.connection]
+            previous = self._workers.get(connection)
+            if previous is not None and previous != worker:
+                del self._claims[previous]
+                self._released.notify_all()
+            self._claims[worker] = _Claim(connection, session)
+            self._workers[connection] = worker
+            self._filters[connection] = filters
+        return previous if previous != worker else None
+
+    def _holds(self, connection: int, worker: str) -> bool:
+        """True while ``connection`` is still ``worker``'s (a dict read: atomic, no lock needed)."""
+        return self._workers.get(connection) == worker
+
+    def _lease(self, request: Request) -> None:
+        connection = request.connection_id
+        with self._lock:  # one look: a Worker reconnecting elsewhere takes both away
+            worker, filters = self._workers.get(connection), self._filters.get(connection)
+        if worker is None or filters is None:
+            raise BadRequest(f"{request.cmd}: send workq.hello first to name this worker")
+        # a lease parked on a connection its worker left (for a new one) ends, taking nothing
         future = self.broker.lease_async(worker, filters, request.arg("max_items", int, 1),
                                          request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
-                                         alive=lambda: request.connection_open)
+                                         alive=lambda: request.connection_open and self._holds(connection, worker))
         self._answer(request, future, encode_lease)
 
     def _complete(self, request: Request) -> None:

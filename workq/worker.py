@@ -13,11 +13,20 @@ Pipelining (docs/workq.md, "Pipelining"): ``complete_async``,
 sends them together. ``held`` changes when a Pending settles, as for the
 plain calls when they return; :meth:`Worker.close` waits for the answers first.
 
+A worker id belongs to one Worker at a time. Each Worker sends a random
+session token with its hello: reconnecting, it takes its id over from its
+old connection even if the server has not noticed that one died yet; a
+second Worker (another process) saying hello with an id that a live
+connection holds gets :class:`~workq.errors.WorkerIdInUse` from the call
+that connected (after the server waited a moment for that connection to
+close), and says hello again at its next call.
+
 Threads: a Worker is not thread-safe; use one per thread.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,7 +35,7 @@ import numpy as np
 from common.wire.client import ConnectionLost, Reply, RpcClient
 from common.wire.pipeline import DEFAULT_MAX_IN_FLIGHT, Batch, Pending, Pipe, Request
 
-from . import errors  # noqa: F401 - registers the workq.* error codes, so replies raise those classes
+from . import errors  # registers the workq.* error codes, so replies raise those classes
 from .protocol import Handle, Item, decode_lease, decode_statuses, joined, pack_handles
 
 T = TypeVar("T")
@@ -42,15 +51,19 @@ class Worker:
         ``max_in_flight``: pipelined requests that may wait for answers;
         ``options`` go to common.wire.client.RpcClient (timeout, retry_for, token, tls, ca, ...)."""
         self.worker_id = worker_id
-        self._profile = {"worker": worker_id, "models": _listed(models), "shapes": _listed(shapes),
-                         "lanes": _listed(lanes)}
+        self._profile = {"worker": worker_id, "session": secrets.token_hex(16), "models": _listed(models),
+                         "shapes": _listed(shapes), "lanes": _listed(lanes)}
         self.held: set[int] = set()  # packed handles
         self.rpc = RpcClient(address, on_connect=self._hello, **options)
         self.pipe = Pipe(self.rpc, max_in_flight)
 
     def _hello(self, rpc: RpcClient) -> None:
-        reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
-                         {"held": np.array(sorted(self.held), dtype=np.uint64)})
+        try:
+            reply = rpc.call("workq.hello", {k: v for k, v in self._profile.items() if v is not None},
+                             {"held": np.array(sorted(self.held), dtype=np.uint64)})
+        except errors.WorkerIdInUse:
+            rpc.close()  # unnamed, the connection is no use: the next call connects and says hello again
+            raise
         self.held.difference_update(reply.parts["dropped"].tolist())
 
     def _retrying(self, call: Callable[[], T]) -> T:
@@ -69,8 +82,17 @@ class Worker:
         return items
 
     def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes]) -> str | list[str]:
-        """Send results; returns 'completed' or 'duplicate' (the item already
-        had a result) per handle, once the results are durable."""
+        """Send results; returns, once they are durable, per handle (a single
+        status for a single handle) ``'completed'``, or ``'duplicate'`` if
+        the item already had a result (from this or another worker: the
+        first result is kept, this one dropped). A duplicate is not an
+        error: it is what a repeated completion answers, e.g. after a lost
+        reply or an expired lease whose item another worker finished::
+
+            worker.complete([a.handle, b.handle], [ra, rb])  # ['completed', 'completed']
+            worker.complete([a.handle, c.handle], [ra, rc])  # ['duplicate', 'completed']
+            worker.complete(c.handle, rc)                    # 'duplicate'
+        """
         return self._call(*self._complete(handles, results))
 
     def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:

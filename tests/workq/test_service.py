@@ -16,7 +16,7 @@ import pytest
 
 from common.wire.errors import BadRequest, NotFound
 from tests.shardmgr.server.serverproc import ServerProcess
-from workq import Handle, NotLeased, PayloadTooLarge, QueueClient, UnknownHandle, UnknownJob, Worker
+from workq import Handle, NotLeased, PayloadTooLarge, QueueClient, UnknownHandle, Worker
 
 CONFIG = ("[workq]\nlease_s = 30.0\ndisconnect_grace_s = 0.5\nreconnect_window_s = 2.0\n"
           "max_payload_bytes = 1000\nmax_deliveries = 2\n")
@@ -46,8 +46,8 @@ def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
             client.enqueue("j", "", "s", 1, [b"x"])
         with pytest.raises(PayloadTooLarge, match="payload 0 has 1001 bytes"):
             client.enqueue("j", "m", "s", 1, [b"x" * 1001])
-        with pytest.raises(UnknownJob):
-            client.job_status("j")  # nothing was written by the refused calls
+        assert client.job_status("j")["enqueued"] == 0  # nothing was written by the refused calls
+        assert client.stats()["keys"] == []
         with pytest.raises(BadRequest, match="send workq.hello first"):
             client.rpc.call("workq.lease", {"max_items": 1})
         [h] = client.enqueue("j", "m", "s", 1, [b"ok"])
@@ -81,21 +81,6 @@ def test_vanished_worker_loses_its_leases_after_the_grace(server: ServerProcess)
     with Worker(server.address, "other", models=["m"]) as other:
         items = other.lease(2, wait=10)
         assert {i.payload for i in items} == {b"a", b"b"} and all(i.deliveries == 2 for i in items)
-
-
-def test_a_worker_on_a_second_connection_keeps_its_leases_when_the_first_drops(server: ServerProcess) -> None:
-    with QueueClient(server.address) as client:
-        client.enqueue("j", "m", "s", 1, [b"a"])
-    first = Worker(server.address, "gpu-1")
-    [item] = first.lease(1)
-    second = Worker(server.address, "gpu-1")  # e.g. the worker reconnected before the old socket closed
-    second.touch(item.handle)
-    first.close()
-    time.sleep(1.5)  # well past the disconnect grace
-    with Worker(server.address, "rival") as rival:
-        assert rival.lease(10) == []
-    assert second.complete(item.handle, b"r") == "completed"
-    second.close()
 
 
 def test_responses_never_exceed_a_frame(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ class Filters:
     def match(self, key: Key) -> bool:
         return ((self.models is None or key.model in self.models)
                 and (self.shapes is None or key.shape in self.shapes)
-                and (self.lanes is None or key.lane in self.lanes))
+                and (self.lanes is None or key.lane_name in self.lanes))
 
     @classmethod
     def of(cls, models: object = None, shapes: object = None, lanes: object = None) -> Filters:

@@ -27,7 +27,7 @@ from workq.disk.catalog import MAX_SEGMENT, SEGMENT, Catalog, Entry
 from workq.disk.completion_log import CompletionLog, Outgoing
 from workq.disk.records import HEAD_BYTES, RESULTS_DIR, SEGMENTS_DIR, check_job, job_dir, job_id
 from workq.disk.segment import Segment
-from workq.errors import DiskFull, PayloadTooLarge, UnknownJob
+from workq.errors import DiskFull, PayloadTooLarge
 from workq.protocol import Key, pack
 
 from .items import Items
@@ -36,6 +36,8 @@ BURIED = np.uint32(Marker.BURIED)
 #: Seconds a finished job's log (nothing pending, in flight or buried, all
 #: delivered) stays open before it rests (completion_log.py).
 REST_AFTER_S = 1.0
+#: What job_status counts, in order.
+JOB_COUNTS = ("enqueued", "pending", "in_flight", "completed", "delivered", "buried")
 
 
 class QueueState:
@@ -61,11 +63,14 @@ class QueueState:
 
     # ------------------------------------------------------------------ jobs
 
-    def job(self, name: str) -> CompletionLog:
-        """The job's log; UnknownJob if nothing was ever enqueued for it."""
-        log = self.logs.get(job_id(check_job(name)))
-        if log is None:
-            raise UnknownJob(f"no items were ever enqueued for job {name!r}")
+    def find_job(self, name: str) -> CompletionLog | None:
+        """The job's log, or None if nothing was ever enqueued for it (a
+        lookup: it creates nothing, in memory or on disk). ValueError for a
+        malformed name, BadRequest for one whose id another job's name has."""
+        job = job_id(check_job(name))
+        log = self.logs.get(job)
+        if log is not None and log.name != name and log.name != job_dir(job):
+            raise BadRequest(f"job {name!r} collides with job {log.name!r} (same 64-bit id); rename one")
         return log
 
     def job_name(self, job: int) -> str:
@@ -91,8 +96,10 @@ class QueueState:
         return log
 
     def job_status(self, name: str) -> dict[str, int]:
-        """Counts: enqueued, pending, in_flight, completed, delivered, buried."""
-        return self.items.status(self.job(name))
+        """Counts: enqueued, pending, in_flight, completed, delivered, buried
+        (all 0 for a job nothing was enqueued for)."""
+        log = self.find_job(name)
+        return self.items.status(log) if log is not None else dict.fromkeys(JOB_COUNTS, 0)
 
     # ------------------------------------------------------------- enqueue
 
@@ -196,11 +203,15 @@ class QueueState:
 
     # ------------------------------------------------------------ consumers
 
-    def take_results(self, name: str, limit: int, max_bytes: int | None = None) -> tuple[CompletionLog, list[Outgoing]]:
+    def take_results(self, name: str, limit: int,
+                     max_bytes: int | None = None) -> tuple[CompletionLog | None, list[Outgoing]]:
         """Plan and commit a delivery of durable results (payloads plus
         REPLY_ITEM_BYTES each within ``max_bytes``): they are in delivery
-        until confirm_results (sent) or drop_results (not sent)."""
-        log = self.job(name)
+        until confirm_results (sent) or drop_results (not sent). A job
+        nothing was enqueued for has none: (None, [])."""
+        log = self.find_job(name)
+        if log is None:
+            return None, []
         batch = log.take(max(0, limit), max_bytes, self.items.completing)
         log.sending(batch)
         return log, batch
@@ -217,8 +228,11 @@ class QueueState:
     # ------------------------------------------------------------- operator
 
     def kick(self, name: str) -> int:
-        """Buried items of the job become pending again, delivery counts reset."""
-        log = self.job(name)
+        """Buried items of the job become pending again, delivery counts
+        reset; how many (0 for a job nothing was enqueued for)."""
+        log = self.find_job(name)
+        if log is None:
+            return 0
         kicked = 0
         for segment in self.segments.values():
             if not segment.buried:

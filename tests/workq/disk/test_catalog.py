@@ -259,7 +259,7 @@ def test_a_flipped_bit_in_a_catalog_id_is_not_believed(open_broker: Callable[...
     broker = open_broker(segment_bytes=64 << 10)  # the catalog is found damaged, moved aside, rebuilt
     handles = broker.enqueue("job", "m", "s", 1, [b"y"] * 3, durable=True)
     assert {h.segment for h in handles} == {2}
-    leased = [i for i in broker.lease(10, worker="w") if i.key.lane == "1"]
+    leased = [i for i in broker.lease(10, worker="w") if i.key.lane == 1]
     assert broker.complete([i.handle for i in leased], [b"r"] * 3) == ["completed"] * 3
     broker.close()
     assert [w for _, _, w in findings_of(root)] == ["damaged_catalog"]
