@@ -60,6 +60,12 @@ log = logging.getLogger(__name__)
 HELD_REPLIES = 256
 """Replies the reader thread may hold back to send in one sendmsg."""
 
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 6
+"""TCP keepalive: an idle connection is probed after 60 s, every 10 s, and
+closed after 6 unanswered probes, so a worker whose machine vanished (no
+FIN, no RST) is noticed within about 2 minutes: its leases then end after
+the grace period, and its worker id is free again."""
+
 CLOSE_WAIT_S = 10.0
 """Longest close() waits for a write under way (a shut-down socket ends it at once)."""
 
@@ -116,6 +122,10 @@ class Connection(Sending):
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux: find a vanished peer in minutes, not the default 2 hours
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
         self._reader.start()
         self._writer.start()
 
