@@ -10,11 +10,11 @@ from peer import Peer
 from peer_beanstalkd import Beanstalkd
 from peer_nats import Nats
 from peer_redis import Redis, RedisAlways
-from peer_workq import Workq, WorkqDurable
+from peer_workq import Workq, WorkqDurable, WorkqPipelined
 
 PEERS: dict[str, type[Peer]] = {
-    "workq": Workq, "workq-durable": WorkqDurable, "redis": Redis, "redis-always": RedisAlways,
-    "beanstalkd": Beanstalkd, "nats": Nats,
+    "workq": Workq, "workq-durable": WorkqDurable, "workq-pipelined": WorkqPipelined,
+    "redis": Redis, "redis-always": RedisAlways, "beanstalkd": Beanstalkd, "nats": Nats,
 }
 
 # The concurrent-producers mode compares durable single-item enqueues: workq's
