@@ -34,8 +34,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import workq
 from common.journal import FlusherConfig
 from common.journal.record import RECORD_HEADER_SIZE
-from workq import Broker, Handle, Item, Key, NotLeased, UnknownHandle, UnknownJob, WorkqConfig
+from workq import Broker, Handle, Item, Key, NotLeased, Result, UnknownHandle, UnknownJob, WorkqConfig
+from workq.config import REPLY_BATCH_BYTES, REPLY_ITEM_BYTES
 from workq.disk.records import HEAD_BYTES, SEGMENTS_DIR, segment_file
+from workq.state.dispatch import Filters
 
 PENDING, LEASED, DELAYED, BURIED, COMPLETED = "pending", "leased", "delayed", "buried", "completed"
 MAX_DELIVERIES = 2  # a second give-back buries an item: burial and kick come up within a run
@@ -174,23 +176,26 @@ class QueueMachine(RuleBasedStateMachine):
         ready = [m for m in self.items.values() if self.leasable(m) and serves(m.key)]
         assert len(got) == min(limit, len(ready)), f"{len(got)} items leased, {len(ready)} ready, limit {limit}"
         taken: dict[tuple[Key, str], list[int]] = collections.defaultdict(list)
-        for item in got:
-            m = self._check_leased(item)
-            assert serves(m.key), f"{item.handle} ({m.key}) leased to a worker that does not serve it"
+        for m in self._took(worker, got):
+            assert serves(m.key), f"{m.handle} ({m.key}) leased to a worker that does not serve it"
             taken[m.key, m.job].append(m.position)
-            m.state, m.worker, m.deliveries = LEASED, worker, m.deliveries + 1
-            assert item.deliveries == m.deliveries, (item, m.deliveries)
         for (key, job), positions in taken.items():
             oldest = sorted(m.position for m in ready if m.key == key and m.job == job)
             assert sorted(positions) == oldest[:len(positions)], f"{job}/{key}: not its oldest items {oldest}"
         return got
 
-    def _check_leased(self, item: Item) -> ModelItem:
-        m = self.items.get(item.handle)
-        assert m is not None, f"leased {item.handle}, which names no item"
-        assert self.leasable(m), f"leased {item.handle}, which is {m.state} (or waits for the window)"
-        assert (item.payload, item.job, item.key, item.position) == (m.payload, m.job, m.key, m.position), item
-        return m
+    def _took(self, worker: str, got: list[Item]) -> list[ModelItem]:
+        """Check leased items (leasable, as enqueued, counted) and lease them in the model."""
+        out = []
+        for item in got:
+            m = self.items.get(item.handle)
+            assert m is not None, f"leased {item.handle}, which names no item"
+            assert self.leasable(m), f"leased {item.handle}, which is {m.state} (or waits for the window)"
+            assert (item.payload, item.job, item.key, item.position) == (m.payload, m.job, m.key, m.position), item
+            m.state, m.worker, m.deliveries = LEASED, worker, m.deliveries + 1
+            assert item.deliveries == m.deliveries, (item, m.deliveries)
+            out.append(m)
+        return out
 
     @rule(worker=st.sampled_from(WORKERS))
     def lease_one(self, worker: str) -> None:
@@ -200,6 +205,18 @@ class QueueMachine(RuleBasedStateMachine):
     def lease_some(self, worker: str, limit: int,
                    filters: tuple[list[str] | None, list[str] | None, list[str | int] | None]) -> None:
         self._lease(worker, limit, *filters)
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 6), max_bytes=st.sampled_from([12_200, 20_000, 40_000]))
+    def lease_within_bytes(self, worker: str, limit: int, max_bytes: int) -> None:
+        """A lease as the service makes it: the reply fits ``max_bytes``
+        (which always has room for one item), and has one item at least."""
+        batches = self.broker.lease_async(worker, Filters(), limit, max_bytes=max_bytes).result()
+        got = [item for batch in batches for item in batch.items()]
+        ready = sum(self.leasable(m) for m in self.items.values())
+        assert min(1, ready) <= len(got) <= min(limit, ready), (len(got), ready)
+        reply = sum(len(i.payload) + REPLY_ITEM_BYTES for i in got) + REPLY_BATCH_BYTES * len(batches)
+        assert reply <= max_bytes, f"a reply of {reply} bytes for a budget of {max_bytes}"
+        self._took(worker, got)
 
     @rule(worker=st.sampled_from(WORKERS), rounds=st.integers(2, 6),
           then=st.sampled_from([COMPLETED, PENDING, LEASED]), result=BYTES)
@@ -333,25 +350,39 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ consumers
 
+    def _check_results(self, job: str, max_items: int, got: list[Result]) -> list[ModelItem]:
+        """Undelivered results of the job, oldest complete call first, as many as may be."""
+        waiting = [m for m in self.items.values() if m.job == job and m.state == COMPLETED and not m.delivered]
+        assert len(got) == min(max_items, len(waiting)), (len(got), len(waiting))
+        out = []
+        for r in got:
+            m = self.items.get(r.handle)
+            assert m is not None and m in waiting and m not in out, f"{r.handle}: not an undelivered result of {job}"
+            assert (r.payload, r.position) == (m.result, m.position), r
+            out.append(m)
+        calls = [m.completed_by for m in out]
+        assert calls == sorted(calls), "results out of completion order"
+        assert all(m in out for m in waiting if calls and m.completed_by < calls[-1]), "an older result skipped"
+        return out
+
     @rule(job=st.sampled_from(JOBS), max_items=st.sampled_from([0, 1, 1, 2, 3, 1000]))
     def results(self, job: str, max_items: int) -> None:
-        """Undelivered results, oldest call first, each delivered once."""
+        """Results are delivered once."""
         if job not in self.next_position:
             with pytest.raises(UnknownJob):
                 self.broker.results(job, max_items)
             return
-        got = self.broker.results(job, max_items)
-        waiting = [m for m in self.items.values() if m.job == job and m.state == COMPLETED and not m.delivered]
-        assert len(got) == min(max_items, len(waiting)), (len(got), len(waiting))
-        calls = []
-        for r in got:
-            m = self.items.get(r.handle)
-            assert m is not None and m in waiting, f"result for {r.handle}: not an undelivered result of {job}"
-            assert (r.payload, r.position) == (m.result, m.position), r
+        for m in self._check_results(job, max_items, self.broker.results(job, max_items)):
             m.delivered = True
-            calls.append(m.completed_by)
-        assert calls == sorted(calls), "results out of completion order"
-        assert all(m.delivered for m in waiting if calls and m.completed_by < calls[-1]), "an older result skipped"
+
+    @precondition(lambda self: self.next_position)
+    @rule(data=st.data(), max_items=st.sampled_from([1, 2, 1000]))
+    def results_dropped(self, data: st.DataObject, max_items: int) -> None:
+        """Results taken for a response that never left are deliverable again."""
+        job = data.draw(st.sampled_from(sorted(self.next_position)))
+        delivery = self.broker.results_async(job, max_items).result()
+        self._check_results(job, max_items, delivery.results())
+        delivery.drop()
 
     # -------------------------------------------------------------- operator
 
