@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import workq
 from common.journal import FlusherConfig
 from common.journal.record import RECORD_HEADER_SIZE
+from common.wire.errors import BadRequest
 from workq import Broker, Handle, Item, Key, NotLeased, Result, UnknownHandle, UnknownJob, WorkqConfig
 from workq.config import REPLY_BATCH_BYTES, REPLY_ITEM_BYTES
 from workq.disk.records import HEAD_BYTES, SEGMENTS_DIR, segment_file
@@ -142,6 +143,9 @@ class QueueMachine(RuleBasedStateMachine):
         lane: str | int = int(key.lane) if lane_as_int else key.lane
         handles = self.broker.enqueue(job, key.model, key.shape, lane, payloads, durable=durable)
         assert len(handles) == len(payloads)
+        self._added(job, key, handles, payloads)
+
+    def _added(self, job: str, key: Key, handles: list[Handle], payloads: list[bytes]) -> None:
         first = self.next_position.get(job, 0)
         for i, (h, payload) in enumerate(zip(handles, payloads)):
             assert h not in self.items, f"handle {h} names two items"
@@ -162,6 +166,24 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(job=st.sampled_from(JOBS), key=st.sampled_from(KEYS), payloads=EQUAL_RUN)
     def enqueue_equal_sizes(self, job: str, key: Key, payloads: list[bytes]) -> None:
         self._enqueue(job, key, payloads, False, False)
+
+    @rule(requests=st.lists(st.tuples(st.sampled_from(JOBS), st.sampled_from(KEYS), st.lists(BYTES, max_size=3),
+                                      st.sampled_from(["ok", "ok", "ok", "too big", "too much"])),
+                            min_size=2, max_size=6))
+    def enqueue_pipelined(self, requests: list[tuple[str, Key, list[bytes], str]]) -> None:
+        """Enqueues sent back to back, as many producers send them: those of
+        one job and key that reach the owner thread together are one append,
+        yet each gets its handles, in order, and a bad one its own error."""
+        bad = {"too big": [bytes(CONFIG.payload_limit + 1)], "too much": [bytes(CONFIG.payload_limit // 2)] * 2}
+        futures = [self.broker.enqueue_async(job, key, bad.get(how, payloads)) for job, key, payloads, how in requests]
+        for future, (job, key, payloads, how) in zip(futures, requests):
+            if how in bad:
+                with pytest.raises(BadRequest):
+                    future.result()
+                continue
+            handles = [Handle.unpack(h) for h in future.result().tolist()]
+            assert len(handles) == len(payloads)
+            self._added(job, key, handles, payloads)
 
     # -------------------------------------------------------------- leasing
 
@@ -240,21 +262,16 @@ class QueueMachine(RuleBasedStateMachine):
             m.state = DELAYED if delayed else BURIED if m.deliveries >= MAX_DELIVERIES else PENDING
 
     @precondition(lambda self: self.handles(LEASED))
-    @rule(data=st.data(), delayed=st.booleans())
-    def release(self, data: st.DataObject, delayed: bool) -> None:
-        """A holder gives items back: pending again (buried once worn out), or held with no holder for a delay."""
+    @rule(data=st.data(), touched=st.booleans(), delayed=st.booleans())
+    def release(self, data: st.DataObject, touched: bool, delayed: bool) -> None:
+        """A holder gives items back (touched first, or not: no change): pending
+        again (buried once worn out), or held by no one for a delay."""
         worker = self.items[data.draw(st.sampled_from(self.handles(LEASED)))].worker
         assert worker is not None
-        self._release(worker, data.draw(st.lists(st.sampled_from(self.handles(LEASED, worker=worker)),
-                                                 min_size=1, max_size=4)), delayed)
-
-    @precondition(lambda self: self.handles(LEASED))
-    @rule(data=st.data())
-    def touch(self, data: st.DataObject) -> None:
-        worker = self.items[data.draw(st.sampled_from(self.handles(LEASED)))].worker
-        assert worker is not None
-        self.broker.touch(data.draw(st.lists(st.sampled_from(self.handles(LEASED, worker=worker)), max_size=4)),
-                          worker=worker)
+        handles = data.draw(st.lists(st.sampled_from(self.handles(LEASED, worker=worker)), min_size=1, max_size=4))
+        if touched:
+            self.broker.touch(handles, worker=worker)
+        self._release(worker, handles, delayed)
 
     @precondition(lambda self: self.items)
     @rule(data=st.data(), worker=st.sampled_from(WORKERS), release=st.booleans())
@@ -365,24 +382,21 @@ class QueueMachine(RuleBasedStateMachine):
         assert all(m in out for m in waiting if calls and m.completed_by < calls[-1]), "an older result skipped"
         return out
 
-    @rule(job=st.sampled_from(JOBS), max_items=st.sampled_from([0, 1, 1, 2, 3, 1000]))
-    def results(self, job: str, max_items: int) -> None:
-        """Results are delivered once."""
+    @rule(job=st.sampled_from(JOBS), max_items=st.sampled_from([0, 1, 1, 2, 3, 1000]), wait=st.sampled_from([0, 0.01]),
+          sent=st.booleans())
+    def results(self, job: str, max_items: int, wait: float, sent: bool) -> None:
+        """Results are delivered once; those of a response that never left
+        (the delivery dropped) are deliverable again."""
         if job not in self.next_position:
             with pytest.raises(UnknownJob):
                 self.broker.results(job, max_items)
-            return
-        for m in self._check_results(job, max_items, self.broker.results(job, max_items)):
-            m.delivered = True
-
-    @precondition(lambda self: self.next_position)
-    @rule(data=st.data(), max_items=st.sampled_from([1, 2, 1000]))
-    def results_dropped(self, data: st.DataObject, max_items: int) -> None:
-        """Results taken for a response that never left are deliverable again."""
-        job = data.draw(st.sampled_from(sorted(self.next_position)))
-        delivery = self.broker.results_async(job, max_items).result()
-        self._check_results(job, max_items, delivery.results())
-        delivery.drop()
+        elif sent:
+            for m in self._check_results(job, max_items, self.broker.results(job, max_items, wait)):
+                m.delivered = True
+        else:
+            delivery = self.broker.results_async(job, max_items, wait).result()
+            self._check_results(job, max_items, delivery.results())
+            delivery.drop()
 
     # -------------------------------------------------------------- operator
 
