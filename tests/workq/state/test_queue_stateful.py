@@ -41,7 +41,7 @@ from workq.disk.records import HEAD_BYTES, SEGMENTS_DIR, segment_file
 from workq.state.dispatch import Filters
 
 PENDING, LEASED, DELAYED, BURIED, COMPLETED = "pending", "leased", "delayed", "buried", "completed"
-MAX_DELIVERIES = 2  # a second give-back buries an item: burial and kick come up within a run
+MAX_DELIVERIES = 2  # an item given back after its second delivery is buried: burial and kick come up often
 #: Leases and delays outlast any run, so only the rules end them (no expiry).
 LONG_S = 3600.0
 CONFIG = WorkqConfig(segment_bytes=64 * 1024, max_deliveries=MAX_DELIVERIES, lease_s=LONG_S,
