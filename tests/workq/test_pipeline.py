@@ -175,11 +175,13 @@ def test_requests_in_flight_when_the_server_dies_fail_without_hanging(slow_flush
     with QueueClient(slow_flush.address, timeout=10, retry_for=30) as client:
         plain = [client.enqueue_async("job", "m", "s", 1, [b"p"]) for _ in range(5)]
         durable = [client.enqueue_async("job", "m", "s", 1, [b"d"], durable=True) for _ in range(5)]
-        assert all(len(p.result()) == 1 for p in plain)  # the durable ones wait for a flush a minute away
+        assert all(len(p.result()) == 1 for p in plain)
         slow_flush.signal(signal.SIGKILL)
         slow_flush.wait()
+        # a durable enqueue hurries its own flush round, so some may be answered before the kill;
+        # the rest fail with ConnectionLost (they may have been applied: never resent), none hangs
         errors = [p.exception() for p in durable]
-        assert all(isinstance(e, ConnectionLost) for e in errors), errors  # may have been applied: not resent
+        assert all(e is None or isinstance(e, ConnectionLost) for e in errors), errors
         slow_flush.start()  # the same port
         assert len(client.enqueue_async("job", "m", "s", 1, [b"after"]).result()) == 1  # reconnects
 

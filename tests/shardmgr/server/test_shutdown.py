@@ -80,7 +80,7 @@ def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProc
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
     got: dict[int, int] = {}
     try:
-        for _ in range(6):
+        for _ in range(5):
             deadline = time.monotonic() + rng.uniform(0.5, 1.5)
             while time.monotonic() < deadline:
                 read_results(server.address, got)

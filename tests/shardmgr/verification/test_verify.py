@@ -166,7 +166,7 @@ def served_rows(root: Path, workload: Workload) -> None:
 
 
 @pytest.mark.timeout(900)
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=28, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_repair_leaves_a_clean_directory_that_serves_every_undamaged_row(
         pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path, data: st.DataObject) -> None:

@@ -161,7 +161,7 @@ def swapped_in(model: Model) -> Severity:
 
 
 @pytest.mark.timeout(900)
-@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=320, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_fault_is_found_on_its_file_with_its_severity(pristine: tuple[Path, dict[Path, Model]],
                                                             tmp_path: Path, data: st.DataObject) -> None:

@@ -463,4 +463,4 @@ TestQueueModel = QueueMachine.TestCase
 TestQueueModel.settings = settings(
     stateful_step_count=30, deadline=None, report_multiple_bugs=False,
     phases=[p for p in Phase if p is not Phase.explain],
-    max_examples=PROFILE_EXAMPLES if PROFILE_EXAMPLES > 100 else min(PROFILE_EXAMPLES, 50))
+    max_examples=PROFILE_EXAMPLES if PROFILE_EXAMPLES > 100 else min(PROFILE_EXAMPLES, 35))

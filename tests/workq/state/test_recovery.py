@@ -92,7 +92,7 @@ def decisions(root: Path) -> dict[str, Any]:
     return made
 
 
-SAMPLED_FLIPS = 600
+SAMPLED_FLIPS = 400
 """Catalog bytes the default run flips (the soak run flips every one)."""
 
 
