@@ -27,6 +27,7 @@ from shardmgr.server import readiness
 class Workq(Peer):
     name = "workq"
     durable = False
+    pipelined = False  # clients send without waiting for each answer (WorkqPipelined)
 
     def start(self, base: Path) -> None:
         ready, log = base / "data.ready", base / "data.log"
@@ -39,23 +40,27 @@ class Workq(Peer):
     def produce(self, items: int, batch: int, size: int, begin: Begin) -> None:
         payloads = [os.urandom(size) for _ in range(batch)]
         with workq.connect(self.address) as client:
+            enqueue = client.enqueue_async if self.pipelined else client.enqueue
             begin()
             for start in range(0, items, batch):
-                client.enqueue(JOB, "m", "s", 1, payloads[: min(batch, items - start)], durable=self.durable)
+                enqueue(JOB, "m", "s", 1, payloads[: min(batch, items - start)], durable=self.durable)
+            client.settle()  # the answers still in flight (pipelined)
 
     def work(self, index: int, batch: int, size: int, begin: Begin, stop: Any) -> None:
         result = os.urandom(size)
         with workq.Worker(self.address, f"w{index}", models=["m"]) as worker:
+            complete = worker.complete_async if self.pipelined else worker.complete
             begin()
             while True:
                 items = worker.lease(batch, wait=0.2)
                 if not items:
+                    worker.settle()  # the completions still in flight (pipelined)
                     if stop.is_set():
                         return
                 elif batch == 1:  # the single-item form a new user writes
-                    worker.complete(items[0].handle, result)
+                    complete(items[0].handle, result)
                 else:
-                    worker.complete([i.handle for i in items], [result] * len(items))
+                    complete([i.handle for i in items], [result] * len(items))
 
     def consume(self, items: int, begin: Begin) -> None:
         got = 0
@@ -88,32 +93,12 @@ class WorkqDurable(Workq):
 
 class WorkqPipelined(Workq):
     """Still one item per call, but the clients do not wait for each reply
-    (docs/workq.md, "Pipelining"): the producer calls ``enqueue_async`` per
-    batch, the worker leases as before and completes with ``complete_async``.
-    The code keeps the per-call shape; only the method names change."""
+    (docs/workq.md, "Pipelining"): the producer calls ``enqueue_async``, the
+    worker leases as before and completes with ``complete_async``. The code
+    keeps the per-call shape; only the method names change."""
 
     name = "workq pipelined"
-
-    def produce(self, items: int, batch: int, size: int, begin: Begin) -> None:
-        payloads = [os.urandom(size) for _ in range(batch)]
-        with workq.connect(self.address) as client:
-            begin()
-            for start in range(0, items, batch):
-                client.enqueue_async(JOB, "m", "s", 1, payloads[: min(batch, items - start)], durable=self.durable)
-            client.settle()
-
-    def work(self, index: int, batch: int, size: int, begin: Begin, stop: Any) -> None:
-        result = os.urandom(size)
-        with workq.Worker(self.address, f"w{index}", models=["m"]) as worker:
-            begin()
-            while True:
-                items = worker.lease(batch, wait=0.2)
-                if not items:
-                    worker.settle()
-                    if stop.is_set():
-                        return
-                else:
-                    worker.complete_async([i.handle for i in items], [result] * len(items))
+    pipelined = True
 
 
 def _memory(process: psutil.Process, queued: int) -> dict[str, Any]:
