@@ -113,8 +113,8 @@ class Anchors:
         """A walk found the record starts ``offsets`` in [offsets[0], stop):
         remember every anchor region it covered whole, so proving offsets
         there later needs no walk (``end`` is the journal's end)."""
-        if not len(offsets):
-            return
+        if not len(offsets) or not self._n or int(offsets[0]) > int(self._offsets[self._n - 1]):
+            return  # no region starts inside (a scan of the tail): nothing covered whole
         anchors = self._offsets[:self._n]
         lo = int(np.searchsorted(anchors, offsets[0], side="left"))
         hi = int(np.searchsorted(anchors, stop, side="right"))

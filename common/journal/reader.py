@@ -39,6 +39,9 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate(([True], values[1:] != values[:-1]))]
 
 
+_CRC_WORD = struct.Struct("<I")
+
+
 @functools.lru_cache(maxsize=16)
 def _field_struct(dtype: str) -> struct.Struct:
     """The struct format of one numpy integer dtype (e.g. ``"<u8"``)."""
@@ -96,6 +99,8 @@ class RecordReader:
         """
         if not len(chunk):
             return []
+        if len(chunk) <= SMALL_BATCH:
+            return self._few_bodies(chunk, skip)
         span, starts, ends, stored, computed = self._checksummed(chunk)
         bad = np.flatnonzero(computed != stored)
         if len(bad):
@@ -104,6 +109,22 @@ class RecordReader:
                                  f"checksum stored {int(stored[i]):#010x}, computed {int(computed[i]):#010x}")
         head = RECORD_HEADER_SIZE + skip
         return [span[s + head:e] for s, e in zip(starts, ends)]
+
+    def _few_bodies(self, chunk: RecordChunk, skip: int) -> list[memoryview]:
+        """bodies() for a few records: a copy and a checksum each, with plain ints."""
+        self._check_open()
+        crc, out = crc32c.crc32c, []
+        with self._lock:
+            mm = self._file.mm
+            records = [memoryview(mm[off:off + RECORD_HEADER_SIZE + length])
+                       for off, length in zip(chunk.offsets.tolist(), chunk.lengths.tolist())]
+        for off, record in zip(chunk.offsets.tolist(), records):
+            stored, computed = _CRC_WORD.unpack_from(record, 4)[0], crc(record[8:])
+            if computed != stored:
+                raise CorruptJournal(self.path, off, f"record damaged since it was written: "
+                                     f"checksum stored {stored:#010x}, computed {computed:#010x}")
+            out.append(record[RECORD_HEADER_SIZE + skip:])
+        return out
 
     def bad_checksums(self, chunk: RecordChunk) -> np.ndarray:
         """Offsets of the records of a chunk from this journal's scan() whose
@@ -244,8 +265,13 @@ class RecordReader:
             start = HEADER_SIZE if start is None else int(start)
             stop = end if stop is None else min(int(stop), end)
             first_seq = 0
-            if start < stop:
-                self._locate([start], proven=proven)
+            if start < stop and proven:  # the structural check alone, with plain ints
+                try:
+                    first_seq = check_record(self._file.mm, start, end, self.alignment, verify_crc=False).seq
+                except RecordNotFound as exc:
+                    raise RecordNotFound(f"{self.path}: {exc}") from None
+            elif start < stop:
+                self._locate([start])
                 first_seq = RecordHeader.unpack(self._file.mm, start).seq
         walk = Walk(buf, start=start, stop=stop, alignment=self.alignment, first_seq=first_seq,
                     max_record_bytes=self.identity.max_record_bytes, window=window)
@@ -275,6 +301,12 @@ class RecordReader:
         proof is skipped; the structural check (alignment, range, marker,
         length) still runs. Owners use it on per-request hot paths, where
         re-walking a region for one offset costs more than the request."""
+        if proven and not unique:  # the caller's own offsets, in its order: nothing to sort
+            try:
+                return locate_records(self._file.words, np.asarray(offsets, dtype=np.int64).ravel(), self._end,
+                                      self.alignment)
+            except RecordNotFound as exc:
+                raise RecordNotFound(f"{self.path}: {exc}") from None
         offs = sorted_unique(np.asarray(offsets, dtype=np.int64).ravel())
         try:
             offs_checked, current = locate_records(self._file.words, offs, self._end, self.alignment)

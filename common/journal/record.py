@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import RecordNotFound, RecordTooLarge
 from .header import HEADER_SIZE
-from .marker import MARKER_VALUES, Marker, is_marker
+from .marker import Marker, is_marker
 
 RECORD_HEADER = struct.Struct("<IIII")
 RECORD_HEADER_SIZE = 16
@@ -185,6 +185,9 @@ def _copy_bodies(data: bytearray, raw: np.ndarray, bodies: Sequence[Body] | np.n
         data[off:off + size] = body  # same length: no resize, a plain copy
 
 
+_VALID_MARKERS = frozenset(int(m) for m in Marker)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecordHeader:
     """One decoded record header."""
@@ -212,7 +215,7 @@ def check_record(buf: ReadableBuffer, offset: int, end: int, alignment: int,
     if offset % alignment or offset < 0 or offset + RECORD_HEADER_SIZE > end:
         raise RecordNotFound(f"offset {offset} is not an aligned record offset below the end {end}")
     header = RecordHeader.unpack(buf, offset)
-    if header.marker not in MARKER_VALUES:
+    if header.marker not in _VALID_MARKERS:
         raise RecordNotFound(f"offset {offset}: marker {header.marker:#010x} is not a valid marker")
     (length_word,) = struct.unpack_from("<I", buf, offset + 8)
     if length_word & RESERVED_FLAGS or offset + RECORD_HEADER_SIZE + header.length > end:
@@ -252,8 +255,6 @@ def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: 
         raise RecordNotFound(f"no record starts at offset {int(offs[i])} (marker word {int(current[i]):#010x})")
     return offs, current
 
-
-_VALID_MARKERS = frozenset(int(m) for m in Marker)
 
 
 def _locate_few(words: np.ndarray, offsets: list[int], end: int, alignment: int) -> np.ndarray:

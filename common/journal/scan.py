@@ -23,6 +23,13 @@ prediction, so the run is exact; it ends at the first header that differs.
 Galloping touches one cache line per record instead of every byte, and is
 used only when a short probe confirms a run.
 
+The first step of a walk follows the chain in plain Python for up to
+:data:`~common.journal.record.SMALL_BATCH` records: an owner that scans from
+its cursor usually finds one or two new records there, and numpy's per-call
+overhead (some twenty calls a step) costs far more than following them. The
+rules are the same (tests/common/journal/test_scan.py checks both paths
+against each other); a longer chain continues vectorised.
+
 The walk is structural only: it does not compute body checksums (recovery
 does that for records past the last checkpoint; ``verify --deep`` for all).
 """
@@ -34,8 +41,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .marker import MARKER_TAG, is_marker
-from .record import BATCH_CONTINUES, LENGTH_MASK, RECORD_HEADER_SIZE, RESERVED_FLAGS, SEQ_MODULUS
+from .marker import MARKER_INDEX, MARKER_TAG, is_marker
+from .record import (
+    BATCH_CONTINUES,
+    LENGTH_MASK,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RESERVED_FLAGS,
+    SEQ_MODULUS,
+    SMALL_BATCH,
+)
 
 WINDOW_BYTES = 64 * 1024 * 1024
 """Bytes of file examined per vectorised step (bounds temporary memory)."""
@@ -81,6 +96,7 @@ class Walk:
 
     ``buf`` is a uint8 array over the file (offset 0 = file byte 0), at least
     ``stop`` bytes long. ``start`` must be a record start (or ``stop``).
+    ``few_first=False`` makes every step vectorised (tests compare the two).
     Iterating yields :class:`RecordChunk` objects; afterwards ``position`` is
     the offset where the walk stopped, ``seq`` the next expected seq and
     ``reason`` one of :data:`END`, :data:`INVALID`, :data:`SEQ`.
@@ -89,7 +105,7 @@ class Walk:
     """
 
     def __init__(self, buf: np.ndarray, *, start: int, stop: int, alignment: int, first_seq: int,
-                 max_record_bytes: int, window: int = WINDOW_BYTES) -> None:
+                 max_record_bytes: int, window: int = WINDOW_BYTES, few_first: bool = True) -> None:
         if stop > len(buf):
             raise ValueError(f"walk stop {stop} is past the buffer's {len(buf)} bytes")
         self._bytes = buf
@@ -101,6 +117,7 @@ class Walk:
         self.position = start
         self.seq = first_seq % SEQ_MODULUS
         self.reason = ""
+        self._first = few_first  # the first step follows up to SMALL_BATCH records in Python
 
     def __iter__(self) -> Iterator[RecordChunk]:
         while not self.reason:
@@ -116,6 +133,9 @@ class Walk:
         if stop - pos < RECORD_HEADER_SIZE:
             self.reason = INVALID
             return None
+        if self._first:
+            self._first = False
+            return self._follow_few(pos)
         run = self._gallop(pos)
         if run is not None:
             return run
@@ -139,6 +159,43 @@ class Walk:
                             (length_words[path] & BATCH_CONTINUES) != 0, self.seq)
         self.position = target
         self.seq = (self.seq + len(path)) % SEQ_MODULUS
+        return chunk
+
+    def _follow_few(self, pos: int) -> RecordChunk:
+        """Up to SMALL_BATCH records of the chain from ``pos``, one header at
+        a time (the vectorised step's rules: a header that is not a valid
+        record ends the walk INVALID, a wrong seq ends it SEQ)."""
+        stop, align, seq = self._stop, self._align, self.seq
+        offsets: list[int] = []
+        markers: list[int] = []
+        lengths: list[int] = []
+        continues: list[bool] = []
+        with self._bytes.data as buf:  # a view released at once: the journal may remap its file later
+            while len(offsets) < SMALL_BATCH and pos < stop:
+                if stop - pos < RECORD_HEADER_SIZE:
+                    self.reason = INVALID
+                    break
+                marker, _, word, record_seq = RECORD_HEADER.unpack_from(buf, pos)
+                length = word & LENGTH_MASK
+                size = (length + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)
+                if (marker not in MARKER_INDEX or word & RESERVED_FLAGS or length > self._max
+                        or pos + size > stop):
+                    self.reason = INVALID
+                    break
+                if record_seq != seq:
+                    self.reason = SEQ
+                    break
+                offsets.append(pos)
+                markers.append(marker)
+                lengths.append(length)
+                continues.append(bool(word & BATCH_CONTINUES))
+                pos += size
+                seq = (seq + 1) % SEQ_MODULUS
+        chunk = RecordChunk(np.array(offsets, dtype=np.int64), np.array(markers, dtype=np.uint32),
+                            np.array(lengths, dtype=np.int64), np.array(continues, dtype=bool), self.seq)
+        self.position, self.seq = pos, seq
+        if pos == stop and not self.reason:
+            self.reason = END
         return chunk
 
     def _gallop(self, pos: int) -> RecordChunk | None:

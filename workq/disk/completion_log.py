@@ -38,14 +38,14 @@ from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.filesystem import make_dirs
 from common.journal.header import HEADER_SIZE
 from common.journal.scan import RecordChunk
-from workq.config import REPLY_ITEM_BYTES, SEGMENT_OVERHEAD
+from workq.config import SEGMENT_OVERHEAD
 
+from . import picks
 from .catalog import RESULTS, Catalog, Entry
 from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, RESULTS_SUFFIX, heads, job_dir, log_file
-from .segment import budgeted, scan_window
+from .segment import scan_window
 
 SUFFIX = RESULTS_SUFFIX
-LIVE = np.uint32(Marker.LIVE)
 
 
 @dataclasses.dataclass(slots=True)
@@ -298,32 +298,19 @@ class CompletionLog:
         out: list[Outgoing] = []
         got = 0
         budget = max_bytes if max_bytes is not None else 1 << 62
-        blocked = np.fromiter(completing, dtype=np.uint64, count=len(completing)) if completing else None
         for seq in sorted(self.segments):
             journal = self.segments[seq]
-            if journal.count_of(Marker.LIVE) <= len(self.in_delivery.get(seq, ())):
+            skip = self.in_delivery.get(seq, set())
+            if journal.count_of(Marker.LIVE) <= len(skip):
                 continue
-            skip = np.fromiter(self.in_delivery.get(seq, ()), dtype=np.int64)
             cursor = self.cursors.get(seq, HEADER_SIZE)  # a record start this log's own scan found
             for chunk in journal.scan(start=cursor, window=scan_window(journal, limit), proven=True):
                 handles = journal.fields(chunk, HANDLE_AT, "<u8")
-                mask = (chunk.markers == LIVE) & (handles != LEDGER)
-                if len(skip):
-                    mask &= ~np.isin(chunk.offsets, skip)
-                halt = False
-                if blocked is not None:
-                    unfinished = np.flatnonzero(mask & np.isin(handles, blocked))
-                    if len(unfinished):
-                        mask[int(unfinished[0]):] = False
-                        halt = True
-                picked = np.flatnonzero(mask)[: limit - got]
-                costs = chunk.lengths[picked] - HEAD_BYTES + REPLY_ITEM_BYTES
-                kept = budgeted(costs, budget, first=not got)
-                halt |= kept < len(picked)
-                if kept:
-                    out.append(self._outgoing(seq, journal, chunk, picked[:kept], handles))
-                    budget -= int(costs[:kept].sum())
-                    got += kept
+                picked, cost, halt = picks.results(chunk, handles, skip, completing, limit - got, budget, not got)
+                if len(picked):
+                    out.append(self._outgoing(seq, journal, chunk, picked, handles))
+                    budget -= cost
+                    got += len(picked)
                 if halt or got >= limit:
                     return out
         return out

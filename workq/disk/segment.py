@@ -30,14 +30,14 @@ import numpy as np
 
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.header import HEADER_SIZE
+from common.journal.record import SMALL_BATCH
 from common.journal.scan import RecordChunk
-from workq.config import REPLY_ITEM_BYTES
 from workq.protocol import Key
 
+from . import picks
 from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, SEGMENT_SUFFIX, TIME_AT, heads, segment_file
 
 SUFFIX = SEGMENT_SUFFIX
-LIVE = np.uint32(Marker.LIVE)
 RETIRED = np.uint32(Marker.RETIRED)
 
 
@@ -48,11 +48,13 @@ def scan_window(journal: Journal, records: int) -> int:
     return max(64 * 1024, 2 * records * average)
 
 
-def budgeted(costs: np.ndarray, budget: int, first: bool) -> int:
-    """How many of ``costs`` (taken in order) fit in ``budget`` bytes; with
-    ``first``, at least one (a response is never empty for want of room)."""
-    fits = int(np.searchsorted(np.cumsum(costs), budget, side="right"))
-    return max(fits, min(1, len(costs))) if first else fits
+def _parts(records: int, limit: int) -> list[tuple[int, int]]:
+    """How a dispatch of ``limit`` items looks at a chunk of ``records``:
+    a small take first at the chunk's first SMALL_BATCH records (plain ints,
+    and usually enough), then at the rest in one vectorised step."""
+    if limit > SMALL_BATCH or records <= SMALL_BATCH:
+        return [(0, records)]
+    return [(0, SMALL_BATCH), (SMALL_BATCH, records)]
 
 
 @dataclasses.dataclass(slots=True)
@@ -164,51 +166,35 @@ class Segment:
             return None
         budget = max_bytes if max_bytes is not None else 1 << 62
         pieces: list[tuple[RecordChunk, np.ndarray]] = []
-        got, cost, cursor, rest = 0, 0, self.journal.end, None
+        got, cost = 0, 0
         for chunk in self._from_cursor(mine, limit):
-            jobs = self.journal.fields(chunk, JOB_AT, "<u8")
-            picked = self._free(chunk.offsets, np.flatnonzero((chunk.markers == LIVE) & (jobs == np.uint64(job))),
-                                limit - got)
-            costs = chunk.lengths[picked] - HEAD_BYTES + REPLY_ITEM_BYTES
-            kept = budgeted(costs, budget - cost, first and not got)
-            if kept:
-                pieces.append((chunk, picked[:kept]))
-                got += kept
-                cost += int(costs[:kept].sum())
-            if got >= limit or kept < len(picked):
-                cut = int(picked[kept - 1]) + 1 if kept else int(picked[0])
-                cursor = int(chunk.ends(self.journal.alignment)[cut - 1]) if kept else int(chunk.offsets[cut])
-                rest = chunk[cut:] if cut < len(chunk) else None
-                break
+            for lo, hi in _parts(len(chunk), limit):
+                part = self.journal.refreshed(chunk[lo:hi])  # a lookahead's markers may have changed
+                jobs = self.journal.fields(part, JOB_AT, "<u8")
+                picked, part_cost, cut = picks.items(part, jobs, job, self.held, limit - got, budget - cost,
+                                                     first and not got)
+                if len(picked):
+                    pieces.append((part, picked))
+                    got, cost = got + len(picked), cost + part_cost
+                if cut is not None:
+                    cut += lo
+                    if cut == len(chunk):
+                        return self._taken(job, pieces, int(chunk.ends(self.journal.alignment)[-1]), cost, None)
+                    return self._taken(job, pieces, int(chunk.offsets[cut]), cost, chunk[cut:])
         if not pieces:
-            if cursor == self.journal.end:
-                mine.cursor, mine.pending, mine.ahead = cursor, 0, None  # nothing pending after all: repair
+            mine.cursor, mine.pending, mine.ahead = self.journal.end, 0, None  # nothing pending after all: repair
             return None
-        return self._taken(job, pieces, cursor, cost, rest)
+        return self._taken(job, pieces, self.journal.end, cost, None)
 
     def _from_cursor(self, mine: JobCursor, limit: int) -> Iterator[RecordChunk]:
         """The records from the job's cursor on: the lookahead first (its
-        markers read again), then a scan from where it ends."""
+        markers as of its scan), then a scan from where it ends."""
         start = mine.cursor
         if mine.ahead is not None and len(mine.ahead) and int(mine.ahead.offsets[0]) == start:
-            ahead = self.journal.refreshed(mine.ahead)
-            yield ahead
-            start = int(ahead.ends(self.journal.alignment)[-1])
+            yield mine.ahead
+            start = int(mine.ahead.ends(self.journal.alignment)[-1])
         # cursors are record starts found by scans or appends, or held items (see ``held``)
         yield from self.journal.scan(start=start, window=scan_window(self.journal, limit), proven=True)
-
-    def _free(self, offsets: np.ndarray, candidates: np.ndarray, limit: int) -> np.ndarray:
-        """The first ``limit`` of ``candidates`` (indices into ``offsets``)
-        whose item is not held; one set lookup per candidate looked at."""
-        if not self.held:
-            return candidates[:limit]
-        held, picked = self.held, []
-        for index, offset in zip(candidates.tolist(), offsets[candidates].tolist()):
-            if offset not in held:
-                picked.append(index)
-                if len(picked) == limit:
-                    break
-        return np.array(picked, dtype=np.int64)
 
     def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int, cost: int,
                rest: RecordChunk | None) -> Taken:
@@ -219,6 +205,8 @@ class Segment:
             offsets.append(sub.offsets)
             positions.append(self.journal.fields(sub, POSITION_AT, "<u8"))
             payloads += self.journal.bodies(sub, skip=HEAD_BYTES)
+        if len(pieces) == 1:  # the usual case: no copies
+            return Taken(self, job, offsets[0], positions[0], payloads, cursor, cost, rest)
         return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor, cost, rest)
 
     def commit_take(self, taken: Taken) -> None:

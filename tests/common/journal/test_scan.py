@@ -30,11 +30,19 @@ def reference_walk(buf: bytes, start: int, stop: int, align: int, seq: int, max_
     return offsets, pos
 
 
-def walk_all(buf: bytes, align: int, window: int, max_len: int = 2**20) -> tuple[list[int], Walk]:
+def walk_all(buf: bytes, align: int, window: int, max_len: int = 2**20,
+             few_first: bool = True) -> tuple[list[int], Walk]:
     arr = np.frombuffer(buf, dtype=np.uint8)
     walk = Walk(arr, start=HEADER_SIZE, stop=len(buf), alignment=align, first_seq=0, max_record_bytes=max_len,
-                window=window)
-    offsets = [o for chunk in walk for o in chunk.offsets.tolist()]
+                window=window, few_first=few_first)
+    chunks = list(walk)
+    offsets = [o for chunk in chunks for o in chunk.offsets.tolist()]
+    for chunk in chunks:  # what each record's header says, as the walk reports it
+        for i, off in enumerate(chunk.offsets.tolist()):
+            marker, _crc, word, seq = struct.unpack_from("<IIII", buf, off)
+            assert (int(chunk.markers[i]), int(chunk.lengths[i])) == (marker, word & (2**28 - 1))
+            assert bool(chunk.continues[i]) == bool(word >> 31)
+            assert seq == (chunk.first_seq + i) % 2**32
     return offsets, walk
 
 
@@ -52,9 +60,13 @@ def damage_then_compare(buf: bytearray, damage: list[tuple[int, int]], align: in
             buf[HEADER_SIZE + pos] = value
     data = bytes(buf[:max(HEADER_SIZE, len(buf) - cut)])
     expected, expected_stop = reference_walk(data, HEADER_SIZE, len(data), align, 0, max_len)
-    offsets, walk = walk_all(data, align, window, max_len)
-    assert offsets == expected
-    assert walk.position == expected_stop
+    reasons = set()
+    for few_first in (True, False):  # the plain first step and the vectorised one agree
+        offsets, walk = walk_all(data, align, window, max_len, few_first)
+        assert offsets == expected
+        assert walk.position == expected_stop
+        reasons.add(walk.reason)
+    assert len(reasons) == 1
 
 
 def test_walk_finds_every_record_and_stops_at_end() -> None:
