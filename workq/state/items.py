@@ -43,6 +43,7 @@ import logging
 import numpy as np
 
 from common.journal import Marker, Ticket
+from common.journal.record import SMALL_BATCH
 from workq.config import WorkqConfig
 from workq.disk.completion_log import CompletionLog
 from workq.disk.segment import Segment, Taken
@@ -53,6 +54,7 @@ from .lease_table import Lease, LeaseTable
 log = logging.getLogger(__name__)
 
 BURIED = np.uint32(Marker.BURIED)
+BURIED_WORD = int(Marker.BURIED)
 LIVE = np.uint32(Marker.LIVE)
 
 
@@ -240,10 +242,9 @@ class Items:
         listed = group.handles.tolist()
         ended = self.leases.remove(listed)
         delayed = sum(lease.worker is None for _, lease in ended)
-        leased = {h for h, _ in ended}
-        loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
-        buried = int((loose & (group.markers == BURIED)).sum())
-        pending = int(loose.sum()) - buried
+        loose = len(listed) - len(ended)  # neither leased nor delayed (a group's handles are distinct)
+        buried = self._loose_buried(group, listed, ended) if loose else 0
+        pending = loose - buried
         counts.pending -= delayed + pending
         counts.buried -= buried
         counts.in_flight += delayed + pending + buried
@@ -251,6 +252,18 @@ class Items:
         group.segment.drop_pending(group.job, pending)
         self.completing.update(listed)
         group.segment.hold(group.offsets)
+
+    @staticmethod
+    def _loose_buried(group: Completion, listed: list[int], ended: list[tuple[int, Lease]]) -> int:
+        """How many of the group's items that were not leased are buried."""
+        if len(listed) <= SMALL_BATCH:
+            if BURIED_WORD not in group.markers.tolist():  # the usual case, without numpy
+                return 0
+        elif not (group.markers == BURIED).any():
+            return 0
+        leased = {h for h, _ in ended}
+        loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
+        return int((loose & (group.markers == BURIED)).sum())
 
     def retired(self, group: Completion) -> Ticket:
         """The results are durable: tombstone the inputs in place and retire
