@@ -95,15 +95,29 @@ def _segment_groups(segment: Segment, rows: list[int], handles: list[int],
         jobs, positions, markers = segment.heads_of(offsets, proven=segment.holds_all(offsets))
     except RecordNotFound as exc:
         raise UnknownHandle(f"segment {segment.id}: {exc}") from None
-    job_list, marker_list = jobs.tolist(), markers.tolist()
-    if RETIRED not in marker_list and job_list.count(job_list[0]) == len(job_list):
-        # the usual call (every call of one item): one job, nothing retired, so one group of every row
-        for row in rows:
-            accept[row] = True
-        return [Completion(job_list[0], segment, offsets, np.array([handles[r] for r in rows], dtype=np.uint64),
-                           positions, markers, [payloads[r] for r in rows])]
+    return _grouped(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers)
+
+
+def _grouped(segment: Segment, rows: list[int], handles: list[int], payloads: Sequence[bytes | memoryview],
+             accept: list[bool], offsets: np.ndarray, jobs: np.ndarray, positions: np.ndarray,
+             markers: np.ndarray) -> list[Completion]:
+    """:func:`_by_job`, short-cut for the usual call (every call of one
+    item): one job, nothing retired, so one group of every row as read."""
+    job_list = jobs.tolist()
+    if RETIRED in markers.tolist() or job_list.count(job_list[0]) != len(job_list):
+        return _by_job(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers)
+    for row in rows:
+        accept[row] = True
+    return [Completion(job_list[0], segment, offsets, np.array([handles[r] for r in rows], dtype=np.uint64),
+                       positions, markers, [payloads[r] for r in rows])]
+
+
+def _by_job(segment: Segment, rows: list[int], handles: list[int], payloads: Sequence[bytes | memoryview],
+            accept: list[bool], offsets: np.ndarray, jobs: np.ndarray, positions: np.ndarray,
+            markers: np.ndarray) -> list[Completion]:
+    """One group per job (ascending) of the rows whose item is not retired."""
     picks: dict[int, list[int]] = {}  # job -> indexes into rows
-    for index, (job, marker) in enumerate(zip(job_list, marker_list)):
+    for index, (job, marker) in enumerate(zip(jobs.tolist(), markers.tolist())):
         if marker != RETIRED:
             picks.setdefault(job, []).append(index)
             accept[rows[index]] = True
