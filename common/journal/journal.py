@@ -410,11 +410,15 @@ class Journal(RecordReader):
         if self.failed is not None:
             raise self.failed
 
-    def sync_for_flusher(self) -> bool:
+    def sync_for_flusher(self, lazy: bool = True) -> bool:
         """One flusher step: fdatasync if needed, then checkpoint. Returns
-        True if an fdatasync was issued. Called by the flusher thread."""
+        True if an fdatasync was issued. Called by the flusher thread.
+        ``lazy``: a sync only for the checkpoint may wait (syncer.py)."""
+        # unlocked read: a write racing this step is not covered by it anyway (its round started before)
+        if self._syncer.settled(self._seq, lazy):
+            return False
         with self._syncer.lock:
-            return self._sync_once()
+            return self._sync_once(lazy)
 
     def _sync_fully(self, locked: bool = False) -> None:
         """Sync until the newest checkpoint itself is durable."""
@@ -426,7 +430,7 @@ class Journal(RecordReader):
                 break
         self._notify()
 
-    def _sync_once(self) -> bool:
+    def _sync_once(self, lazy: bool = False) -> bool:
         """fdatasync covering every write issued so far, then checkpoint.
         Caller holds the syncer's lock."""
         if self.closed:
@@ -435,7 +439,7 @@ class Journal(RecordReader):
             seq = self._seq
             state = Checkpoint(0, self._end, self._count, tuple(self._counters),  # type: ignore[arg-type]
                                self._sealed)
-        return self._syncer.sync(seq, state)
+        return self._syncer.sync(seq, state, lazy)
 
     def _fail(self, exc: OSError, during: str) -> None:
         self._syncer.fail(exc, during)
