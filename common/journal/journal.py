@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 import uuid
@@ -53,13 +54,14 @@ from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, r
 from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker, marker_index
 from .reader import RecordReader
-from .record import SMALL_BATCH, Body, encode_batch
+from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, Body, align_up, encode_batch
 from .recovery import RecoveryReport, recover
 from .syncer import Syncer
 
 log = logging.getLogger(__name__)
 
 _MARKER_BYTES = {m: int(m).to_bytes(4, "little") for m in Marker}
+_LENGTH_WORD = struct.Struct("<I")
 
 
 class Appended(NamedTuple):
@@ -304,25 +306,47 @@ class Journal(RecordReader):
         marker = marker if type(marker) is Marker else Marker(marker)
         self._check_writable()
         with self._lock:
-            offs, current = self._locate(offsets, unique=True, proven=proven)
-            if expect is not None and (current != expect).any():
-                wrong = np.flatnonzero(current != expect)
-                raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "
-                                     f"{Marker(expect).name} (first: offset {int(offs[wrong[0]])} is "
-                                     f"{_marker_name(int(current[wrong[0]]))})",
-                                     offs[wrong].tolist(), current[wrong].tolist())
-            counters = self._counters
-            if len(offs) <= SMALL_BATCH:  # plain ints: numpy's per-call cost dominates one-item calls
-                self._store_few(offs.tolist(), marker)
-                for word in current.tolist():
-                    counters[MARKER_INDEX[word]] -= 1
-            else:
-                self._file.words[offs // 4] = np.uint32(marker)
-                for i, n in enumerate(np.bincount(marker_index(current), minlength=len(Marker)).tolist()):
-                    counters[i] -= n
-            counters[MARKER_INDEX[marker]] += len(offs)
-            self._seq += 1
-            return Ticket(self, self._seq)
+            return self._set_markers(offsets, marker, expect, proven)[1]
+
+    def set_markers_sized(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
+                          expect: Marker | None = None, proven: bool = False) -> tuple[Ticket, int]:
+        """:meth:`set_markers`, plus the bytes the records occupy on disk
+        (header, body, padding; each record once), read while they are
+        located: an owner counting dead space need not locate them again."""
+        marker = marker if type(marker) is Marker else Marker(marker)
+        self._check_writable()
+        with self._lock:
+            offs, ticket = self._set_markers(offsets, marker, expect, proven)
+            align = self.alignment
+            if len(offs) <= SMALL_BATCH:
+                mm, word = self._file.mm, _LENGTH_WORD.unpack_from
+                return ticket, sum(align_up((word(mm, off + 8)[0] & LENGTH_MASK) + RECORD_HEADER_SIZE, align)
+                                   for off in offs.tolist())
+            words = self._file.words[offs // 4 + 2] & LENGTH_MASK
+        return ticket, int(((words.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)).sum())
+
+    def _set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, expect: Marker | None,
+                     proven: bool) -> tuple[np.ndarray, Ticket]:
+        """set_markers under _lock: the located offsets (ascending, unique) and the ticket."""
+        offs, current = self._locate(offsets, unique=True, proven=proven)
+        if expect is not None and (current != expect).any():
+            wrong = np.flatnonzero(current != expect)
+            raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "
+                                 f"{Marker(expect).name} (first: offset {int(offs[wrong[0]])} is "
+                                 f"{_marker_name(int(current[wrong[0]]))})",
+                                 offs[wrong].tolist(), current[wrong].tolist())
+        counters = self._counters
+        if len(offs) <= SMALL_BATCH:  # plain ints: numpy's per-call cost dominates one-item calls
+            self._store_few(offs.tolist(), marker)
+            for word in current.tolist():
+                counters[MARKER_INDEX[word]] -= 1
+        else:
+            self._file.words[offs // 4] = np.uint32(marker)
+            for i, n in enumerate(np.bincount(marker_index(current), minlength=len(Marker)).tolist()):
+                counters[i] -= n
+        counters[MARKER_INDEX[marker]] += len(offs)
+        self._seq += 1
+        return offs, Ticket(self, self._seq)
 
     def _store_few(self, offsets: list[int], marker: Marker) -> None:
         """Write a few markers with pwrite: the first store into a mapped page

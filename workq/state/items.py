@@ -271,9 +271,9 @@ class Items:
         segment failed earlier) changes nothing: see :meth:`stranded`."""
         segment = group.segment
         # completion.plan proved every offset of the group (or found it held: proven before)
-        ticket = segment.journal.set_markers(group.offsets, Marker.RETIRED, proven=True)
+        ticket, dead = segment.journal.set_markers_sized(group.offsets, Marker.RETIRED, proven=True)
         segment.unhold(group.offsets)
-        segment.dead_bytes += int(segment.journal.sizes(group.offsets, proven=True).sum())
+        segment.dead_bytes += dead
         listed = group.handles.tolist()
         self.completing.difference_update(listed)
         self.leases.forget(listed)
@@ -293,7 +293,7 @@ class Items:
     def finished(self, segment: Segment, offsets: np.ndarray, jobs: np.ndarray, markers: np.ndarray) -> Ticket:
         """Start-up: inputs whose result is durable but whose marker is still
         LIVE or BURIED are tombstoned now."""
-        ticket = segment.journal.set_markers(offsets, Marker.RETIRED)
+        ticket, dead = segment.journal.set_markers_sized(offsets, Marker.RETIRED)
         for job in np.unique(jobs).tolist():
             mine = jobs == np.uint64(job)
             live = int((mine & (markers == LIVE)).sum())
@@ -301,5 +301,5 @@ class Items:
             counts.pending -= live
             counts.buried -= int(mine.sum()) - live
             segment.drop_pending(job, live)
-        segment.dead_bytes += int(segment.journal.sizes(offsets).sum())
+        segment.dead_bytes += dead
         return ticket
