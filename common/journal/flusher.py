@@ -3,7 +3,8 @@
 Every ``interval`` the flusher runs a *round*: for each registered journal
 with writes since its last sync it snapshots the journal's write sequence,
 calls fdatasync, then advances the journal's durable watermark to that
-snapshot and writes a checkpoint (made durable by the next round). A write
+snapshot and writes a checkpoint (made durable by the journal's next sync,
+which a round starts for it alone only after syncer.CHECKPOINT_LAG_S). A write
 is therefore durable once the first round that *starts after it* completes.
 When someone waits for durability (:meth:`Flusher.wait_durable`,
 :meth:`Flusher.hurry`) a round starts at once instead of at the end of the
@@ -215,7 +216,7 @@ class Flusher:
                 self._hurried.clear()
                 self._hurry_all = False
             started = time.monotonic()
-            self._round(journals)
+            self._round(journals, lazy=not stopping)
             elapsed = time.monotonic() - started
             with self._cond:
                 self._done_rounds += 1
@@ -231,12 +232,12 @@ class Flusher:
             if timed:
                 next_round = started + interval
 
-    def _round(self, journals: list[Journal]) -> None:
+    def _round(self, journals: list[Journal], lazy: bool) -> None:
         self._synced_last_round = False
         for journal in journals:
             was_failed = journal.failed is not None
             try:
-                synced = journal.sync_for_flusher()
+                synced = journal.sync_for_flusher(lazy)
             except Exception:  # a bug in one journal must not stop durability for the rest
                 log.exception("flusher: unexpected error syncing %s", journal.path)
                 synced = False

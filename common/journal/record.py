@@ -122,7 +122,7 @@ def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_reco
         word = length | (BATCH_CONTINUES if i < n - 1 else 0)
         _WORD_PAIR.pack_into(data, off + 8, word, (first_seq + i) % SEQ_MODULUS)
         _WORD_PAIR.pack_into(data, off, int(marker), crc(view[off + 8:start + length]))
-    return EncodedBatch(data, np.array(offsets, dtype=np.int64), np.full(n, np.uint32(marker), dtype=np.uint32))
+    return EncodedBatch(data, np.array(offsets, dtype=np.int64), np.array([int(marker)] * n, dtype=np.uint32))
 
 
 def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment: int, max_record_bytes: int,

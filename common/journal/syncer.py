@@ -9,6 +9,15 @@ makes that checkpoint durable in turn. So a checkpoint never describes
 anything that is not already durable, and a torn checkpoint write always
 leaves the previous one intact.
 
+A sync whose only work would be to make the newest checkpoint durable
+(no write since the last sync) is *lazy* in flusher rounds: it waits up to
+CHECKPOINT_LAG_S for a later write's sync to carry the checkpoint with it.
+Otherwise a journal written once per round (one item per call) paid a
+second fdatasync per write just for its checkpoint. Nothing waits for a
+checkpoint: it describes only durable writes, whenever it becomes durable
+itself, and an older durable one stays valid meanwhile (recovery walks the
+records after it). Explicit syncs (seal, close, recovery) are never lazy.
+
 An OSError from fdatasync or from the checkpoint write is fatal: ``failed``
 is set, never cleared, and no later write is ever confirmed (see "fsyncgate":
 after a failed fsync the kernel may have dropped the dirty pages, so a retry
@@ -24,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +41,10 @@ from .errors import FlushFailed
 from .header import SLOT_OFFSETS, Checkpoint
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_LAG_S = 0.5
+"""How long a flusher round leaves a written checkpoint unsynced when no
+write came after it (see the module docstring)."""
 
 
 class Syncer:
@@ -46,6 +60,7 @@ class Syncer:
         self._checkpoint = checkpoint  # the newest checkpoint written
         self._slot = slot  # the slot holding it
         self._unsynced = False  # it was written but not yet fdatasync'd
+        self._written_at = 0.0  # monotonic time it was written
         self._on_change = on_change  # wakes durable waiters
         self.companions: list[int] = []  # data files synced before the journal (see Journal.add_companion)
 
@@ -53,13 +68,25 @@ class Syncer:
     def checkpoint(self) -> Checkpoint:
         return self._checkpoint
 
-    def sync(self, seq: int, state: Checkpoint) -> bool:
+    def settled(self, seq: int, lazy: bool) -> bool:
+        """Nothing to sync for writes up to ``seq``: they are durable, and so
+        is their checkpoint (or, ``lazy``, it may wait: see CHECKPOINT_LAG_S).
+        The state recorded at a sync is the state at its ``seq`` (both are
+        read under the journal's lock), so no state check is needed."""
+        return self.failed is not None or (seq == self.durable_seq and not self._pending(lazy))
+
+    def _pending(self, lazy: bool) -> bool:
+        """Is a written checkpoint waiting for an fdatasync that must come now?"""
+        return self._unsynced and not (lazy and time.monotonic() - self._written_at < CHECKPOINT_LAG_S)
+
+    def sync(self, seq: int, state: Checkpoint, lazy: bool = False) -> bool:
         """Make writes up to ``seq`` durable and record ``state`` (whose
-        generation is ignored). Returns True if fdatasync was called."""
+        generation is ignored). Returns True if fdatasync was called.
+        ``lazy``: a checkpoint-only sync may wait (see CHECKPOINT_LAG_S)."""
         if self.failed is not None:
             return False
         changed = not state.same_state(self._checkpoint)
-        if seq == self.durable_seq and not self._unsynced and not changed:
+        if seq == self.durable_seq and not changed and not self._pending(lazy):
             return False
         try:
             for fd in self.companions:
@@ -80,6 +107,7 @@ class Syncer:
                 self.fail(exc, "writing the checkpoint")
                 return True
             self._checkpoint, self._slot, self._unsynced = state, slot, True
+            self._written_at = time.monotonic()
         return True
 
     def fail(self, exc: OSError | None, during: str) -> None:

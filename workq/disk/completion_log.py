@@ -37,12 +37,24 @@ import numpy as np
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.filesystem import make_dirs
 from common.journal.header import HEADER_SIZE
+from common.journal.record import SMALL_BATCH
 from common.journal.scan import RecordChunk
 from workq.config import SEGMENT_OVERHEAD
 
 from . import picks
 from .catalog import RESULTS, Catalog, Entry
-from .records import HANDLE_AT, HEAD_BYTES, LEDGER, POSITION_AT, RESULTS_KIND, RESULTS_SUFFIX, heads, job_dir, log_file
+from .records import (
+    HANDLE_AT,
+    HEAD_BYTES,
+    LEDGER,
+    POSITION_AT,
+    RESULTS_KIND,
+    RESULTS_SUFFIX,
+    heads,
+    heads_few,
+    job_dir,
+    log_file,
+)
 from .segment import scan_window
 
 SUFFIX = RESULTS_SUFFIX
@@ -74,6 +86,31 @@ class ResultsWritten(NamedTuple):
     tickets: list[Ticket]
     written: int
     error: Exception | None
+
+
+def _span(sizes: list[int] | np.ndarray, start: int, free: int, room: int) -> tuple[int, int]:
+    """The next batch of results from ``start``: (its stop, its bytes). As
+    many as fit in the active segment's ``free`` bytes; if none does, as
+    many as fit an empty segment's ``room`` (at least one: a new segment)."""
+    if isinstance(sizes, list):
+        fits = _prefix_fits(sizes, start, free) or max(1, _prefix_fits(sizes, start, room))
+        return start + fits, sum(sizes[start:start + fits])
+    total = np.cumsum(sizes[start:])
+    fits = int(np.searchsorted(total, free, side="right"))
+    fits = fits or max(1, int(np.searchsorted(total, room, side="right")))
+    return start + fits, int(total[fits - 1])
+
+
+def _prefix_fits(sizes: list[int], start: int, limit: int) -> int:
+    """How many of ``sizes`` from ``start`` fit in ``limit`` taken in order
+    (np.searchsorted(np.cumsum(...), limit, side="right"), in plain ints)."""
+    total = fits = 0
+    for size in sizes[start:]:
+        total += size
+        if total > limit:
+            break
+        fits += 1
+    return fits
 
 
 @dataclasses.dataclass(slots=True)
@@ -163,22 +200,34 @@ class CompletionLog:
                payloads: Sequence[bytes | memoryview]) -> ResultsWritten:
         """Record results, as one batch per segment they fill (each result
         must fit an empty segment). If a write fails, the results before
-        it stay written: ``written`` says how many, ``error`` why."""
+        it stay written: ``written`` says how many, ``error`` why.
+
+        Up to SMALL_BATCH results are sized and headed with plain ints (one
+        result per call is common; numpy's per-call cost would dominate);
+        the batches, bytes and errors are the same either way."""
         room = self._segment_bytes - SEGMENT_OVERHEAD
-        sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads)) + HEAD_BYTES + 64
+        sizes: list[int] | np.ndarray
+        if len(payloads) <= SMALL_BATCH:
+            sizes = [len(p) + HEAD_BYTES + 64 for p in payloads]
+            firsts, seconds = handles.tolist(), positions.tolist()
+        else:
+            sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads)) + HEAD_BYTES + 64
         tickets: list[Ticket] = []
         start = 0
         while start < len(payloads):
-            total = np.cumsum(sizes[start:])
-            fits = int(np.searchsorted(total, self._room(room), side="right"))
-            stop = start + (fits or max(1, int(np.searchsorted(total, room, side="right"))))  # or a new segment
+            stop, size = _span(sizes, start, self._room(room), room)
             try:
-                journal = self._writable(int(sizes[start:stop].sum()))
-                head = heads(handles[start:stop], positions[start:stop], time.time_ns(), stop - start)
+                journal = self._writable(size)
+                if isinstance(sizes, list):
+                    top = max(seconds[start:stop])
+                    head = heads_few(firsts[start:stop], seconds[start:stop], time.time_ns())
+                else:
+                    top = int(positions[start:stop].max())
+                    head = heads(handles[start:stop], positions[start:stop], time.time_ns(), stop - start)
                 tickets.append(journal.append_batch(payloads[start:stop], prefix=head).ticket)
             except Exception as exc:  # I/O error, full disk: keep what is written
                 return ResultsWritten(tickets, start, exc)
-            self.max_position = max(self.max_position, int(positions[start:stop].max()))
+            self.max_position = max(self.max_position, top)
             start = stop
         return ResultsWritten(tickets, start, None)
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,16 @@ def heads(first: np.ndarray | np.integer | int, second: np.ndarray | int, times_
     out[:, 1] = second
     out[:, 2] = times_ns
     return out.view(np.uint8).reshape(n, HEAD_BYTES)
+
+
+_HEAD = struct.Struct("<QQQ")
+
+
+def heads_few(first: Sequence[int], second: Sequence[int], times_ns: int) -> np.ndarray:
+    """:func:`heads` for a few records from plain ints (the same bytes: one
+    struct call per head instead of a dozen numpy calls per batch)."""
+    packed = b"".join([_HEAD.pack(a, b, times_ns) for a, b in zip(first, second)])
+    return np.frombuffer(packed, dtype=np.uint8).reshape(len(first), HEAD_BYTES)
 
 
 def segment_file(segment_id: int) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from common.journal import Marker, Ticket
 from common.journal.errors import JournalError, RecordNotFound
 from workq.errors import PayloadTooLarge, ResultsNotRecorded, UnknownHandle
-from workq.protocol import COMPLETED, DUPLICATE, Handle
+from workq.protocol import COMPLETED, DUPLICATE, OFFSET_UNIT, Handle
 
 from .items import Completion
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from .queue import QueueState
 
-RETIRED = np.uint32(Marker.RETIRED)
+RETIRED = int(Marker.RETIRED)
 
 
 @dataclasses.dataclass(slots=True)
@@ -90,11 +90,32 @@ def _segment_groups(segment: Segment, rows: list[int], handles: list[int],
                     payloads: Sequence[bytes | memoryview], accept: list[bool]) -> list[Completion]:
     """The accepted results of one segment's ``rows``, one group per job;
     sets ``accept`` for them (an item already retired is a duplicate)."""
-    offsets = np.array([Handle.unpack(handles[r]).offset for r in rows], dtype=np.int64)
+    offsets = np.array([(handles[r] & 0xFFFFFFFF) * OFFSET_UNIT for r in rows], dtype=np.int64)  # Handle.unpack
     try:
         jobs, positions, markers = segment.heads_of(offsets, proven=segment.holds_all(offsets))
     except RecordNotFound as exc:
         raise UnknownHandle(f"segment {segment.id}: {exc}") from None
+    return _grouped(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers)
+
+
+def _grouped(segment: Segment, rows: list[int], handles: list[int], payloads: Sequence[bytes | memoryview],
+             accept: list[bool], offsets: np.ndarray, jobs: np.ndarray, positions: np.ndarray,
+             markers: np.ndarray) -> list[Completion]:
+    """:func:`_by_job`, short-cut for the usual call (every call of one
+    item): one job, nothing retired, so one group of every row as read."""
+    job_list = jobs.tolist()
+    if RETIRED in markers.tolist() or job_list.count(job_list[0]) != len(job_list):
+        return _by_job(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers)
+    for row in rows:
+        accept[row] = True
+    return [Completion(job_list[0], segment, offsets, np.array([handles[r] for r in rows], dtype=np.uint64),
+                       positions, markers, [payloads[r] for r in rows])]
+
+
+def _by_job(segment: Segment, rows: list[int], handles: list[int], payloads: Sequence[bytes | memoryview],
+            accept: list[bool], offsets: np.ndarray, jobs: np.ndarray, positions: np.ndarray,
+            markers: np.ndarray) -> list[Completion]:
+    """One group per job (ascending) of the rows whose item is not retired."""
     picks: dict[int, list[int]] = {}  # job -> indexes into rows
     for index, (job, marker) in enumerate(zip(jobs.tolist(), markers.tolist())):
         if marker != RETIRED:
@@ -121,9 +142,12 @@ def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
     for group in plan.groups:
         by_job.setdefault(group.job, []).append(group)
     for job, groups in by_job.items():
-        appended = state.logs[job].append(np.concatenate([g.handles for g in groups]),
-                                          np.concatenate([g.positions for g in groups]),
-                                          [p for g in groups for p in g.payloads])
+        if len(groups) == 1:  # one segment (always, for one item): nothing to join
+            appended = state.logs[job].append(groups[0].handles, groups[0].positions, groups[0].payloads)
+        else:
+            appended = state.logs[job].append(np.concatenate([g.handles for g in groups]),
+                                              np.concatenate([g.positions for g in groups]),
+                                              [p for g in groups for p in g.payloads])
         plan.tickets += appended.tickets
         if appended.error is not None:
             written += _first(groups, appended.written)

@@ -43,6 +43,7 @@ import logging
 import numpy as np
 
 from common.journal import Marker, Ticket
+from common.journal.record import SMALL_BATCH
 from workq.config import WorkqConfig
 from workq.disk.completion_log import CompletionLog
 from workq.disk.segment import Segment, Taken
@@ -53,6 +54,7 @@ from .lease_table import Lease, LeaseTable
 log = logging.getLogger(__name__)
 
 BURIED = np.uint32(Marker.BURIED)
+BURIED_WORD = int(Marker.BURIED)
 LIVE = np.uint32(Marker.LIVE)
 
 
@@ -240,10 +242,9 @@ class Items:
         listed = group.handles.tolist()
         ended = self.leases.remove(listed)
         delayed = sum(lease.worker is None for _, lease in ended)
-        leased = {h for h, _ in ended}
-        loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
-        buried = int((loose & (group.markers == BURIED)).sum())
-        pending = int(loose.sum()) - buried
+        loose = len(listed) - len(ended)  # neither leased nor delayed (a group's handles are distinct)
+        buried = self._loose_buried(group, listed, ended) if loose else 0
+        pending = loose - buried
         counts.pending -= delayed + pending
         counts.buried -= buried
         counts.in_flight += delayed + pending + buried
@@ -252,15 +253,27 @@ class Items:
         self.completing.update(listed)
         group.segment.hold(group.offsets)
 
+    @staticmethod
+    def _loose_buried(group: Completion, listed: list[int], ended: list[tuple[int, Lease]]) -> int:
+        """How many of the group's items that were not leased are buried."""
+        if len(listed) <= SMALL_BATCH:
+            if BURIED_WORD not in group.markers.tolist():  # the usual case, without numpy
+                return 0
+        elif not (group.markers == BURIED).any():
+            return 0
+        leased = {h for h, _ in ended}
+        loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
+        return int((loose & (group.markers == BURIED)).sum())
+
     def retired(self, group: Completion) -> Ticket:
         """The results are durable: tombstone the inputs in place and retire
         them; returns the tombstones' ticket. A JournalError (the input
         segment failed earlier) changes nothing: see :meth:`stranded`."""
         segment = group.segment
         # completion.plan proved every offset of the group (or found it held: proven before)
-        ticket = segment.journal.set_markers(group.offsets, Marker.RETIRED, proven=True)
+        ticket, dead = segment.journal.set_markers_sized(group.offsets, Marker.RETIRED, proven=True)
         segment.unhold(group.offsets)
-        segment.dead_bytes += int(segment.journal.sizes(group.offsets, proven=True).sum())
+        segment.dead_bytes += dead
         listed = group.handles.tolist()
         self.completing.difference_update(listed)
         self.leases.forget(listed)
@@ -280,7 +293,7 @@ class Items:
     def finished(self, segment: Segment, offsets: np.ndarray, jobs: np.ndarray, markers: np.ndarray) -> Ticket:
         """Start-up: inputs whose result is durable but whose marker is still
         LIVE or BURIED are tombstoned now."""
-        ticket = segment.journal.set_markers(offsets, Marker.RETIRED)
+        ticket, dead = segment.journal.set_markers_sized(offsets, Marker.RETIRED)
         for job in np.unique(jobs).tolist():
             mine = jobs == np.uint64(job)
             live = int((mine & (markers == LIVE)).sum())
@@ -288,5 +301,5 @@ class Items:
             counts.pending -= live
             counts.buried -= int(mine.sum()) - live
             segment.drop_pending(job, live)
-        segment.dead_bytes += int(segment.journal.sizes(offsets).sum())
+        segment.dead_bytes += dead
         return ticket

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.journal import Flusher, FlusherConfig, Journal, JournalClosed
+from common.journal import Flusher, FlusherConfig, Journal, JournalClosed, syncer
+from common.journal.header import HEADER_SIZE, newest, read_checkpoints
 
 
 def test_flush_now_covers_every_earlier_write(tmp_path: Path) -> None:
@@ -83,3 +84,43 @@ def test_stop_without_flush_leaves_writes_unconfirmed(tmp_path: Path) -> None:
     with pytest.raises(JournalClosed):
         flusher.flush_now()
     journal.abandon()
+
+
+def test_a_checkpoint_alone_waits_for_a_later_write_or_the_lag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(syncer, "CHECKPOINT_LAG_S", 3600.0)
+    with Flusher(FlusherConfig(interval=3600)) as flusher:
+        journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=flusher)
+        journal.append(b"x" * 100)
+        flusher.flush_now(timeout=5)  # syncs the record, then writes a checkpoint for it
+        syncs = flusher.stats.syncs
+        flusher.flush_now(timeout=5)
+        flusher.flush_now(timeout=5)
+        assert flusher.stats.syncs == syncs  # no fdatasync for the checkpoint alone
+        assert newest(read_checkpoints(os.pread(journal._syncer._fd, HEADER_SIZE, 0)))[1].count == 1  # written
+        _, ticket = journal.append(b"y" * 100)
+        flusher.flush_now(timeout=5)  # one fdatasync: the new record and the checkpoint before it
+        assert ticket.durable and flusher.stats.syncs == syncs + 1
+        monkeypatch.setattr(syncer, "CHECKPOINT_LAG_S", 0.0)
+        flusher.flush_now(timeout=5)  # the lag is over: the checkpoint of both records is synced
+        assert flusher.stats.syncs == syncs + 2
+        flusher.flush_now(timeout=5)
+        assert flusher.stats.syncs == syncs + 2  # and then nothing is left to sync
+        assert newest(read_checkpoints(os.pread(journal._syncer._fd, HEADER_SIZE, 0)))[1].count == 2
+        journal.close()
+
+
+def test_close_and_seal_sync_a_lagging_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(syncer, "CHECKPOINT_LAG_S", 3600.0)
+    with Flusher(FlusherConfig(interval=3600)) as flusher:
+        journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=flusher)
+        journal.append(b"x" * 100)
+        flusher.flush_now(timeout=5)
+        syncs = []
+        real = os.fdatasync
+        monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real(fd))[1])
+        journal.seal()
+        journal.close()
+        assert syncs  # the checkpoint (and the seal's) were made durable, lag or not
+    again = Journal.open(tmp_path / "j", kind=b"TEST", writable=False, recount=False)
+    assert again.sealed and again.count == 1
+    again.close()

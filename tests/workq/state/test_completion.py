@@ -11,17 +11,22 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import workq
-from common.journal import Flusher, FlusherConfig
+from common.journal import Flusher, FlusherConfig, Marker
 from common.journal.errors import WriteFailed
 from common.journal.testing import PowerCut
 from workq.config import WorkqConfig
 from workq.disk.records import job_id
+from workq.disk.segment import Segment
 from workq.state import collector, completion
+from workq.state.items import Completion
 from workq.state.queue import QueueState
 from workq.state.recovery import recover
 
@@ -196,3 +201,30 @@ def test_a_completion_log_outlives_the_tombstones_of_its_results(tmp_path: Path,
     finally:
         broker.close()
     shutil.rmtree(root)
+
+
+@given(data=st.data())
+def test_the_one_group_shortcut_groups_as_the_general_path(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 12))
+    jobs = np.array(data.draw(st.lists(st.sampled_from([3, 7, 2**63 + 1]), min_size=n, max_size=n)), np.uint64)
+    markers = np.array(data.draw(st.lists(st.sampled_from([int(m) for m in Marker]), min_size=n, max_size=n)),
+                       np.uint32)
+    rows = sorted(data.draw(st.lists(st.integers(0, 2 * n), min_size=n, max_size=n, unique=True)))
+    handles = [(5 << 32) | (r * 4 + 512) for r in range(2 * n + 1)]
+    payloads = [bytes([r]) * r for r in range(2 * n + 1)]
+    offsets = np.array([(handles[r] & 0xFFFFFFFF) * 8 for r in rows], np.int64)
+    positions = np.arange(100, 100 + n, dtype=np.uint64)
+    segment = cast(Segment, object())
+    got: list[list[Completion]] = []
+    accepts: list[list[bool]] = []
+    for path in (completion._grouped, completion._by_job):
+        accept = [False] * len(handles)
+        got.append(path(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers))
+        accepts.append(accept)
+    assert accepts[0] == accepts[1]
+    assert len(got[0]) == len(got[1])
+    for a, b in zip(*got):
+        assert (a.job, a.segment, a.payloads) == (b.job, b.segment, b.payloads)
+        for field in ("offsets", "handles", "positions", "markers"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert x.dtype == y.dtype and x.tolist() == y.tolist()
