@@ -12,6 +12,7 @@ import pytest
 import workq
 from common.journal import Flusher
 from workq import Broker, DiskFull, Handle, NotLeased, PayloadTooLarge, UnknownHandle
+from workq.state.dispatch import Filters
 
 
 def status(broker: Broker, job: str) -> tuple[int, ...]:
@@ -394,3 +395,14 @@ def test_complete_answers_duplicate_per_item_and_keeps_the_first(broker: Broker)
     assert broker.complete([h1, h2], [b"r1", b"r2"]) == ["completed", "completed"]
     assert broker.complete([h1, h3, h3], [b"again", b"r3", b"r3b"]) == ["duplicate", "completed", "duplicate"]
     assert [r.payload for r in broker.results("j")] == [b"r1", b"r2", b"r3"]
+
+
+def test_a_lease_stops_at_an_item_that_does_not_fit_and_leaves_it_pending(broker: Broker) -> None:
+    small, big = b"s" * 10, b"B" * 20_000
+    broker.enqueue("j", "m", "s", 1, [small])
+    broker.enqueue("j", "m", "s", 2, [big, small])  # another key: taken after the first one's item
+    filters = Filters.of(None, None, None)
+    batches = broker.lease_async("w", filters, 3, 0.0, max_bytes=12_000).result(10)
+    assert [p for b in batches for p in b.payloads] == [small]  # the big one did not fit: nothing after it
+    rest = broker.lease_async("w", filters, 3, 0.0, max_bytes=100_000).result(10)
+    assert [p for b in rest for p in b.payloads] == [big, small]

@@ -177,6 +177,8 @@ class Segment:
                     pieces.append((part, picked))
                     got, cost = got + len(picked), cost + part_cost
                 if cut is not None:
+                    if not pieces:
+                        return None  # the first item does not fit: nothing taken, nothing moves
                     cut += lo
                     if cut == len(chunk):
                         return self._taken(job, pieces, int(chunk.ends(self.journal.alignment)[-1]), cost, None)
