@@ -327,7 +327,7 @@ class Broker:
                 completion.abort(self._state, plan, exc)
                 settle(future, error=exc)
 
-            self._loop.after_durable(plan.tickets, done, failed)
+            self._loop.after_durable(plan.tickets, done, failed, quick=True)
 
         return self._loop.future(run)
 

@@ -88,7 +88,7 @@ class Delivery:
         def run(future: Future[None]) -> None:
             tickets = self._state.confirm_results(job_log, self._batch)
             self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc),
-                                     hurry=hurry)
+                                     hurry=hurry, quick=True)
 
         return self._loop.future(run)
 

@@ -78,7 +78,7 @@ class Enqueue(Mergeable):
         for message, answer in now:
             settle(message.future, answer)
         if later:
-            self.loop.after_durable([ticket], lambda: _answer(later), lambda exc: _fail(later, exc))
+            self.loop.after_durable([ticket], lambda: _answer(later), lambda exc: _fail(later, exc), quick=True)
 
 
 def _chunks(items: list[tuple[Enqueue, int]], limit: int) -> list[list[Enqueue]]:

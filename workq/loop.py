@@ -1,34 +1,48 @@
-"""The broker's owner thread: one thread runs every queue operation, in order.
+"""The broker's owner: one thread of control runs every queue operation, in order.
 
-Submitted functions run on the owner thread in the order submitted, so the
-queue's state needs no locks. Work that must wait never blocks the thread:
+Submitted functions run in the order submitted, one at a time, under the
+owner lock, so the queue's state needs no other locks. Whoever submits runs
+the inbox itself when the owner lock is free (a connection's reader thread,
+an embedded caller): a single-item request then costs no hand-off to another
+thread and no wake-up (two thread switches that cost more than the request).
+When the lock is busy, the message waits in the inbox and whoever holds the
+lock runs it before letting go. The owner *thread* runs what nobody else
+does: timers, deadlines, continuations after a flush round, and the stop.
+
+Work that must wait never blocks the owner:
 
 * a *continuation* (:meth:`OwnerLoop.after_durable`) runs once every ticket
-  it names is durable; the shared flusher's round listener wakes the loop;
+  it names is durable: the shared flusher's round listener runs it on the
+  flusher thread if the owner lock is free, else wakes the owner thread;
 * a *waiter* (:meth:`OwnerLoop.park`) is a call with a deadline (a lease or
   results call with ``wait``) that is tried again whenever what it waits
   for may have changed, and answered at its deadline at the latest; results
   waiters are retried ``linger`` seconds after results changed, so results
   that complete one at a time leave in shared responses;
-* timers run every TICK_S between batches of messages; at each tick,
-  waiters whose caller went away (``alive``) end at once;
-* the replies made while a wake-up's batch runs leave together at its end
-  (common/wire/reply_batch.py);
-* a run of adjacent :class:`Mergeable` messages of one ``group`` in a
-  wake-up's batch runs as one call (``run_many``): many producers'
-  one-item enqueues become one append (order is kept: only neighbours merge).
+* timers run every TICK_S; at each tick, waiters whose caller went away
+  (``alive``) end at once;
+* the replies made while one batch of messages runs leave together at its
+  end (common/wire/reply_batch.py);
+* a run of adjacent :class:`Mergeable` messages of one ``group`` in a batch
+  runs as one call (``run_many``): many producers' one-item enqueues become
+  one append (order is kept: only neighbours merge).
 
-Threads: any thread may submit (``_submit_lock`` makes a submit and a
-stop exclusive, so a submitted function either runs or is refused);
-everything else runs on the owner thread.
+Threads: any thread may submit (``_submit_lock`` makes a submit and a stop
+exclusive, so a submitted function either runs or is refused); the inbox is
+taken from only under the owner lock (``_lock``), and everything the loop
+runs runs under it. Only the owner thread ever waits for ``_lock``; others
+try it without blocking, so a submitter holding its own locks cannot
+deadlock with the owner. Code running under the lock that submits again
+(nested) finds the lock taken: its message runs after the current batch.
+The stop runs on the owner thread, after every message submitted before it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +57,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TICK_S = 0.25
-#: Messages run per wake-up before continuations, timers and waiters run.
+#: Messages run per batch before continuations, timers and waiters run.
 BATCH = 1024
 Wants = Literal["items", "results"]
 
-_WAKE = object()
 _STOP = object()
 _ABANDON = object()
 
@@ -74,6 +87,7 @@ class _Continuation:
     tickets: list[Ticket]
     done: Callable[[], None]
     failed: Callable[[Exception], None]
+    quick: bool  # may run on the flusher thread (it never waits for a flush)
 
 
 @dataclasses.dataclass(slots=True)
@@ -108,7 +122,10 @@ class OwnerLoop:
         self._tick = tick
         self._changes = changes
         self._on_stop = stop
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._inbox: collections.deque[Any] = collections.deque()
+        self._lock = threading.Lock()  # the owner lock: held while anything of the loop runs
+        self._wake = threading.Event()  # the owner thread has something to do (or a sooner deadline)
+        self._sleep_until = 0.0  # when the sleeping owner thread wakes by itself
         self._continuations: list[_Continuation] = []
         self._waiters: list[_Waiter] = []
         self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
@@ -127,16 +144,18 @@ class OwnerLoop:
         self._thread.start()
 
     def stop(self, *, abandon: bool = False) -> None:
-        """Stop the thread: cleanly (waiters answered, continuations run or
-        failed, then ``stop``), or, with ``abandon``, at once as a crash would."""
+        """Stop the owner: cleanly (what was submitted runs, waiters are
+        answered, continuations run or fail, then ``stop``), or, with
+        ``abandon``, at once as a crash would."""
         with self._submit_lock:
             self.closed = True
-            self._inbox.put(_ABANDON if abandon else _STOP)
+            self._inbox.append(_ABANDON if abandon else _STOP)
+        self._wake.set()
         while self._thread.is_alive():
             self._thread.join(0.2)  # in slices: the main thread may have a signal to handle
 
     def quiesce(self) -> None:
-        """Owner thread: answer every waiting call now (its final attempt),
+        """Owner lock: answer every waiting call now (its final attempt),
         and from now on answer calls that would wait at once."""
         self._quiesced = True
         waiting, self._waiters = self._waiters, []
@@ -146,14 +165,24 @@ class OwnerLoop:
     # ------------------------------------------------------------- submitting
 
     def submit(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on the owner thread (any thread may call this)."""
+        """Run ``fn`` under the owner lock, after everything submitted before
+        it: here and now if the lock is free, else by whoever holds it (any
+        thread may call this; it never waits for the lock)."""
         with self._submit_lock:
             if self.closed:
                 raise Unavailable("the work queue is closed")
-            self._inbox.put(fn)
+            self._inbox.append(fn)
+        while self._inbox and self._lock.acquire(blocking=False):
+            try:
+                stopping = not self._drain()
+            finally:
+                self._lock.release()
+            if stopping:  # the stop is the owner thread's
+                self._wake.set()
+                return
 
     def future(self, fn: Callable[[Future[T]], None]) -> Future[T]:
-        """Run ``fn(future)`` on the owner thread; ``fn`` (or whatever it
+        """Run ``fn(future)`` under the owner lock; ``fn`` (or whatever it
         parks) answers the future. An exception ``fn`` raises answers it too.
 
         As with an executor's futures, the caller may cancel the future
@@ -177,22 +206,24 @@ class OwnerLoop:
         return future
 
     def after_durable(self, tickets: Sequence[Ticket | None], done: Callable[[], None],
-                      failed: Callable[[Exception], None], *, hurry: bool = True) -> None:
-        """Owner thread: run ``done`` once every ticket is durable, or
+                      failed: Callable[[Exception], None], *, hurry: bool = True, quick: bool = False) -> None:
+        """Owner lock: run ``done`` once every ticket is durable, or
         ``failed`` (DurabilityLost) once one of their journals failed.
         ``hurry``: start a flush round for their journals now (else the
-        next timed round covers them)."""
+        next timed round covers them). ``quick``: the continuation never
+        waits for a flush (it answers calls), so the flusher thread may run
+        it right after the round; others run on the owner thread."""
         real = [t for t in tickets if t is not None and not t.durable]
         if not real:
             done()
             return
-        self._continuations.append(_Continuation(real, done, failed))
+        self._continuations.append(_Continuation(real, done, failed, quick))
         if hurry:
             self.flusher.hurry([t.journal for t in real])
 
     def park(self, deadline: float, attempt: Callable[[bool], bool], wants: Wants,
              fail: Callable[[Exception], None], alive: Callable[[], bool] | None = None) -> None:
-        """Owner thread: call ``attempt(False)`` now and again whenever what it
+        """Owner lock: call ``attempt(False)`` now and again whenever what it
         ``wants`` may have changed, until it answers; at ``deadline`` call
         ``attempt(True)``, which must answer. If an attempt raises, ``fail``
         answers the call with the error. Once ``alive()`` is false (checked
@@ -200,46 +231,76 @@ class OwnerLoop:
         waiter = _Waiter(deadline, attempt, wants, fail, alive)
         if not waiter.run(self._quiesced or deadline <= time.monotonic()):
             self._waiters.append(waiter)
+            self._due(deadline)
+
+    def _due(self, when: float) -> None:
+        """Owner lock: something is due at ``when``; wake the owner thread
+        if it would sleep past it."""
+        if when < self._sleep_until:
+            self._wake.set()
 
     # ---------------------------------------------------------------- the loop
 
     def _flushed(self) -> None:
-        if self._continuations:
-            self._inbox.put(_WAKE)
+        """Flusher thread, after a round: run what the round made due here
+        when the owner lock is free (no wake-up of the owner thread, which
+        costs more than a reply), else leave it to the owner thread. Never
+        runs the inbox: a flush round must not wait behind big requests."""
+        if not self._continuations:
+            return
+        if not self._lock.acquire(blocking=False):
+            self._wake.set()
+            return
+        try:
+            with batched_replies():  # nothing that may wait for a flush round here: it is this thread's
+                others = self.run_continuations(quick_only=True)
+                self._serve_waiters(time.monotonic())
+        finally:
+            self._lock.release()
+        if others or self._inbox:  # the owner thread runs the rest, and what arrived meanwhile
+            self._wake.set()
 
     def _run(self) -> None:
+        """The owner thread: sleep until woken or something is due, then run
+        the inbox (or at least the timers and waiters) under the lock."""
         while True:
-            due = self._results_due if self._results_due is not None else float("inf")
-            wait = max(0.0, min(self._next_tick, self._next_waiter(), due) - time.monotonic())
-            try:
-                batch = [self._inbox.get(timeout=min(wait, TICK_S))]
-            except queue.Empty:
-                batch = []
-            while len(batch) < BATCH:
-                try:
-                    batch.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            with batched_replies():  # the batch's replies leave together, one sendmsg per connection
-                if not self._run_batch(batch):
-                    return
+            with self._lock:
+                due = self._results_due if self._results_due is not None else float("inf")
+                self._sleep_until = min(self._next_tick, self._next_waiter(), due, time.monotonic() + TICK_S)
+            self._wake.wait(max(0.0, self._sleep_until - time.monotonic()))
+            self._wake.clear()
+            with self._lock:
+                self._sleep_until = 0.0  # awake: nobody needs to wake it
+                while True:
+                    front = self._inbox[0] if self._inbox else None
+                    if front is _STOP:
+                        self._stop()
+                        return
+                    if front is _ABANDON:
+                        return
+                    self._drain()
+                    if not self._inbox:
+                        break
 
-    def _run_batch(self, batch: list[Any]) -> bool:
-        """Run one wake-up's messages, then continuations, timers and
-        waiters; False once the loop must end."""
-        for run in _runs(batch):
-            message = run[0]
-            if message is _STOP:
-                self._stop()
-                return False
-            if message is _ABANDON:
-                return False
-            if len(run) > 1:
-                self.guarded(functools.partial(type(message).run_many, run))
-            elif message is not _WAKE:
-                self.guarded(message)
-        self._after()
-        return True
+    def _drain(self) -> bool:
+        """Owner lock: run up to BATCH messages from the inbox (not past a
+        stop), then continuations, timers and waiters; False if a stop is
+        next in the inbox."""
+        batch: list[Any] = []
+        while self._inbox and len(batch) < BATCH:
+            front = self._inbox[0]
+            if front is _STOP or front is _ABANDON:
+                break
+            batch.append(self._inbox.popleft())
+        with batched_replies():  # the batch's replies leave together, one sendmsg per connection
+            for run in _runs(batch):
+                if len(run) > 1:
+                    self.guarded(functools.partial(type(run[0]).run_many, run))
+                else:
+                    self.guarded(run[0])
+            self._after()
+        front = self._inbox[0] if self._inbox else None
+        return front is not _STOP and front is not _ABANDON
 
     def guarded(self, fn: Callable[[], object]) -> None:
         """Run ``fn``, logging (not raising) what it raises."""
@@ -267,21 +328,28 @@ class OwnerLoop:
             for waiter in orphans:
                 waiter.fail(Unavailable("the caller went away before an answer"))
 
-    def run_continuations(self) -> None:
-        """Owner thread: run the continuations whose tickets are durable (or failed)."""
-        ready = []
+    def run_continuations(self, *, quick_only: bool = False) -> bool:
+        """Owner lock: run the continuations whose tickets are durable (or
+        failed); with ``quick_only``, only quick ones. True if others are due."""
+        ready, later, left = [], [], False
         for cont in self._continuations:
             failed = next((t.journal.failed for t in cont.tickets if t.journal.failed is not None), None)
-            if failed is not None or all(t.durable for t in cont.tickets):
+            if failed is None and not all(t.durable for t in cont.tickets):
+                later.append(cont)
+            elif quick_only and not cont.quick:
+                later.append(cont)
+                left = True
+            else:
                 ready.append((cont, failed))
         if not ready:
-            return
-        self._continuations = [c for c in self._continuations if all(c is not r for r, _ in ready)]
+            return left
+        self._continuations = later
         for cont, failed in ready:
             if failed is not None:
                 self.guarded(functools.partial(cont.failed, DurabilityLost(str(failed))))
             else:
                 self.guarded(cont.done)
+        return left
 
     def _next_waiter(self) -> float:
         return min((w.deadline for w in self._waiters), default=float("inf"))
@@ -296,6 +364,7 @@ class OwnerLoop:
         seen = self._changes()
         if seen[1] != self._seen[1] and self._results_due is None:
             self._results_due = now + self._linger
+            self._due(self._results_due)
         changed = {"items": seen[0] != self._seen[0],
                    "results": self._results_due is not None and now >= self._results_due}
         if changed["results"]:

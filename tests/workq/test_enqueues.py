@@ -19,19 +19,22 @@ KEY = Key.of("m", "s", 1)
 
 @contextmanager
 def owner_paused(broker: Broker) -> Iterator[None]:
-    """Hold the owner thread, so what is submitted meanwhile arrives in one batch."""
+    """Hold the owner lock, so what is submitted meanwhile waits in the inbox
+    and runs as one batch (another thread submits the hold and so runs it)."""
     entered, go = threading.Event(), threading.Event()
 
     def hold() -> None:
         entered.set()
         go.wait(10)
 
-    broker._loop.submit(hold)
+    holder = threading.Thread(target=broker._loop.submit, args=(hold,))
+    holder.start()
     assert entered.wait(10)
     try:
         yield
     finally:
         go.set()
+        holder.join(10)
 
 
 def batches_of(broker: Broker, handles: list[int]) -> list[list[int]]:

@@ -217,21 +217,25 @@ def test_two_thousand_idle_connections_are_cheap_and_the_server_still_serves(tmp
 
 def test_replies_queued_for_clients_that_do_not_read_stay_under_the_server_wide_budget(tmp_path: Path) -> None:
     """Lease replies pile up in the outbox of a worker that never reads; past
-    max_outbox_total_bytes (over all connections) its connection is closed."""
+    max_outbox_total_bytes (over all connections) its connection is closed.
+    Its leases wait for work, so their replies are made on another
+    connection's thread (the producer's) and queue in the outbox: a reply made
+    on the worker's own reader thread would block that thread instead."""
     config = tmp_path / "server.toml"
     config.write_text(f"max_frame_bytes = {4 * MiB}\nmax_outbox_total_bytes = {6 * MiB}\n"
                       f"max_outbox_bytes = {256 * MiB}\n[workq]\nsegment_bytes = {64 * MiB}\n")
     server = ServerProcess(tmp_path / "data", "--config", str(config)).start()
     try:
+        hog = RpcClient(server.address)
+        hog.call("workq.hello", {"worker": "hog"})
+        for _ in range(60):
+            hog.send("workq.lease", {"max_items": 1, "wait": 20.0})  # 60 replies of 512 KiB, never read
+        time.sleep(0.5)  # every lease waits
         with RpcClient(server.address) as producer:
             for _ in range(10):
                 payloads = np.zeros(6 * 512 * KiB, np.uint8)
                 producer.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 0},
                               {"data": payloads, "lengths": np.full(6, 512 * KiB, np.uint32)})
-        hog = RpcClient(server.address)
-        hog.call("workq.hello", {"worker": "hog"})
-        for _ in range(60):
-            hog.send("workq.lease", {"max_items": 1})  # 60 replies of 512 KiB, never read
         server.wait_log("max_outbox_total_bytes", timeout=30)
         with RpcClient(server.address) as polite:
             assert polite.call("ping").result == {}
