@@ -230,7 +230,7 @@ class WorkqService(Component):
         with self._lock:
             self._deliveries.get(connection, set()).discard(delivery)
         # nobody waits for these marks (the response is out): the next timed round makes them durable
-        delivery.confirm(hurry=False).add_done_callback(_log_unconfirmed)
+        delivery.confirm_into(Callback(_ignore, _log_unconfirmed), hurry=False)
 
     # ----------------------------------------------------------------- workers
 
@@ -335,6 +335,9 @@ def _fail(request: Request, exc: BaseException) -> None:
         request.fail(Internal(f"{request.cmd}: {type(exc).__name__}: {exc}"))
 
 
-def _log_unconfirmed(future: Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("workq: results written to a consumer could not be marked delivered: %s", future.exception())
+def _ignore(_: None) -> None:
+    pass
+
+
+def _log_unconfirmed(error: BaseException) -> None:
+    log.error("workq: results written to a consumer could not be marked delivered: %s", error)

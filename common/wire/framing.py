@@ -182,28 +182,34 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
     datas: list[bytes | memoryview] = []
     size = 0
     for name, array in parts.items():
-        if type(array) is not np.ndarray or not array.flags.c_contiguous:
-            array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
-        if array.ndim > MAX_RANK or not 0 < len(name) <= MAX_PART_NAME:
-            raise ValueError(f"part {name!r} of shape {array.shape}: frames carry parts of at most "
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        shape = array.shape
+        if len(shape) > MAX_RANK or not 0 < len(name) <= MAX_PART_NAME:
+            raise ValueError(f"part {name!r} of shape {shape}: frames carry parts of at most "
                              f"{MAX_RANK} dimensions, named by 1-{MAX_PART_NAME} characters")
-        code = _CODE.get(array.dtype) or array.dtype.str
-        if code not in DTYPES:
+        code = _CODE.get(array.dtype)
+        if code is None:
             array = _little_endian(name, array)
             code = array.dtype.str
-        specs.append([name, code, list(array.shape)])
+        specs.append([name, code, list(shape)])
         pad = -size % PART_ALIGN
         if pad:
             datas.append(_PADDING[pad])
         nbytes = array.nbytes
-        # small: a copy is cheaper than a view; large: no copy (1-d first: empty arrays too)
-        datas.append(array.tobytes() if nbytes <= SMALL_PART_BYTES else array.reshape(-1).data.cast("B"))
+        datas.append(array.tobytes() if nbytes <= SMALL_PART_BYTES else _view(array))
         size += pad + nbytes
     head = _packed_header({**header, "parts": specs})
     first = FRAME_HEAD.pack(len(head) + size, len(head)) + head
     if len(first) + size <= JOINED_FRAME_BYTES:
         return [b"".join([first, *datas])]
     return [first, *datas]
+
+
+def _view(array: np.ndarray) -> memoryview:
+    """A large part's bytes, not copied if it is C-contiguous (1-d first: empty arrays too;
+    not ascontiguousarray: it makes a 0-d array 1-d)."""
+    return np.asarray(array, order="C").reshape(-1).data.cast("B")
 
 
 def _packed_header(header: Mapping[str, Any]) -> bytes:

@@ -144,9 +144,10 @@ class Sending:
             self.close()
             return
         if not left:  # the usual case: an idle socket took it all
-            self.bytes_out += sum(size for _, size, _ in batch)
-            for _, _, on_sent in batch:
-                self._run_on_sent(on_sent)
+            for _, size, on_sent in batch:
+                self.bytes_out += size
+                if on_sent is not None:
+                    self._run_on_sent(on_sent)
             self._release_writing()
             return
         unsent = sum(v.nbytes for v in left)
