@@ -1,9 +1,11 @@
 """The broker: the one API of every queue operation.
 
 Every operation has two forms with the same rules: ``x_async(...)`` returns
-a :class:`~concurrent.futures.Future` and never blocks (the network service
-uses these, answering requests from the futures' callbacks), and ``x(...)``
-waits for it and returns plain values (embedded use, ``workq.open``). Each
+a :class:`~concurrent.futures.Future` and never blocks, and ``x(...)``
+waits for it and returns plain values (embedded use, ``workq.open``). The
+operations a worker or consumer repeats also have ``x_into(answer, ...)``,
+which answers into a given Future or :class:`~workq.answer.Callback` (the
+network service's: it replies from the callback, without a Future). Each
 runs on the owner thread (loop.py), in the order submitted, over the
 queue's state (state/); operations that must wait (a durable enqueue, a
 completion whose results must be flushed, a lease or results call with
@@ -39,6 +41,7 @@ from common.journal.filesystem import make_dirs
 from common.journal.lockfile import LockFile
 from common.wire.errors import BadRequest, Unavailable
 
+from .answer import Promise
 from .config import WorkqConfig
 from .delivery import Delivery
 from .enqueues import Enqueue
@@ -192,13 +195,18 @@ class Broker:
         (uint64), in order, at once or, with ``durable``, once the flush
         that covers them completed. Requests that reach the owner thread
         together for one job and key are written as one batch (enqueues.py)."""
+        future: Future[np.ndarray] = Future()
+        self.enqueue_into(future, job, key, payloads, durable)
+        return future
 
-        message = Enqueue(self._state, self._loop, job, key, payloads, durable)
+    def enqueue_into(self, answer: Promise[np.ndarray], job: str, key: Key, payloads: Sequence[memoryview | bytes],
+                     durable: bool = False) -> None:
+        """:meth:`enqueue_async` answering into ``answer`` (answer.py: the service's Callback)."""
+        message = Enqueue(self._state, self._loop, job, key, payloads, durable, answer)
         try:
             self._loop.submit(message)
         except Unavailable as exc:
-            settle(message.future, error=exc)
-        return message.future
+            settle(answer, error=exc)
 
     def enqueue(self, job: str, model: str, shape: str, lane: str | int, payloads: Sequence[bytes],
                 durable: bool = False) -> list[Handle]:
@@ -207,15 +215,15 @@ class Broker:
         packed = self.enqueue_async(job, Key.of(model, shape, lane), payloads, durable).result()
         return [Handle.unpack(h) for h in packed.tolist()]
 
-    def _waiting(self, wants: Wants, max_items: int, wait: float, alive: Alive | None,
-                 take: Callable[[bool], T | None], check: Callable[[], object] = lambda: None) -> Future[T]:
+    def _waiting(self, answer: Promise[T], wants: Wants, max_items: int, wait: float, alive: Alive | None,
+                 take: Callable[[bool], T | None], check: Callable[[], object] = lambda: None) -> None:
         """A call that answers what ``take(final)`` finds (None: nothing yet),
         retried whenever what it ``wants`` may have changed for up to
         ``wait`` seconds; at the deadline ``take(True)`` must answer. If
         ``alive()`` turns false meanwhile (nobody is left to answer), the
         call ends with Unavailable, having taken nothing."""
 
-        def run(future: Future[T]) -> None:
+        def run(future: Promise[T]) -> None:
             _check_count("max_items", max_items)
             _check_seconds("wait", wait, MAX_WAIT_S)
             check()
@@ -233,12 +241,19 @@ class Broker:
 
             self._loop.park(deadline, attempt, wants, lambda exc: settle(future, error=exc), alive)
 
-        return self._loop.future(run)
+        self._loop.call(run, answer)
 
     # -------------------------------------------------------------- consumers
 
     def results_async(self, job: str, max_items: int = 1000, wait: float = 0.0, *, max_bytes: int | None = None,
                       alive: Alive | None = None) -> Future[Delivery]:
+        """See :meth:`results_into`."""
+        future: Future[Delivery] = Future()
+        self.results_into(future, job, max_items, wait, max_bytes=max_bytes, alive=alive)
+        return future
+
+    def results_into(self, answer: Promise[Delivery], job: str, max_items: int = 1000, wait: float = 0.0, *,
+                     max_bytes: int | None = None, alive: Alive | None = None) -> None:
         """Take up to ``max_items`` undelivered, durable results of ``job``
         (payloads plus REPLY_ITEM_BYTES each within ``max_bytes``), waiting
         up to ``wait`` seconds for the first. The caller confirms or drops
@@ -252,7 +267,7 @@ class Broker:
             return Delivery(self._loop, self._state, job_log, batch) if batch or final else None
 
         # a malformed name fails at once, not after the wait
-        return self._waiting("results", max_items, wait, alive, take, check=lambda: self._state.find_job(job))
+        self._waiting(answer, "results", max_items, wait, alive, take, check=lambda: self._state.find_job(job))
 
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of the job (at most ``max_items``), waiting up
@@ -291,6 +306,13 @@ class Broker:
 
     def lease_async(self, worker: str, filters: Filters, max_items: int = 1, wait: float = 0.0, *,
                     max_bytes: int | None = None, alive: Alive | None = None) -> Future[list[Leased]]:
+        """See :meth:`lease_into`."""
+        future: Future[list[Leased]] = Future()
+        self.lease_into(future, worker, filters, max_items, wait, max_bytes=max_bytes, alive=alive)
+        return future
+
+    def lease_into(self, answer: Promise[list[Leased]], worker: str, filters: Filters, max_items: int = 1,
+                   wait: float = 0.0, *, max_bytes: int | None = None, alive: Alive | None = None) -> None:
         """Lease up to ``max_items`` tasks the worker's ``filters`` match
         (their payloads within ``max_bytes``), waiting up to ``wait``
         seconds for the first. ``alive``: see :meth:`_waiting`."""
@@ -299,7 +321,7 @@ class Broker:
             batches = leasing.lease(self._state, worker, filters, max_items, time.monotonic(), max_bytes)
             return batches if batches or final else None
 
-        return self._waiting("items", max_items, wait, alive, take)
+        self._waiting(answer, "items", max_items, wait, alive, take)
 
     def lease(self, max_items: int = 1, wait: float = 0.0, *, worker: str = EMBEDDED,
               models: Sequence[str] | None = None, shapes: Sequence[str] | None = None,
@@ -309,11 +331,18 @@ class Broker:
         return [item for batch in batches for item in batch.items()]
 
     def complete_async(self, packed: np.ndarray, results: Sequence[memoryview | bytes]) -> Future[list[str]]:
+        """See :meth:`complete_into`."""
+        future: Future[list[str]] = Future()
+        self.complete_into(future, packed, results)
+        return future
+
+    def complete_into(self, answer: Promise[list[str]], packed: np.ndarray,
+                      results: Sequence[memoryview | bytes]) -> None:
         """Record results for packed handles: 'completed' or 'duplicate' (the
         item already had a result; this one is dropped) per handle, answered
         once the results are durable (completion.py)."""
 
-        def run(future: Future[list[str]]) -> None:
+        def run(future: Promise[list[str]]) -> None:
             plan = completion.start(self._state, completion.plan(self._state, packed, results))
 
             def done() -> None:
@@ -329,7 +358,7 @@ class Broker:
 
             self._loop.after_durable(plan.tickets, done, failed, quick=True)
 
-        return self._loop.future(run)
+        self._loop.call(run, answer)
 
     def complete(self, handles: Sequence[Handle], results: Sequence[bytes]) -> list[str]:
         """Record results; returns per handle, once they are durable,

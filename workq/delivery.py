@@ -28,6 +28,7 @@ from common.wire.errors import Unavailable
 from workq.disk.completion_log import CompletionLog, Outgoing
 from workq.protocol import Handle, Parts, Result, encode_results
 
+from .answer import Promise
 from .loop import OwnerLoop, settle
 
 if TYPE_CHECKING:
@@ -79,18 +80,23 @@ class Delivery:
         they cannot be; Unavailable if the queue closed first). ``hurry``:
         start a flush round for them now; without it they are durable at
         the next timed round (for callers that do not wait for them)."""
+        future: Future[None] = Future()
+        self.confirm_into(future, hurry)
+        return future
+
+    def confirm_into(self, answer: Promise[None], hurry: bool = True) -> None:
+        """:meth:`confirm`, answering into ``answer`` (a Future or a Callback: answer.py)."""
         job_log = self._log
         if not self._decide("confirmed") or not self._batch or job_log is None:
-            done: Future[None] = Future()
-            done.set_result(None)
-            return done
+            settle(answer)
+            return
 
-        def run(future: Future[None]) -> None:
+        def run(future: Promise[None]) -> None:
             tickets = self._state.confirm_results(job_log, self._batch)
             self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc),
                                      hurry=hurry, quick=True)
 
-        return self._loop.future(run)
+        self._loop.call(run, answer)
 
     def drop(self) -> None:
         """The response never left: the results are deliverable again."""

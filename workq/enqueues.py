@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .answer import Promise
 from .loop import Mergeable, OwnerLoop, settle
 from .protocol import Key
 from .state.queue import QueueState
@@ -33,14 +34,16 @@ MERGED_BYTES = 4 << 20
 
 
 class Enqueue(Mergeable):
-    """One enqueue request: ``future`` answers its packed handles (uint64)."""
+    """One enqueue request: ``future`` answers its packed handles (uint64)
+    (a Future, or the ``answer`` given: answer.py)."""
 
     def __init__(self, state: QueueState, loop: OwnerLoop, job: str, key: Key,
-                 payloads: Sequence[memoryview | bytes], durable: bool) -> None:
+                 payloads: Sequence[memoryview | bytes], durable: bool,
+                 answer: Promise[np.ndarray] | None = None) -> None:
         self.state, self.loop = state, loop
         self.job, self.key, self.payloads, self.durable = job, key, payloads, durable
         self.group = (job, key)
-        self.future: Future[np.ndarray] = Future()
+        self.future: Promise[np.ndarray] = answer if answer is not None else Future()
 
     @classmethod
     def run_many(cls, messages: list[Any]) -> None:

@@ -53,9 +53,12 @@ from common.journal import Flusher, Ticket
 from common.wire.errors import DurabilityLost, Unavailable
 from common.wire.reply_batch import batched_replies
 
+from .answer import Promise
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+P = TypeVar("P", bound=Promise[Any])
 TICK_S = 0.25
 #: Messages run per batch before continuations, timers and waiters run.
 BATCH = 1024
@@ -80,6 +83,25 @@ class Mergeable:
     @classmethod
     def run_many(cls, messages: list[Any]) -> None:
         raise NotImplementedError
+
+
+class _Call:
+    """A message that runs ``fn(answer)`` unless the answer was cancelled
+    first; what ``fn`` raises answers it."""
+
+    __slots__ = ("fn", "answer")
+
+    def __init__(self, fn: Callable[[Any], None], answer: Promise[Any]) -> None:
+        self.fn = fn
+        self.answer = answer
+
+    def __call__(self) -> None:
+        if not self.answer.set_running_or_notify_cancel():
+            return  # cancelled before it started
+        try:
+            self.fn(self.answer)
+        except BaseException as exc:  # delivered to the caller, not lost on the owner thread
+            settle(self.answer, error=exc)
 
 
 @dataclasses.dataclass(slots=True)
@@ -190,20 +212,16 @@ class OwnerLoop:
         ``cancel()`` returns False and the future always gets its answer
         (so no work is done that nobody learns of)."""
         future: Future[T] = Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return  # cancelled before it started
-            try:
-                fn(future)
-            except BaseException as exc:  # delivered to the caller, not lost on the owner thread
-                settle(future, error=exc)
-
-        try:
-            self.submit(run)
-        except Unavailable as exc:
-            settle(future, error=exc)
+        self.call(fn, future)
         return future
+
+    def call(self, fn: Callable[[P], None], answer: P) -> None:
+        """:meth:`future` with the answer's holder given (a Future, or a
+        Callback: answer.py); it gets Unavailable at once if the loop is closed."""
+        try:
+            self.submit(_Call(fn, answer))
+        except Unavailable as exc:
+            settle(answer, error=exc)
 
     def after_durable(self, tickets: Sequence[Ticket | None], done: Callable[[], None],
                       failed: Callable[[Exception], None], *, hurry: bool = True, quick: bool = False) -> None:
@@ -406,7 +424,7 @@ def _runs(batch: list[Any]) -> list[list[Any]]:
     return runs
 
 
-def settle(future: Future[T], value: T | None = None, *, error: BaseException | None = None) -> None:
+def settle(future: Promise[T], value: T | None = None, *, error: BaseException | None = None) -> None:
     """Answer ``future`` unless it is answered already (or was cancelled
     before its operation started: see :meth:`OwnerLoop.future`)."""
     try:

@@ -25,6 +25,9 @@ import numpy as np
 from common.wire.errors import BadRequest
 
 OFFSET_UNIT = 8
+SMALL_BATCH = 8
+"""Up to this many items, encodings use plain Python (numpy's per-call cost
+exceeds the work); the results are the same (tests/workq/test_protocol.py)."""
 #: Dtypes a ``lengths`` part may have.
 LENGTH_DTYPES = ("<u4", "<i4", "<u8", "<i8")
 #: What ``complete`` answers per handle.
@@ -177,22 +180,45 @@ Parts = dict[str, np.ndarray]
 
 def split(data: np.ndarray, lengths: np.ndarray) -> list[memoryview]:
     """Byte strings sent as one concatenated part plus their lengths
-    (BadRequest if the lengths do not add up)."""
-    if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != data.nbytes:
+    (BadRequest if the lengths do not add up; each is at most the data's
+    size, so no sum wraps around)."""
+    if lengths.ndim == 1 and len(lengths) <= SMALL_BATCH:
+        return _split_few(data, lengths.tolist())
+    if (lengths.ndim != 1 or (lengths < 0).any() or (lengths > data.nbytes).any()
+            or int(lengths.sum()) != data.nbytes):
         raise BadRequest(f"lengths must be non-negative and sum to the {data.nbytes} data bytes")
     view = data.data.cast("B")
     ends = np.cumsum(lengths).tolist()
     return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
+def _split_few(data: np.ndarray, lengths: list[int]) -> list[memoryview]:
+    """split for a few byte strings, with plain ints (numpy calls cost more than the work)."""
+    if any(n < 0 or n > data.nbytes for n in lengths) or sum(lengths) != data.nbytes:
+        raise BadRequest(f"lengths must be non-negative and sum to the {data.nbytes} data bytes")
+    view = data.data.cast("B")
+    pieces = []
+    start = 0
+    for n in lengths:
+        pieces.append(view[start:start + n])
+        start += n
+    return pieces
+
+
 def joined(payloads: Sequence[memoryview | bytes]) -> Parts:
-    """The inverse of split: the parts for a list of byte strings."""
+    """The inverse of split: the parts for a list of byte strings (copied:
+    they may be views of files that change or close before the reply is sent)."""
+    if len(payloads) == 1:
+        return {"data": np.frombuffer(bytes(payloads[0]), dtype=np.uint8),
+                "lengths": np.array([len(payloads[0])], dtype=np.uint32)}
     lengths = np.fromiter((len(p) for p in payloads), dtype=np.uint32, count=len(payloads))
     return {"data": np.frombuffer(b"".join(payloads), dtype=np.uint8), "lengths": lengths}
 
 
 def encode_lease(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
     """A lease response: per item, its batch's job and key by index."""
+    if len(batches) == 1 and len(batches[0].handles) <= SMALL_BATCH:
+        return _encode_lease_few(batches[0])
     jobs = sorted({b.job for b in batches})
     keys = sorted({b.key for b in batches})
     job_index = {j: i for i, j in enumerate(jobs)}
@@ -208,6 +234,15 @@ def encode_lease(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
         **joined([p for b in batches for p in b.payloads]),
     }
     return {"jobs": jobs, "keys": [list(k) for k in keys]}, parts
+
+
+def _encode_lease_few(batch: Leased) -> tuple[dict[str, Any], Parts]:
+    """encode_lease of one batch of a few items: the same response, without the merging."""
+    index = np.zeros(len(batch.handles), dtype=np.uint32)  # one job, one key: index 0
+    parts: Parts = {"handles": batch.handles.copy(), "positions": batch.positions.astype(np.uint64),
+                    "deliveries": batch.deliveries.copy(), "job_index": index, "key_index": index,
+                    **joined(batch.payloads)}
+    return {"jobs": [batch.job], "keys": [list(batch.key)]}, parts
 
 
 def decode_lease(result: dict[str, Any], parts: Parts) -> list[Item]:
@@ -236,6 +271,9 @@ def decode_results(parts: Parts) -> list[Result]:
 
 def encode_statuses(statuses: list[str]) -> tuple[dict[str, Any], Parts]:
     """A complete response: one byte per handle, 1 for completed."""
+    if len(statuses) <= SMALL_BATCH:
+        flags = [s == COMPLETED for s in statuses]
+        return {"completed": sum(flags)}, {"status": np.array(flags, dtype=np.uint8)}
     status = np.fromiter((s == COMPLETED for s in statuses), dtype=np.uint8, count=len(statuses))
     return {"completed": int(status.sum())}, {"status": status}
 

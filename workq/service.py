@@ -1,8 +1,9 @@
 """workq as a component of ``shardmgr serve``: frames in, Broker calls, frames out.
 
 Each command's arguments and parts are checked on the connection's thread
-and become one :class:`~workq.broker.Broker` call; its future's answer
-(on the broker's owner thread) becomes the reply. Every queue rule lives
+and become one :class:`~workq.broker.Broker` call; its answer (on the
+broker's owner thread: a Callback for the commands workers and consumers
+repeat, a Future's callback for the others) becomes the reply. Every queue rule lives
 in the broker; what is here is the wire's own: which worker a connection
 is, which results responses are on their way to which connection, and the
 byte budget of a response. Commands and their parts are in docs/workq.md;
@@ -44,6 +45,7 @@ from common.wire.component import Component, Request
 from common.wire.errors import BadRequest, Internal, ServiceError, Unavailable
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 
+from .answer import Callback
 from .broker import Broker
 from .config import WorkqConfig
 from .delivery import Delivery
@@ -140,27 +142,13 @@ class WorkqService(Component):
     # ---------------------------------------------------------------- helpers
 
     @staticmethod
-    def _then(request: Request, future: Future[T], use: Callable[[T], None]) -> None:
-        """Call ``use(answer)`` once ``future`` has one; an error (the
-        future's, or one ``use`` raises) answers ``request``; a cancelled
-        future (nobody left to answer) does nothing."""
+    def _then(request: Request, use: Callable[[T], None]) -> Callback[T]:
+        """An answer that calls ``use(value)``; an error (the operation's, or
+        one ``use`` raises) answers ``request``."""
+        return Callback(use, lambda error: _fail(request, error))
 
-        def done(f: Future[T]) -> None:
-            if f.cancelled():
-                return
-            error = f.exception()
-            if error is not None:
-                _fail(request, error)
-                return
-            try:
-                use(f.result())
-            except Exception as exc:  # encoding a reply failed: still answer the request
-                _fail(request, exc)
-
-        future.add_done_callback(done)
-
-    def _answer(self, request: Request, future: Future[T], reply: Callable[[T], Reply | dict[str, Any]]) -> None:
-        """Reply to ``request`` with ``reply(answer)`` (a result, or a result and parts)."""
+    def _answer(self, request: Request, reply: Callable[[T], Reply | dict[str, Any]]) -> Callback[T]:
+        """An answer that replies to ``request`` with ``reply(value)`` (a result, or a result and parts)."""
 
         def use(value: T) -> None:
             answer = reply(value)
@@ -169,7 +157,23 @@ class WorkqService(Component):
             else:
                 request.reply(answer)
 
-        self._then(request, future, use)
+        return self._then(request, use)
+
+    def _relay(self, request: Request, future: Future[T], reply: Callable[[T], Reply | dict[str, Any]]) -> None:
+        """:meth:`_answer` for an operation that answers with a Future; a
+        cancelled future (nobody left to answer) does nothing."""
+        answer = self._answer(request, reply)
+
+        def done(f: Future[T]) -> None:
+            if f.cancelled():
+                return
+            error = f.exception()
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(f.result())
+
+        future.add_done_callback(done)
 
     def _worker(self, request: Request) -> str:
         with self._lock:
@@ -193,18 +197,18 @@ class WorkqService(Component):
             key = Key.of(request.args.get("model"), request.args.get("shape"), request.args.get("lane"))
         except ValueError as exc:
             raise BadRequest(f"{request.cmd}: {exc}") from None
-        future = self.broker.enqueue_async(request.arg("job", str), key, self._payloads(request),
-                                           request.arg("durable", bool, False))
-        self._answer(request, future, lambda packed: ({}, {"handles": packed}))
+        answer: Callback[np.ndarray] = self._answer(request, lambda packed: ({}, {"handles": packed}))
+        self.broker.enqueue_into(answer, request.arg("job", str), key, self._payloads(request),
+                                 request.arg("durable", bool, False))
 
     def _job_status(self, request: Request) -> None:
-        self._answer(request, self.broker.job_status_async(request.arg("job", str)), lambda status: status)
+        self._relay(request, self.broker.job_status_async(request.arg("job", str)), lambda status: status)
 
     def _results(self, request: Request) -> None:
-        future = self.broker.results_async(request.arg("job", str), request.arg("max_items", int, 1000),
-                                           request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
-                                           alive=lambda: request.connection_open)
-        self._then(request, future, lambda delivery: self._send(request, delivery))
+        answer: Callback[Delivery] = self._then(request, lambda delivery: self._send(request, delivery))
+        self.broker.results_into(answer, request.arg("job", str), request.arg("max_items", int, 1000),
+                                 request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
+                                 alive=lambda: request.connection_open)
 
     def _send(self, request: Request, delivery: Delivery) -> None:
         """Owner thread: reply with the results; they count as delivered once written."""
@@ -226,7 +230,7 @@ class WorkqService(Component):
         with self._lock:
             self._deliveries.get(connection, set()).discard(delivery)
         # nobody waits for these marks (the response is out): the next timed round makes them durable
-        delivery.confirm(hurry=False).add_done_callback(_log_unconfirmed)
+        delivery.confirm_into(Callback(_ignore, _log_unconfirmed), hurry=False)
 
     # ----------------------------------------------------------------- workers
 
@@ -247,7 +251,7 @@ class WorkqService(Component):
             with contextlib.suppress(Unavailable):
                 self.broker.worker_gone(given_up)
         reported = len(set(held.tolist()))
-        self._answer(request, self.broker.hello_async(worker, held),
+        self._relay(request, self.broker.hello_async(worker, held),
                      lambda dropped: ({"kept": reported - len(dropped)},
                                       {"dropped": np.array(dropped, dtype=np.uint64)}))
 
@@ -291,10 +295,9 @@ class WorkqService(Component):
         if worker is None or filters is None:
             raise BadRequest(f"{request.cmd}: send workq.hello first to name this worker")
         # a lease parked on a connection its worker left (for a new one) ends, taking nothing
-        future = self.broker.lease_async(worker, filters, request.arg("max_items", int, 1),
-                                         request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
-                                         alive=lambda: request.connection_open and self._holds(connection, worker))
-        self._answer(request, future, encode_lease)
+        self.broker.lease_into(self._answer(request, encode_lease), worker, filters, request.arg("max_items", int, 1),
+                               request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
+                               alive=lambda: request.connection_open and self._holds(connection, worker))
 
     def _complete(self, request: Request) -> None:
         self._worker(request)
@@ -302,23 +305,23 @@ class WorkqService(Component):
         payloads = self._payloads(request)
         if len(payloads) != len(packed):
             raise BadRequest(f"workq.complete: {len(packed)} handles but {len(payloads)} results")
-        self._answer(request, self.broker.complete_async(packed, payloads), encode_statuses)
+        self.broker.complete_into(self._answer(request, encode_statuses), packed, payloads)
 
     def _release(self, request: Request) -> None:
         future = self.broker.release_async(self._worker(request), self._handles(request),
                                            request.arg("delay", float, 0.0))
-        self._answer(request, future, lambda _: {})
+        self._relay(request, future, lambda _: {})
 
     def _touch(self, request: Request) -> None:
-        self._answer(request, self.broker.touch_async(self._worker(request), self._handles(request)), lambda _: {})
+        self._relay(request, self.broker.touch_async(self._worker(request), self._handles(request)), lambda _: {})
 
     # ---------------------------------------------------------------- operator
 
     def _kick(self, request: Request) -> None:
-        self._answer(request, self.broker.kick_async(request.arg("job", str)), lambda kicked: {"kicked": kicked})
+        self._relay(request, self.broker.kick_async(request.arg("job", str)), lambda kicked: {"kicked": kicked})
 
     def _stats(self, request: Request) -> None:
-        self._answer(request, self.broker.stats_async(), lambda stats: stats)
+        self._relay(request, self.broker.stats_async(), lambda stats: stats)
 
 
 def _fail(request: Request, exc: BaseException) -> None:
@@ -332,6 +335,9 @@ def _fail(request: Request, exc: BaseException) -> None:
         request.fail(Internal(f"{request.cmd}: {type(exc).__name__}: {exc}"))
 
 
-def _log_unconfirmed(future: Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("workq: results written to a consumer could not be marked delivered: %s", future.exception())
+def _ignore(_: None) -> None:
+    pass
+
+
+def _log_unconfirmed(error: BaseException) -> None:
+    log.error("workq: results written to a consumer could not be marked delivered: %s", error)

@@ -22,9 +22,12 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from .errors import BadRequest, ServiceError
+from .framing import dtype_code
 
 T = TypeVar("T")
 _MISSING: Any = object()
+_CLAIMS = threading.Lock()
+"""Makes a request's answer one-shot (shared: a lock per request costs more, and claims are short)."""
 
 OnSent = Callable[[], None]
 """Called once the response carrying a reply has been written to the socket."""
@@ -40,7 +43,7 @@ class Responder(Protocol):
 class Request:
     """One decoded request, with typed argument access and a one-shot reply."""
 
-    __slots__ = ("id", "cmd", "args", "parts", "_responder", "_answered", "_lock")
+    __slots__ = ("id", "cmd", "args", "parts", "_responder", "_answered")
 
     def __init__(self, request_id: int, cmd: str, args: dict[str, Any], parts: dict[str, np.ndarray],
                  responder: Responder) -> None:
@@ -50,7 +53,6 @@ class Request:
         self.parts = parts
         self._responder = responder
         self._answered = False
-        self._lock = threading.Lock()
 
     def arg(self, name: str, kind: type[T] | tuple[type, ...], default: Any = _MISSING) -> T:
         """The argument ``name``, checked to be of ``kind``; BadRequest otherwise.
@@ -73,12 +75,12 @@ class Request:
 
     def part(self, name: str, dtype: str | Iterable[str] | None = None, ndim: int | None = None) -> np.ndarray:
         """The binary part ``name``, checked for dtype and rank; BadRequest otherwise."""
-        if name not in self.parts:
+        array = self.parts.get(name)
+        if array is None:
             raise BadRequest(f"{self.cmd}: missing binary part '{name}'")
-        array = self.parts[name]
-        allowed = {dtype} if isinstance(dtype, str) else set(dtype or ())
-        if allowed and array.dtype.str not in allowed:
-            raise BadRequest(f"{self.cmd}: part '{name}' must have dtype {' or '.join(sorted(allowed))}, "
+        allowed = (dtype,) if isinstance(dtype, str) else tuple(dtype or ())
+        if allowed and dtype_code(array.dtype) not in allowed:
+            raise BadRequest(f"{self.cmd}: part '{name}' must have dtype {' or '.join(sorted(set(allowed)))}, "
                              f"got {array.dtype.str}")
         if ndim is not None and array.ndim != ndim:
             raise BadRequest(f"{self.cmd}: part '{name}' must have {ndim} dimensions, got shape {array.shape}")
@@ -111,7 +113,7 @@ class Request:
         return id(self._responder)
 
     def _claim(self) -> bool:
-        with self._lock:
+        with _CLAIMS:
             if self._answered:
                 return False
             self._answered = True

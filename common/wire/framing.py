@@ -27,7 +27,6 @@ All integers are little-endian.
 from __future__ import annotations
 
 import dataclasses
-import math
 import socket
 import ssl
 import struct
@@ -66,6 +65,15 @@ to this size are parsed out of it; larger ones get memory of their own."""
 FIRST_STEP_BYTES = 8 << 20
 """A larger frame's memory starts at most this big and doubles as its bytes
 arrive: frames up to this size are received with no copy."""
+JOINED_FRAME_BYTES = 16 << 10
+"""Frames up to this size are encoded as one buffer (see encode)."""
+SMALL_PART_BYTES = 4 << 10
+"""Parts up to this size are copied while encoding (larger ones are sent from their own memory)."""
+_PADDING = [bytes(n) for n in range(PART_ALIGN)]
+_DTYPE = {code: np.dtype(code) for code in DTYPES}  # parsed once: decoding looks them up
+_CODE = {dtype: code for code, dtype in _DTYPE.items()}  # dtype.str, looked up (computing it costs more)
+IOV_MAX = 1024
+"""Most buffers one sendmsg takes (Linux's limit)."""
 TLS_COALESCE_BYTES = 64 << 10
 """On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
 
@@ -82,7 +90,7 @@ def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
         return
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
-        sent = sock.sendmsg(views[:1024])
+        sent = sock.sendmsg(views[:IOV_MAX])
         while sent:
             if sent >= len(views[0]):
                 sent -= len(views[0])
@@ -95,12 +103,15 @@ def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
 def send_some(sock: socket.socket, buffers: list[bytes | memoryview]) -> list[memoryview]:
     """One non-blocking ``sendmsg`` of the buffers (not TLS); returns what
     it did not send (empty: all of it). Never blocks; OSError other than
-    "would block" is raised."""
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    "would block" is raised. Each buffer's ``len`` is its size in bytes
+    (bytes, or byte-format memoryviews: what encode makes)."""
     try:
-        sent = sock.sendmsg(views[:1024], [], socket.MSG_DONTWAIT)
+        sent = sock.sendmsg(buffers[:IOV_MAX], [], socket.MSG_DONTWAIT)
     except BlockingIOError:
-        return views
+        sent = 0
+    if len(buffers) <= IOV_MAX and sent == sum(map(len, buffers)):
+        return []
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while sent and views:
         if sent >= views[0].nbytes:
             sent -= views[0].nbytes
@@ -156,33 +167,69 @@ def parse_preamble(data: bytes) -> int:
 
 
 def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = None) -> list[bytes | memoryview]:
-    """A frame as a list of buffers for ``socket.sendmsg`` (arrays are not copied)."""
-    buffers: list[bytes | memoryview] = []
+    """A frame as a list of buffers for ``socket.sendmsg``.
+
+    A frame of at most JOINED_FRAME_BYTES is one buffer (one iovec to send:
+    copying a few small arrays costs less than describing them); larger
+    parts are not copied. Either way the bytes are the same.
+    """
+    if not parts:
+        head = _packed_header(header)
+        return [FRAME_HEAD.pack(len(head), len(head)) + head]
+    if len(parts) > MAX_PARTS:
+        raise ValueError(f"a frame carries at most {MAX_PARTS} parts, got {len(parts)}")
+    specs = []
+    datas: list[bytes | memoryview] = []
     size = 0
-    if parts:
-        specs = []
-        if len(parts) > MAX_PARTS:
-            raise ValueError(f"a frame carries at most {MAX_PARTS} parts, got {len(parts)}")
-        for name, array in parts.items():
-            array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
-            if array.ndim > MAX_RANK or not 0 < len(name) <= MAX_PART_NAME:
-                raise ValueError(f"part {name!r} of shape {array.shape}: frames carry parts of at most "
-                                 f"{MAX_RANK} dimensions, named by 1-{MAX_PART_NAME} characters")
-            dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-            if dtype.str not in DTYPES:
-                raise TypeError(f"part {name!r} has dtype {array.dtype}, which frames cannot carry")
-            specs.append([name, dtype.str, list(array.shape)])
-            pad = -size % PART_ALIGN
-            if pad:
-                buffers.append(bytes(pad))
-            data = array.astype(dtype, copy=False).reshape(-1).data.cast("B")  # 1-d first: empty arrays too
-            buffers.append(data)
-            size += pad + data.nbytes
-        header = {**header, "parts": specs}
-    head = msgpack.packb(header)
+    for name, array in parts.items():
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        shape = array.shape
+        if len(shape) > MAX_RANK or not 0 < len(name) <= MAX_PART_NAME:
+            raise ValueError(f"part {name!r} of shape {shape}: frames carry parts of at most "
+                             f"{MAX_RANK} dimensions, named by 1-{MAX_PART_NAME} characters")
+        code = _CODE.get(array.dtype)
+        if code is None:
+            array = _little_endian(name, array)
+            code = array.dtype.str
+        specs.append([name, code, list(shape)])
+        pad = -size % PART_ALIGN
+        if pad:
+            datas.append(_PADDING[pad])
+        nbytes = array.nbytes
+        datas.append(array.tobytes() if nbytes <= SMALL_PART_BYTES else _view(array))
+        size += pad + nbytes
+    head = _packed_header({**header, "parts": specs})
+    first = FRAME_HEAD.pack(len(head) + size, len(head)) + head
+    if len(first) + size <= JOINED_FRAME_BYTES:
+        return [b"".join([first, *datas])]
+    return [first, *datas]
+
+
+def _view(array: np.ndarray) -> memoryview:
+    """A large part's bytes, not copied if it is C-contiguous (1-d first: empty arrays too;
+    not ascontiguousarray: it makes a 0-d array 1-d)."""
+    return np.asarray(array, order="C").reshape(-1).data.cast("B")
+
+
+def _packed_header(header: Mapping[str, Any]) -> bytes:
+    head: bytes = msgpack.packb(header)
     if len(head) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header is {len(head)} bytes; the limit is {MAX_HEADER_BYTES}")
-    return [FRAME_HEAD.pack(len(head) + size, len(head)) + head, *buffers]
+    return head
+
+
+def _little_endian(name: str, array: np.ndarray) -> np.ndarray:
+    """A big-endian part as little-endian (TypeError for a dtype frames cannot carry)."""
+    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    if dtype.str not in DTYPES:
+        raise TypeError(f"part {name!r} has dtype {array.dtype}, which frames cannot carry")
+    return array.astype(dtype)
+
+
+def dtype_code(dtype: np.dtype[Any]) -> str:
+    """``dtype.str`` (looked up for the dtypes frames carry: computing it costs more)."""
+    return _CODE.get(dtype) or dtype.str
 
 
 def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
@@ -194,25 +241,36 @@ def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
     parts: dict[str, np.ndarray] = {}
     offset = 0
     for spec in specs:
-        if (not isinstance(spec, list) or len(spec) != 3 or not isinstance(spec[0], str)
-                or not 0 < len(spec[0]) <= MAX_PART_NAME or not isinstance(spec[1], str) or spec[1] not in DTYPES
-                or not isinstance(spec[2], list) or len(spec[2]) > MAX_RANK
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_DIM for d in spec[2])):
-            raise BadFrame(f"bad part spec {_clipped(spec)}: expected [name of 1-{MAX_PART_NAME} characters, "
-                           f"dtype in {sorted(DTYPES)}, at most {MAX_RANK} dims each in 0..2**40-1]")
+        count = _spec_count(spec)
         name, dtype, shape = spec
         if name in parts:
             raise BadFrame(f"part name {name!r} appears twice in the frame's parts")
         offset += -offset % PART_ALIGN
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        kind = _DTYPE[dtype]
+        nbytes = count * kind.itemsize
         if offset + nbytes > len(body):
             raise BadFrame(f"part {name!r} ({nbytes} bytes at {offset}) runs past the {len(body)}-byte body")
-        array = np.frombuffer(body, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize, offset=offset)
-        parts[name] = array.reshape(shape)
+        parts[name] = np.ndarray(tuple(shape), kind, body, offset)  # like frombuffer, a view (read-only if body is)
         offset += nbytes
     if offset != len(body):
         raise BadFrame(f"the body has {len(body)} bytes but its parts describe {offset}")
     return parts
+
+
+def _spec_count(spec: Any) -> int:
+    """The number of elements a part spec describes; BadFrame if it is malformed."""
+    if (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str) and 0 < len(spec[0]) <= MAX_PART_NAME
+            and isinstance(spec[1], str) and spec[1] in DTYPES and isinstance(spec[2], list)
+            and len(spec[2]) <= MAX_RANK):
+        count = 1
+        for dim in spec[2]:
+            if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < MAX_DIM:
+                break
+            count *= dim
+        else:
+            return count
+    raise BadFrame(f"bad part spec {_clipped(spec)}: expected [name of 1-{MAX_PART_NAME} characters, "
+                   f"dtype in {sorted(DTYPES)}, at most {MAX_RANK} dims each in 0..2**40-1]")
 
 
 def _clipped(spec: Any) -> str:

@@ -90,7 +90,7 @@ class Sending:
             buffers = framing.encode({"id": header.get("id", 0), "error": {"code": error.code,
                                                                            "message": error.message}})
             on_sent = None
-        size = sum(len(b) for b in buffers)
+        size = sum(map(len, buffers))
         if size - framing.FRAME_HEAD.size > self._config.max_frame_bytes:
             error = ServiceError(f"reply of {size} bytes exceeds max_frame_bytes", code="frame_too_large")
             buffers = framing.encode({"id": header.get("id", 0), "error": {"code": error.code,
@@ -103,8 +103,10 @@ class Sending:
         with self._cond:
             first = not self._batched
             self._batched.append(entry)
-        if not first or not reply_batch.hold(self, self._flush_batched):
-            self._flush_batched()  # outside a batch, or already registered in it: it sends at the batch's end
+        # The first reply held registers the flush with this thread's batch (or, outside one, sends at
+        # once); later ones wait for that flush (whoever registered it sends them all).
+        if first and not reply_batch.hold(self, self._flush_batched):
+            self._flush_batched()
 
     def _flush_batched(self) -> None:
         """Send the replies other threads made (see reply_batch): with one
@@ -134,11 +136,19 @@ class Sending:
         ``on_sent`` runs once its last byte is out; what the socket did not
         take goes to the front of the outbox for the writer thread."""
         try:
-            left = framing.send_some(self.sock, [b for buffers, _, _ in batch for b in buffers])
+            left = framing.send_some(self.sock, batch[0][0] if len(batch) == 1 else
+                                     [b for buffers, _, _ in batch for b in buffers])
         except OSError as exc:
             log.info("closing %s: send failed: %s", self.peer, exc)
             self._release_writing()
             self.close()
+            return
+        if not left:  # the usual case: an idle socket took it all
+            for _, size, on_sent in batch:
+                self.bytes_out += size
+                if on_sent is not None:
+                    self._run_on_sent(on_sent)
+            self._release_writing()
             return
         unsent = sum(v.nbytes for v in left)
         done = len(batch)

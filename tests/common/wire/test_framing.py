@@ -145,6 +145,73 @@ def test_the_limits_themselves_are_accepted_and_encode_refuses_what_decode_would
         framing.encode({"id": 1}, {f"p{i}": np.zeros(1, np.uint8) for i in range(framing.MAX_PARTS + 1)})
 
 
+def _reference_encode(header: dict[str, Any], parts: dict[str, np.ndarray]) -> bytes:
+    """The frame encoding as first written (one view per part, nothing joined): encode must give its bytes."""
+    buffers: list[bytes] = []
+    specs, size = [], 0
+    for name, array in parts.items():
+        array = np.asarray(array, order="C")
+        dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+        specs.append([name, dtype.str, list(array.shape)])
+        pad = -size % framing.PART_ALIGN
+        buffers.append(bytes(pad))
+        data = array.astype(dtype, copy=False).reshape(-1).data.cast("B")
+        buffers.append(bytes(data))
+        size += pad + data.nbytes
+    head = msgpack.packb({**header, "parts": specs} if parts else header)
+    return struct.pack("<II", len(head) + size, len(head)) + head + b"".join(buffers)
+
+
+def _layouts(array: np.ndarray, layout: int) -> np.ndarray:
+    """The same values as big-endian, non-contiguous or reversed arrays."""
+    if layout == 1 and array.dtype.itemsize > 1:
+        return array.astype(array.dtype.newbyteorder(">"))
+    if layout == 2 and array.ndim:
+        return np.repeat(array, 2, axis=0)[::2]
+    if layout == 3 and array.ndim > 1:
+        return np.ascontiguousarray(array.T).T
+    return array
+
+
+@given(header=headers, parts=st.dictionaries(st.text(min_size=1, max_size=8),
+                                             st.tuples(arrays, st.integers(0, 3)), max_size=5),
+       joined=st.integers(0, 1 << 12), small=st.integers(0, 64))
+def test_encode_gives_the_first_encoding_s_bytes_joined_or_not(header: dict[str, Any],
+                                                               parts: dict[str, tuple[np.ndarray, int]],
+                                                               joined: int, small: int) -> None:
+    arrays_ = {name: _layouts(array, layout) for name, (array, layout) in parts.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(framing, "JOINED_FRAME_BYTES", joined)
+        patch.setattr(framing, "SMALL_PART_BYTES", small)
+        buffers = framing.encode(header, arrays_)
+    data = b"".join(bytes(b) for b in buffers)
+    assert data == _reference_encode(header, arrays_)
+    if len(data) <= joined:
+        assert len(buffers) == 1
+
+
+@given(parts=st.dictionaries(st.text(min_size=1, max_size=8), arrays, max_size=5), writable=st.booleans())
+def test_decoded_parts_are_views_like_frombuffer_s(parts: dict[str, np.ndarray], writable: bool) -> None:
+    data = frame_bytes({"id": 1}, parts)
+    head_size = struct.unpack_from("<I", data, 4)[0]
+    frame = bytearray(data[8:]) if writable else data[8:]
+    header = msgpack.unpackb(bytes(frame[:head_size]))
+    body = memoryview(frame)[head_size:]
+    decoded = framing.decode_parts(header.get("parts", []), body)
+    for name, array in parts.items():
+        got = decoded[name]
+        assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+        assert got.flags.writeable == writable and not got.flags.owndata
+
+
+def test_small_frames_are_one_buffer_and_large_parts_are_not_copied() -> None:
+    small = framing.encode({"id": 1}, {"a": np.arange(3, dtype="<u8"), "b": np.zeros(5, np.uint8)})
+    assert len(small) == 1
+    large = np.zeros(framing.JOINED_FRAME_BYTES, np.uint8)
+    buffers = framing.encode({"id": 1}, {"a": np.arange(3, dtype="<u8"), "big": large})
+    assert len(buffers) == 3 and np.shares_memory(np.asarray(buffers[-1]), large)
+
+
 # ------------------------------------------------ memory budget and frame deadline
 
 

@@ -1,0 +1,72 @@
+"""Replies an owner thread makes during one batch of work leave together (shardmgr/server/sending.py)."""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.wire import framing
+from common.wire.reply_batch import batched_replies
+from shardmgr.server.config import ServerConfig
+from shardmgr.server.connection import Connection
+
+
+@pytest.fixture
+def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Connection, socket.socket, list[int]]]:
+    """A connection (no threads started: the test is a component's thread) and its peer's socket."""
+    ours, theirs = socket.socketpair()
+    connection = Connection(ours, "peer", ServerConfig(), lambda request, principal: None, lambda c: None,
+                            lambda code: None)
+    connection._handshaken = True
+    sends: list[int] = []
+    real = framing.send_some
+
+    def counted(sock: socket.socket, buffers: list[Any]) -> list[memoryview]:
+        sends.append(len(buffers))
+        return real(sock, buffers)
+
+    monkeypatch.setattr(framing, "send_some", counted)
+    yield connection, theirs, sends
+    ours.close()
+    theirs.close()
+
+
+def _frames(sock: socket.socket, count: int) -> list[framing.Frame]:
+    reader = framing.FrameReader(sock)
+    frames = []
+    for _ in range(count):
+        frame = reader.read()
+        assert frame is not None
+        frames.append(frame)
+    return frames
+
+
+def test_replies_made_in_one_batch_leave_in_one_send(pair: tuple[Connection, socket.socket, list[int]]) -> None:
+    connection, theirs, sends = pair
+    written: list[int] = []
+    connection._pending = 3
+    with batched_replies():
+        for n in range(3):
+            connection.respond({"id": n + 1, "ok": {"n": n}}, {"x": np.arange(n, dtype="<u8")},
+                               functools.partial(written.append, n))
+        assert sends == [] and written == []
+    assert len(sends) == 1 and written == [0, 1, 2] and connection._pending == 0
+    frames = _frames(theirs, 3)
+    assert [f.header["id"] for f in frames] == [1, 2, 3]
+    assert [f.parts["x"].tolist() for f in frames] == [[], [0], [0, 1]]
+
+
+def test_outside_a_batch_a_reply_leaves_at_once(pair: tuple[Connection, socket.socket, list[int]]) -> None:
+    connection, theirs, sends = pair
+    written: list[int] = []
+    connection._pending = 2
+    connection.respond({"id": 1, "ok": {}}, None, lambda: written.append(1))
+    assert len(sends) == 1 and written == [1]
+    connection.respond({"id": 2, "ok": {}}, None, None)
+    assert len(sends) == 2 and connection.bytes_out > 0
+    assert [f.header for f in _frames(theirs, 2)] == [{"id": 1, "ok": {}}, {"id": 2, "ok": {}}]

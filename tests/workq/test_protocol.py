@@ -1,0 +1,114 @@
+"""The wire encodings (workq/protocol.py): their few-item paths give
+exactly what the general (numpy) paths give, results and errors alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.wire.errors import BadRequest
+from workq import protocol
+from workq.protocol import COMPLETED, DUPLICATE, Key, Leased
+
+
+def _general(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with the few-item paths off."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(protocol, "SMALL_BATCH", -1)
+        return _outcome(fn, *args)
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    try:
+        return ("ok", fn(*args))
+    except BadRequest as exc:
+        return ("error", str(exc))
+
+
+def _same_parts(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert np.array_equal(a[name], b[name]), name
+
+
+lengths_dtypes = st.sampled_from(protocol.LENGTH_DTYPES)
+
+
+@given(sizes=st.lists(st.integers(0, 40), max_size=protocol.SMALL_BATCH), dtype=lengths_dtypes,
+       damage=st.sampled_from([None, "negative", "huge", "short", "long", "wrap"]))
+def test_split_of_a_few_matches_the_general_split(sizes: list[int], dtype: str, damage: str | None) -> None:
+    data = np.arange(sum(sizes), dtype=np.uint64).astype(np.uint8)
+    lengths = list(sizes)
+    if damage == "negative" and lengths and dtype[1] == "i":
+        lengths[0] = -1
+    elif damage == "huge" and lengths:
+        lengths[-1] = np.iinfo(dtype).max
+    elif damage == "short" and data.nbytes:
+        data = data[:-1]
+    elif damage == "long":
+        data = np.concatenate([data, np.zeros(1, np.uint8)])
+    elif damage == "wrap" and dtype[2] == "8" and len(lengths) >= 2:
+        lengths[:2] = [2**63, 2**63] if dtype[1] == "u" else [2**62] * 2  # sums that wrap (or not) to 0 or 2**63
+        data = data[:0]
+    array = np.array(lengths, dtype=dtype)
+    few = _outcome(protocol.split, data, array)
+    general = _general(protocol.split, data, array)
+    if few[0] == "ok":
+        assert general[0] == "ok" and [bytes(p) for p in few[1]] == [bytes(p) for p in general[1]]
+        assert b"".join(bytes(p) for p in few[1]) == data.tobytes()
+    else:
+        assert general == few
+
+
+def test_lengths_whose_sum_wraps_are_refused() -> None:
+    """numpy sums wrap around: lengths past the data's size are refused before they are added."""
+    for dtype, lengths in (("<u8", [2**63, 2**63]), ("<i8", [2**62] * 4), ("<u8", [2**63] * 20)):
+        args = (np.zeros(0, np.uint8), np.array(lengths, dtype=dtype))
+        assert _outcome(protocol.split, *args)[0] == "error"
+        assert _general(protocol.split, *args)[0] == "error"
+
+
+payload_lists = st.lists(st.binary(max_size=30), max_size=protocol.SMALL_BATCH + 2)
+
+
+@given(payloads=payload_lists)
+def test_joined_round_trips_and_one_payload_is_joined_like_many(payloads: list[bytes]) -> None:
+    parts = protocol.joined([memoryview(p) for p in payloads])
+    assert parts["lengths"].dtype == np.uint32 and parts["data"].dtype == np.uint8
+    assert [bytes(p) for p in protocol.split(parts["data"], parts["lengths"])] == payloads
+    general: dict[str, np.ndarray] = {"data": np.frombuffer(b"".join(payloads), dtype=np.uint8),
+                                      "lengths": np.array([len(p) for p in payloads], dtype=np.uint32)}
+    _same_parts(parts, general)
+
+
+def _leased(count: int, job: str = "job", lane: str | int = 1, seed: int = 0) -> Leased:
+    rng = np.random.default_rng(seed)
+    return Leased(Key("m", "s", lane), job, rng.integers(0, 2**63, count, dtype=np.uint64),
+                  rng.integers(0, 2**40, count, dtype=np.uint64), rng.integers(1, 9, count, dtype=np.uint32),
+                  [memoryview(bytes(rng.integers(0, 255, int(n), dtype=np.uint8)))
+                   for n in rng.integers(0, 20, count)])
+
+
+@given(counts=st.lists(st.integers(0, protocol.SMALL_BATCH + 2), max_size=3), seed=st.integers(0, 1000))
+def test_encode_lease_of_a_few_matches_the_general_encoding(counts: list[int], seed: int) -> None:
+    batches = [_leased(n, f"job{i % 2}", lane=i, seed=seed + i) for i, n in enumerate(counts)]
+    few = protocol.encode_lease(batches)
+    general = _general(protocol.encode_lease, batches)[1]
+    assert few[0] == general[0]
+    _same_parts(few[1], general[1])
+    items = protocol.decode_lease(*few)
+    assert [i.handle.packed for i in items] == [h for b in batches for h in b.handles.tolist()]
+
+
+@given(statuses=st.lists(st.sampled_from([COMPLETED, DUPLICATE]), max_size=protocol.SMALL_BATCH + 2))
+def test_encode_statuses_of_a_few_matches_the_general_encoding(statuses: list[str]) -> None:
+    few = protocol.encode_statuses(statuses)
+    general = _general(protocol.encode_statuses, statuses)[1]
+    assert few[0] == general[0] and type(few[0]["completed"]) is int
+    _same_parts(few[1], general[1])
+    assert protocol.decode_statuses(few[1]) == statuses
