@@ -4,8 +4,12 @@ Every server is started by this script on loopback, fresh for each run, with
 its data directory on the disk under test ($BENCH_DIR, default the current
 directory):
 
-* workq (``shardmgr serve``), group commit (5 ms), and with ``durable=True``
-  on every enqueue;
+* workq (``shardmgr serve``), group commit (5 ms: enqueues and completions
+  answered before the flush that makes them durable, as Redis ``everysec``
+  answers before its fsync), and with ``durable=True`` on every enqueue and
+  completion (answered after it, as Redis ``always``); ``workq-pipelined`` (``enqueue_async``,
+  ``complete_async``) and ``workq-one-trip`` (workers call
+  ``complete_and_lease``: one round trip per item) are one item per call too;
 * Redis 7 streams with a consumer group, ``appendonly yes`` with
   ``appendfsync everysec`` and ``always``;
 * beanstalkd with its binlog and ``-f 5`` (fsync at most every 5 ms);

@@ -1,9 +1,12 @@
 """workq as a peer of tools/bench_workq.py: ``shardmgr serve`` and the workq clients.
 
-Group commit is the server's default (5 ms); ``WorkqDurable`` passes
-``durable=True`` on every enqueue, so each call returns after the flush that
-covers it. Workers use ``Worker.lease`` and ``Worker.complete`` (which stores
-the result and retires the task in one call).
+Group commit is the server's default (5 ms): ``Workq`` enqueues and
+completes without waiting for the flush (each acknowledged write is durable
+at the next round, as Redis ``everysec`` acknowledges before its fsync);
+``WorkqDurable`` passes ``durable=True`` to every enqueue and completion, so
+each call returns after the flush that covers it (as Redis ``always``).
+Workers use ``Worker.lease`` and ``Worker.complete`` (which stores the
+result and retires the task in one call).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Workq(Peer):
     name = "workq"
     durable = False
     pipelined = False  # clients send without waiting for each answer (WorkqPipelined)
+    one_trip = False  # workers complete and lease in one call (WorkqOneTrip)
 
     def start(self, base: Path) -> None:
         ready, log = base / "data.ready", base / "data.log"
@@ -51,6 +55,9 @@ class Workq(Peer):
         with workq.Worker(self.address, f"w{index}", models=["m"]) as worker:
             complete = worker.complete_async if self.pipelined else worker.complete
             begin()
+            if self.one_trip:
+                self._work_one_trip(worker, batch, result, stop, self.durable)
+                return
             while True:
                 items = worker.lease(batch, wait=0.2)
                 if not items:
@@ -58,9 +65,23 @@ class Workq(Peer):
                     if stop.is_set():
                         return
                 elif batch == 1:  # the single-item form a new user writes
-                    complete(items[0].handle, result)
+                    complete(items[0].handle, result, self.durable)
                 else:
-                    complete([i.handle for i in items], [result] * len(items))
+                    complete([i.handle for i in items], [result] * len(items), self.durable)
+
+    @staticmethod
+    def _work_one_trip(worker: workq.Worker, batch: int, result: bytes, stop: Any, durable: bool) -> None:
+        """The documented one-item loop (docs/workq.md, "One round trip per
+        item"): each call completes the last items and leases the next."""
+        items = worker.lease(batch, wait=0.2)
+        while items or not stop.is_set():
+            if not items:
+                items = worker.lease(batch, wait=0.2)
+            elif batch == 1:
+                _, items = worker.complete_and_lease(items[0].handle, result, 1, wait=0.2, durable=durable)
+            else:
+                _, items = worker.complete_and_lease([i.handle for i in items], [result] * len(items), batch,
+                                                     wait=0.2, durable=durable)
 
     def consume(self, items: int, begin: Begin) -> None:
         got = 0
@@ -99,6 +120,15 @@ class WorkqPipelined(Workq):
 
     name = "workq pipelined"
     pipelined = True
+
+
+class WorkqOneTrip(Workq):
+    """Still one item per call, with the one-item loop docs/workq.md shows:
+    ``Worker.complete_and_lease`` completes an item and leases the next in
+    one round trip (the producer enqueues as ``workq`` does)."""
+
+    name = "workq one-trip"
+    one_trip = True
 
 
 def _memory(process: psutil.Process, queued: int) -> dict[str, Any]:

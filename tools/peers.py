@@ -10,10 +10,10 @@ from peer import Peer
 from peer_beanstalkd import Beanstalkd
 from peer_nats import Nats
 from peer_redis import Redis, RedisAlways
-from peer_workq import Workq, WorkqDurable, WorkqPipelined
+from peer_workq import Workq, WorkqDurable, WorkqOneTrip, WorkqPipelined
 
 PEERS: dict[str, type[Peer]] = {
-    "workq": Workq, "workq-durable": WorkqDurable, "workq-pipelined": WorkqPipelined,
+    "workq": Workq, "workq-durable": WorkqDurable, "workq-pipelined": WorkqPipelined, "workq-one-trip": WorkqOneTrip,
     "redis": Redis, "redis-always": RedisAlways, "beanstalkd": Beanstalkd, "nats": Nats,
 }
 

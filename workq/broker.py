@@ -41,7 +41,7 @@ from common.journal.filesystem import make_dirs
 from common.journal.lockfile import LockFile
 from common.wire.errors import BadRequest, Unavailable
 
-from .answer import Promise
+from .answer import Callback, Promise
 from .config import WorkqConfig
 from .delivery import Delivery
 from .enqueues import Enqueue
@@ -222,26 +222,27 @@ class Broker:
         ``wait`` seconds; at the deadline ``take(True)`` must answer. If
         ``alive()`` turns false meanwhile (nobody is left to answer), the
         call ends with Unavailable, having taken nothing."""
+        self._loop.call(lambda future: self._wait_now(future, wants, max_items, wait, alive, take, check), answer)
 
-        def run(future: Promise[T]) -> None:
-            _check_count("max_items", max_items)
-            _check_seconds("wait", wait, MAX_WAIT_S)
-            check()
-            deadline = time.monotonic() + (wait if max_items else 0.0)  # asking for nothing answers at once
+    def _wait_now(self, future: Promise[T], wants: Wants, max_items: int, wait: float, alive: Alive | None,
+                  take: Callable[[bool], T | None], check: Callable[[], object] = lambda: None) -> None:
+        """Owner lock: :meth:`_waiting`'s call, begun now."""
+        _check_count("max_items", max_items)
+        _check_seconds("wait", wait, MAX_WAIT_S)
+        check()
+        deadline = time.monotonic() + (wait if max_items else 0.0)  # asking for nothing answers at once
 
-            def attempt(final: bool) -> bool:
-                if alive is not None and not alive():
-                    settle(future, error=Unavailable("the caller went away before an answer"))
-                    return True
-                answer = take(final)
-                if answer is None:
-                    return False
-                settle(future, answer)
+        def attempt(final: bool) -> bool:
+            if alive is not None and not alive():
+                settle(future, error=Unavailable("the caller went away before an answer"))
                 return True
+            answer = take(final)
+            if answer is None:
+                return False
+            settle(future, answer)
+            return True
 
-            self._loop.park(deadline, attempt, wants, lambda exc: settle(future, error=exc), alive)
-
-        self._loop.call(run, answer)
+        self._loop.park(deadline, attempt, wants, lambda exc: settle(future, error=exc), alive)
 
     # -------------------------------------------------------------- consumers
 
@@ -317,11 +318,15 @@ class Broker:
         (their payloads within ``max_bytes``), waiting up to ``wait``
         seconds for the first. ``alive``: see :meth:`_waiting`."""
 
+        self._waiting(answer, "items", max_items, wait, alive, self._lease_take(worker, filters, max_items, max_bytes))
+
+    def _lease_take(self, worker: str, filters: Filters, max_items: int,
+                    max_bytes: int | None) -> Callable[[bool], list[Leased] | None]:
         def take(final: bool) -> list[Leased] | None:
             batches = leasing.lease(self._state, worker, filters, max_items, time.monotonic(), max_bytes)
             return batches if batches or final else None
 
-        self._waiting(answer, "items", max_items, wait, alive, take)
+        return take
 
     def lease(self, max_items: int = 1, wait: float = 0.0, *, worker: str = EMBEDDED,
               models: Sequence[str] | None = None, shapes: Sequence[str] | None = None,
@@ -330,37 +335,77 @@ class Broker:
         batches = self.lease_async(worker, Filters.of(models, shapes, lanes), max_items, wait).result()
         return [item for batch in batches for item in batch.items()]
 
-    def complete_async(self, packed: np.ndarray, results: Sequence[memoryview | bytes]) -> Future[list[str]]:
+    def complete_async(self, packed: np.ndarray, results: Sequence[memoryview | bytes],
+                       durable: bool = True) -> Future[list[str]]:
         """See :meth:`complete_into`."""
         future: Future[list[str]] = Future()
-        self.complete_into(future, packed, results)
+        self.complete_into(future, packed, results, durable)
         return future
 
     def complete_into(self, answer: Promise[list[str]], packed: np.ndarray,
-                      results: Sequence[memoryview | bytes]) -> None:
+                      results: Sequence[memoryview | bytes], durable: bool = True) -> None:
         """Record results for packed handles: 'completed' or 'duplicate' (the
         item already had a result; this one is dropped) per handle, answered
-        once the results are durable (completion.py)."""
+        once the results are durable (completion.py), or with ``durable=False``
+        at once (group commit: durable at the next flush round; if the
+        broker loses them first, their items are pending again after
+        recovery and run again; none ever has two results)."""
+        self._loop.call(lambda future: self._complete_now(future, packed, results, durable,
+                                                          lambda statuses: settle(future, statuses)), answer)
 
-        def run(future: Promise[list[str]]) -> None:
-            plan = completion.start(self._state, completion.plan(self._state, packed, results))
+    def complete_and_lease_into(self, answer: Promise[tuple[list[str], list[Leased]]], worker: str, filters: Filters,
+                                packed: np.ndarray, results: Sequence[memoryview | bytes], max_items: int = 1,
+                                wait: float = 0.0, *, durable: bool = True, max_bytes: int | None = None,
+                                alive: Alive | None = None) -> None:
+        """:meth:`complete_into`, then :meth:`lease_into` for the same worker,
+        as one call: a worker that takes one item at a time needs one round
+        trip per item. The lease begins once the results are durable (at
+        once with ``durable=False``). Answers (statuses, leased); if the
+        completion fails, nothing is leased and the error is the answer (a
+        failed lease after a good completion is the answer too: the results
+        stay recorded, and a retried complete answers 'duplicate')."""
 
-            def done() -> None:
-                statuses = completion.finish(self._state, plan)
-                if plan.error is None:
-                    settle(future, statuses)
-                else:  # the results written before the failure are complete now
-                    settle(future, error=plan.error)
+        def run(future: Promise[tuple[list[str], list[Leased]]]) -> None:
+            _check_count("max_items", max_items)  # before anything is written
+            _check_seconds("wait", wait, MAX_WAIT_S)
 
-            def failed(exc: Exception) -> None:
-                completion.abort(self._state, plan, exc)
-                settle(future, error=exc)
+            def lease(statuses: list[str]) -> None:
+                leased = Callback[list[Leased]](lambda batches: settle(future, (statuses, batches)),
+                                                lambda exc: settle(future, error=exc))
+                self._wait_now(leased, "items", max_items, wait, alive,
+                               self._lease_take(worker, filters, max_items, max_bytes))
 
-            self._loop.after_durable(plan.tickets, done, failed, quick=True)
+            self._complete_now(future, packed, results, durable, lease)
 
         self._loop.call(run, answer)
 
-    def complete(self, handles: Sequence[Handle], results: Sequence[bytes]) -> list[str]:
+    def _complete_now(self, future: Promise[Any], packed: np.ndarray, results: Sequence[memoryview | bytes],
+                      durable: bool, then: Callable[[list[str]], None]) -> None:
+        """Owner lock: start a completion; ``then(statuses)`` once its results
+        are durable (or at once if not ``durable``); an error answers ``future``."""
+        plan = completion.start(self._state, completion.plan(self._state, packed, results))
+
+        def answer() -> None:
+            if plan.error is None:
+                then(plan.statuses)
+            else:  # the results written before the failure are complete (once durable)
+                settle(future, error=plan.error)
+
+        def done() -> None:
+            completion.finish(self._state, plan)
+            if durable:
+                answer()
+
+        def failed(exc: Exception) -> None:
+            completion.abort(self._state, plan, exc)
+            if durable:
+                settle(future, error=exc)
+
+        self._loop.after_durable(plan.tickets, done, failed, hurry=durable, quick=True)
+        if not durable:
+            answer()
+
+    def complete(self, handles: Sequence[Handle], results: Sequence[bytes], durable: bool = True) -> list[str]:
         """Record results; returns per handle, once they are durable,
         ``'completed'``, or ``'duplicate'`` if the item already had a result
         (from this or another worker, or earlier in this call): the first
@@ -370,8 +415,12 @@ class Broker:
             broker.complete([h1, h2], [r1, r2])    # ['completed', 'completed']
             broker.complete([h1, h3], [r1, r3])    # ['duplicate', 'completed']
             broker.complete([h4, h4], [r4, r4b])   # ['completed', 'duplicate']: r4 is kept
+
+        With ``durable=False`` it returns at once and the results are durable
+        at the next flush round (group commit, as an enqueue's): a crash
+        before it may lose them, and their items then run again.
         """
-        return self.complete_async(pack_handles(handles), results).result()
+        return self.complete_async(pack_handles(handles), results, durable).result()
 
     def release_async(self, worker: str, packed: np.ndarray, delay: float = 0.0) -> Future[None]:
         """Give leased items back: pending again after ``delay`` seconds

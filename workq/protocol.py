@@ -278,5 +278,14 @@ def encode_statuses(statuses: list[str]) -> tuple[dict[str, Any], Parts]:
     return {"completed": int(status.sum())}, {"status": status}
 
 
+def encode_statuses_and_lease(answer: tuple[list[str], list[Leased]]) -> tuple[dict[str, Any], Parts]:
+    """A complete response that leased too (``lease`` > 0): both
+    responses' fields in one (their names do not overlap)."""
+    statuses, batches = answer
+    result, parts = encode_statuses(statuses)
+    lease_result, lease_parts = encode_lease(batches)
+    return result | lease_result, parts | lease_parts
+
+
 def decode_statuses(parts: Parts) -> list[str]:
     return [COMPLETED if s else DUPLICATE for s in parts["status"].tolist()]

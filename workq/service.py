@@ -50,7 +50,7 @@ from .broker import Broker
 from .config import WorkqConfig
 from .delivery import Delivery
 from .errors import WorkerIdInUse
-from .protocol import LENGTH_DTYPES, Key, Parts, encode_lease, encode_statuses, split
+from .protocol import LENGTH_DTYPES, Key, Parts, encode_lease, encode_statuses, encode_statuses_and_lease, split
 from .state.dispatch import Filters
 
 log = logging.getLogger(__name__)
@@ -300,12 +300,25 @@ class WorkqService(Component):
                                alive=lambda: request.connection_open and self._holds(connection, worker))
 
     def _complete(self, request: Request) -> None:
-        self._worker(request)
+        worker = self._worker(request)
         packed = self._handles(request)
         payloads = self._payloads(request)
         if len(payloads) != len(packed):
             raise BadRequest(f"workq.complete: {len(packed)} handles but {len(payloads)} results")
-        self.broker.complete_into(self._answer(request, encode_statuses), packed, payloads)
+        then_lease = request.arg("lease", int, 0)
+        durable = request.arg("durable", bool, True)
+        if not then_lease:
+            self.broker.complete_into(self._answer(request, encode_statuses), packed, payloads, durable)
+            return
+        connection = request.connection_id
+        with self._lock:
+            filters = self._filters.get(connection)
+        if filters is None:
+            raise BadRequest(f"{request.cmd}: send workq.hello first to name this worker")
+        self.broker.complete_and_lease_into(
+            self._answer(request, encode_statuses_and_lease), worker, filters, packed, payloads, then_lease,
+            request.arg("wait", float, 0.0), durable=durable, max_bytes=self.reply_bytes - len(packed),
+            alive=lambda: request.connection_open and self._holds(connection, worker))
 
     def _release(self, request: Request) -> None:
         future = self.broker.release_async(self._worker(request), self._handles(request),

@@ -81,7 +81,8 @@ class Worker:
         self.held.update(reply.parts["handles"].tolist())
         return items
 
-    def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes]) -> str | list[str]:
+    def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes],
+                 durable: bool = True) -> str | list[str]:
         """Send results; returns, once they are durable, per handle (a single
         status for a single handle) ``'completed'``, or ``'duplicate'`` if
         the item already had a result (from this or another worker: the
@@ -92,8 +93,37 @@ class Worker:
             worker.complete([a.handle, b.handle], [ra, rb])  # ['completed', 'completed']
             worker.complete([a.handle, c.handle], [ra, rc])  # ['duplicate', 'completed']
             worker.complete(c.handle, rc)                    # 'duplicate'
+
+        With ``durable=False`` it returns without waiting for the flush
+        (group commit: durable at the next flush round, as an enqueue); if
+        the server loses the results first, their items run again.
         """
-        return self._call(*self._complete(handles, results))
+        return self._call(*self._complete(handles, results, durable))
+
+    def complete_and_lease(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes],
+                           max_items: int = 1, wait: float = 0.0,
+                           durable: bool = True) -> tuple[str | list[str], list[Item]]:
+        """:meth:`complete`, then :meth:`lease` (``max_items``, ``wait``), in
+        one round trip: the statuses (as complete returns them) and the new
+        items. The lease happens once the results are durable (at once with
+        ``durable=False``: see :meth:`complete`); if the completion fails,
+        nothing is leased and the error is raised. The loop of a worker that
+        takes one item at a time::
+
+            items = worker.lease(1, wait=30)
+            while items:
+                result = run_model(items[0].payload)
+                _, items = worker.complete_and_lease(items[0].handle, result, wait=30)
+        """
+        if max_items < 1:
+            raise ValueError(f"max_items must be at least 1, got {max_items} (complete() leases nothing)")
+        request, decode = self._complete(handles, results, durable)
+        args = {**(request.args or {}), "lease": max_items, "wait": float(wait)}
+        reply = self._retrying(lambda: self.rpc.call(request.cmd, args, request.parts, wait=float(wait)))
+        statuses = decode(reply)
+        items = decode_lease(reply.result, reply.parts)
+        self.held.update(reply.parts["handles"].tolist())
+        return statuses, items
 
     def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:
         """Give items back (pending again after ``delay`` seconds)."""
@@ -103,14 +133,14 @@ class Worker:
         """Extend the leases (another full lease period from now)."""
         self._call(*self._touch(handles))
 
-    def complete_async(self, handles: Handle | Sequence[Handle],
-                       results: bytes | Sequence[bytes]) -> Pending[str | list[str]]:
+    def complete_async(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes],
+                       durable: bool = True) -> Pending[str | list[str]]:
         """:meth:`complete` without waiting: sends now, returns a Pending for
         the statuses. The handles leave ``held`` when the Pending settles (its
         ``result()`` is asked, the ``max_in_flight`` bound makes room, or
         :meth:`settle`/:meth:`close`); a connection lost before the answer
         sends it once more, as complete does."""
-        return self.pipe.submit(*self._complete(handles, results))
+        return self.pipe.submit(*self._complete(handles, results, durable))
 
     def release_async(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> Pending[None]:
         """:meth:`release` without waiting; the handles leave ``held`` when the Pending settles."""
@@ -139,8 +169,8 @@ class Worker:
     # Each request with the decoder of its answer, which also keeps ``held``
     # right: handles leave it only once the server answered (any status).
 
-    def _complete(self, handles: Handle | Sequence[Handle],
-                  results: bytes | Sequence[bytes]) -> tuple[Request, Callable[[Reply], str | list[str]]]:
+    def _complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes],
+                  durable: bool = True) -> tuple[Request, Callable[[Reply], str | list[str]]]:
         single = isinstance(handles, Handle)
         handle_list: list[Handle] = [handles] if single else list(handles)  # type: ignore[list-item, arg-type]
         result_list: list[bytes] = [results] if single else list(results)  # type: ignore[list-item, arg-type]
@@ -151,7 +181,8 @@ class Worker:
             statuses = decode_statuses(reply.parts)
             return statuses[0] if single else statuses
 
-        return Request("workq.complete", None, {"handles": packed, **joined(result_list)}, resend=True), decode
+        args = None if durable else {"durable": False}
+        return Request("workq.complete", args, {"handles": packed, **joined(result_list)}, resend=True), decode
 
     def _release(self, handles: Handle | Sequence[Handle],
                  delay: float) -> tuple[Request, Callable[[Reply], None]]:
@@ -190,10 +221,10 @@ class WorkerPipeline(Batch):
         super().__init__(worker.pipe, raise_on_error)
         self._worker = worker
 
-    def complete(self, handles: Handle | Sequence[Handle],
-                 results: bytes | Sequence[bytes]) -> Pending[str | list[str]]:
+    def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes],
+                 durable: bool = True) -> Pending[str | list[str]]:
         """Queue a complete (arguments as :meth:`Worker.complete`)."""
-        return self.add(*self._worker._complete(handles, results))
+        return self.add(*self._worker._complete(handles, results, durable))
 
     def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> Pending[None]:
         """Queue a release."""

@@ -61,8 +61,10 @@ def workload(broker: workq.Broker, rng: random.Random, enqueued: dict, completed
         elif op < 0.75:
             items = broker.lease(rng.randint(1, 30))
             done = [i for i in items if rng.random() < 0.8]
-            statuses = broker.complete([i.handle for i in done], [result_of(i.payload) for i in done])
-            completed.update((i.handle, result_of(i.payload)) for i, s in zip(done, statuses) if s == "completed")
+            durable = rng.random() < 0.5  # not waited for: a power cut may lose it, and the item runs again
+            statuses = broker.complete([i.handle for i in done], [result_of(i.payload) for i in done], durable)
+            if durable:
+                completed.update((i.handle, result_of(i.payload)) for i, s in zip(done, statuses) if s == "completed")
         elif enqueued or completed:
             for r in broker.results("job", max_items=rng.randint(1, 50)):
                 assert r.handle not in returned
