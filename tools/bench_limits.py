@@ -47,6 +47,7 @@ from rich.table import Table
 
 from common.wire import framing
 from common.wire.client import RpcClient
+from common.wire.frame_reader import FrameReader
 from shardmgr.server import readiness
 
 STEP = 64 << 10
@@ -218,7 +219,7 @@ def reader() -> dict[str, Any]:
     for name, burst in (("one_frame_per_recv_ns", False), ("pipelined_burst_ns", True)):
         runs = []
         for _ in range(15):
-            feed = framing.FrameReader(_Feed(frame, n, burst))  # type: ignore[arg-type]
+            feed = FrameReader(_Feed(frame, n, burst))  # type: ignore[arg-type]
             started = time.process_time()
             while feed.read() is not None:
                 pass

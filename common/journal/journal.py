@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 import uuid
@@ -46,22 +45,19 @@ from .errors import (
     JournalError,
     JournalFull,
     JournalSealed,
-    MarkerConflict,
     WriteFailed,
 )
 from .flusher import Flusher, Ticket
 from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, read_checkpoints
 from .mapping import MappedFile
-from .marker import MARKER_INDEX, Marker, marker_index
-from .reader import RecordReader
-from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, Body, align_up, encode_batch
+from .marker import MARKER_INDEX, Marker
+from .marking import MarkerWriter
+from .record import Body, encode_batch
 from .recovery import RecoveryReport, recover
 from .syncer import Syncer
 
 log = logging.getLogger(__name__)
 
-_MARKER_BYTES = {m: int(m).to_bytes(4, "little") for m in Marker}
-_LENGTH_WORD = struct.Struct("<I")
 
 
 class Appended(NamedTuple):
@@ -71,7 +67,7 @@ class Appended(NamedTuple):
     ticket: Ticket
 
 
-class Journal(RecordReader):
+class Journal(MarkerWriter):
     """One journal file. Build it with :meth:`create` or :meth:`open`."""
 
     def __init__(self, path: Path, fd: int, header: bytes, *, writable: bool,
@@ -290,81 +286,6 @@ class Journal(RecordReader):
             raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
                               f"{exc.strerror or exc}", exc.errno) from exc
 
-    def set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
-                    expect: Marker | None = None, proven: bool = False) -> Ticket:
-        """Rewrite the markers of the records at ``offsets`` in place.
-
-        Each offset must be a record start of this journal: structurally
-        (alignment, range, marker, length) and by the record chain, so an
-        offset inside another record's body is refused even if a record
-        image sits there. With ``expect``, every record must currently carry
-        that marker. On any failure nothing is changed. Only the 4 marker
-        bytes of each record are written. ``proven``: the caller vouches the
-        offsets came from this journal (see RecordReader._locate); the chain
-        proof is skipped, the structural check is not.
-        """
-        marker = marker if type(marker) is Marker else Marker(marker)
-        self._check_writable()
-        with self._lock:
-            return self._set_markers(offsets, marker, expect, proven)[1]
-
-    def set_markers_sized(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
-                          expect: Marker | None = None, proven: bool = False) -> tuple[Ticket, int]:
-        """:meth:`set_markers`, plus the bytes the records occupy on disk
-        (header, body, padding; each record once), read while they are
-        located: an owner counting dead space need not locate them again."""
-        marker = marker if type(marker) is Marker else Marker(marker)
-        self._check_writable()
-        with self._lock:
-            offs, ticket = self._set_markers(offsets, marker, expect, proven)
-            align = self.alignment
-            if len(offs) <= SMALL_BATCH:
-                mm, word = self._file.mm, _LENGTH_WORD.unpack_from
-                return ticket, sum(align_up((word(mm, off + 8)[0] & LENGTH_MASK) + RECORD_HEADER_SIZE, align)
-                                   for off in offs.tolist())
-            words = self._file.words[offs // 4 + 2] & LENGTH_MASK
-        return ticket, int(((words.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)).sum())
-
-    def _set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, expect: Marker | None,
-                     proven: bool) -> tuple[np.ndarray, Ticket]:
-        """set_markers under _lock: the located offsets (ascending, unique) and the ticket."""
-        offs, current = self._locate(offsets, unique=True, proven=proven)
-        if expect is not None and (current != expect).any():
-            wrong = np.flatnonzero(current != expect)
-            raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "
-                                 f"{Marker(expect).name} (first: offset {int(offs[wrong[0]])} is "
-                                 f"{_marker_name(int(current[wrong[0]]))})",
-                                 offs[wrong].tolist(), current[wrong].tolist())
-        counters = self._counters
-        if len(offs) <= SMALL_BATCH:  # plain ints: numpy's per-call cost dominates one-item calls
-            self._store_few(offs.tolist(), marker)
-            for word in current.tolist():
-                counters[MARKER_INDEX[word]] -= 1
-        else:
-            self._file.words[offs // 4] = np.uint32(marker)
-            for i, n in enumerate(np.bincount(marker_index(current), minlength=len(Marker)).tolist()):
-                counters[i] -= n
-        counters[MARKER_INDEX[marker]] += len(offs)
-        self._seq += 1
-        return offs, Ticket(self, self._seq)
-
-    def _store_few(self, offsets: list[int], marker: Marker) -> None:
-        """Write a few markers with pwrite: the first store into a mapped page
-        after an fdatasync takes a write fault (ext4 page_mkwrite), measured
-        ~2.5x a 4-byte pwrite, and most marker changes land on a page the
-        flusher just synced. The mapping is shared, so it sees the bytes at
-        once. Should a pwrite fail, the stores go through the mapping, as
-        for a batch (which cannot fail): same result, same (no) errors."""
-        word = _MARKER_BYTES[marker]
-        try:
-            for off in offsets:
-                if os.pwrite(self._file.fd, word, off) != 4:
-                    raise OSError("short marker write")
-        except OSError:
-            words = self._file.words
-            for off in offsets:
-                words[off >> 2] = int(marker)
-
     def add_companion(self, fd: int) -> None:
         """Sync the data file ``fd`` with this journal, before it, in every flush.
 
@@ -517,14 +438,11 @@ class Journal(RecordReader):
         if self.closed:
             raise JournalClosed(f"{self.path} is closed")
 
+    def _ticket(self) -> Ticket:
+        return Ticket(self, self._seq)
+
     def _check_writable(self) -> None:
         self._check_open()
         if not self._writable:
             raise JournalError(f"{self.path} was opened read-only")
         self.raise_if_failed()
-
-def _marker_name(word: int) -> str:
-    try:
-        return Marker(word).name
-    except ValueError:
-        return f"{word:#010x}"

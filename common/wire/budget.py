@@ -1,7 +1,7 @@
 """A byte budget shared by many readers: bounds the memory they hold at once.
 
 The server gives one :class:`ByteBudget` to every connection's FrameReader
-(framing.py), which charges it for the memory of frames it is still
+(frame_reader.py), which charges it for the memory of frames it is still
 receiving; the sum over all connections never exceeds ``limit``. A reader
 that cannot be served waits, in arrival order, until bytes are released or
 its deadline passes.

@@ -46,6 +46,7 @@ import numpy as np
 
 from . import framing
 from .errors import BadFrame, ServiceError, Unavailable, UnsupportedVersion
+from .frame_reader import FrameReader
 from .tls import client_context
 
 TOKEN_ENV = "SHARDMGR_TOKEN"
@@ -126,7 +127,7 @@ class RpcClient:
         self.max_frame_bytes = max_frame_bytes
         self.on_connect = on_connect
         self._sock: socket.socket | None = None
-        self._reader: framing.FrameReader | None = None
+        self._reader: FrameReader | None = None
         self._ids = itertools.count(1)
         self._waiting: set[int] = set()
         self._early: dict[int, framing.Frame] = {}  # answers read before their receive()
@@ -173,7 +174,7 @@ class RpcClient:
             if self.tls is not None:  # the TLS handshake runs here, under connect_timeout
                 sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
             sock.sendall(framing.preamble())
-            reader = framing.FrameReader(sock, self.max_frame_bytes)
+            reader = FrameReader(sock, self.max_frame_bytes)
             data = reader.read_exact(framing.PREAMBLE.size)
             if data is None:
                 hint = "" if self.tls is not None else " (a TLS server does that to plain clients: tls=True?)"
@@ -189,7 +190,7 @@ class RpcClient:
             raise
         self._sock, self._reader = sock, reader
 
-    def _authenticate(self, sock: socket.socket, reader: framing.FrameReader) -> None:
+    def _authenticate(self, sock: socket.socket, reader: FrameReader) -> None:
         """Send ``auth`` with the token and wait for its answer (still under connect_timeout)."""
         request_id = next(self._ids)
         framing.send_buffers(sock, framing.encode({"id": request_id, "cmd": "auth", "args": {"token": self.token}}))

@@ -1,6 +1,6 @@
 """Deadlines for blocking socket reads: past one, the socket's read side is shut.
 
-A FrameReader (framing.py) arms a deadline when a frame it is receiving
+A FrameReader (frame_reader.py) arms a deadline when a frame it is receiving
 needs another ``recv``; if the deadline passes first, a watcher thread shuts
 the socket for reading, the blocked ``recv`` returns, and the reader raises
 FrameTimeout. This works for TLS sockets as well as plain ones, where a

@@ -50,6 +50,7 @@ from common.wire import framing
 from common.wire.budget import ByteBudget
 from common.wire.component import Request
 from common.wire.errors import BadFrame, BadRequest, Unauthenticated, UnsupportedVersion
+from common.wire.frame_reader import FrameReader
 
 from .auth import MAX_AUTH_FRAME_BYTES, OPEN, Authenticator, Principal
 from .config import ServerConfig
@@ -94,7 +95,7 @@ class Connection(Sending):
         self._auth = auth if auth is not None else Authenticator(None)
         # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
         self._principal: Principal | None = None if self._auth.required else OPEN
-        self._frames: framing.FrameReader | None = None  # the reader thread's, while its frame limit is lowered
+        self._frames: FrameReader | None = None  # the reader thread's, while its frame limit is lowered
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._outbox: collections.deque[Entry] = collections.deque()
@@ -132,7 +133,7 @@ class Connection(Sending):
     # ------------------------------------------------------------------ reading
 
     def _read_loop(self) -> None:
-        reader = framing.FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
+        reader = FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
                                      frame_timeout_s=self._config.frame_timeout_s)
         try:
             if not self._handshake(reader):
@@ -162,7 +163,7 @@ class Connection(Sending):
             reader.release()
             self.close()
 
-    def _handshake(self, reader: framing.FrameReader) -> bool:
+    def _handshake(self, reader: FrameReader) -> bool:
         self.sock.settimeout(self._config.handshake_timeout_s)
         if isinstance(self.sock, ssl.SSLSocket):
             try:

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.wire import framing
+from common.wire import frame_reader, framing
 from common.wire.budget import ByteBudget
 from common.wire.errors import BadFrame, FrameTimeout, FrameTooLarge
+from common.wire.frame_reader import FrameReader
 
 DTYPES = sorted(framing.DTYPES)
 
@@ -59,7 +60,7 @@ headers = st.fixed_dictionaries({"id": st.integers(0, 2**62), "cmd": st.text(max
 def test_frames_round_trip_however_the_stream_is_cut(frames: list[tuple[dict[str, Any], dict[str, np.ndarray]]],
                                                       chunks: list[int]) -> None:
     data = b"".join(frame_bytes(h, p) for h, p in frames)
-    reader = framing.FrameReader(Stream(data, chunks))
+    reader = FrameReader(Stream(data, chunks))
     for header, parts in frames:
         frame = reader.read()
         assert frame is not None and frame.header == header
@@ -73,7 +74,7 @@ def test_frames_round_trip_however_the_stream_is_cut(frames: list[tuple[dict[str
 def test_a_frame_larger_than_the_limit_is_refused_before_its_body() -> None:
     data = frame_bytes({"id": 1, "cmd": "echo"}, {"x": np.zeros(1000, np.uint8)})
     with pytest.raises(FrameTooLarge):
-        framing.FrameReader(Stream(data, []), max_frame_bytes=100).read()
+        FrameReader(Stream(data, []), max_frame_bytes=100).read()
 
 
 @pytest.mark.parametrize("damage, error", [
@@ -90,13 +91,13 @@ def test_broken_frames_are_refused(damage: Any, error: type[Exception]) -> None:
     head = msgpack.packb({"id": 1, "cmd": "echo", "parts": [["x", "<u8", [2]]]})
     body = np.arange(2, dtype="<u8").tobytes()
     with pytest.raises(error):
-        framing.FrameReader(Stream(damage(head, body), [])).read()
+        FrameReader(Stream(damage(head, body), [])).read()
 
 
 def test_a_stream_cut_inside_a_frame_is_a_connection_error() -> None:
     data = frame_bytes({"id": 1, "cmd": "echo"}, {"x": np.arange(10, dtype="<u8")})
     with pytest.raises(ConnectionError):
-        framing.FrameReader(Stream(data[:-3], [])).read()
+        FrameReader(Stream(data[:-3], [])).read()
 
 
 def test_part_specs_are_checked() -> None:
@@ -115,7 +116,7 @@ def test_a_preamble_from_another_protocol_is_refused() -> None:
 
 def test_empty_and_zero_dimensional_arrays_keep_their_shape() -> None:
     parts = {"empty": np.zeros((0, 768), "<f4"), "scalar": np.array(7, "<i8"), "none": np.zeros(0, "<u8")}
-    frame = framing.FrameReader(Stream(frame_bytes({"id": 1}, parts), [])).read()
+    frame = FrameReader(Stream(frame_bytes({"id": 1}, parts), [])).read()
     assert frame is not None
     assert {k: (v.shape, v.dtype.str) for k, v in frame.parts.items()} == \
         {k: (v.shape, v.dtype.str) for k, v in parts.items()}
@@ -219,10 +220,10 @@ def test_large_frames_grow_as_they_arrive_and_round_trip() -> None:
     """Frames past the read buffer, and past the first step (they are then
     copied as their memory doubles), arrive intact however the stream is cut."""
     budget = ByteBudget(1 << 30)
-    for n in (framing.READ_BUFFER_BYTES + 1, 100_000, framing.FIRST_STEP_BYTES * 2 + 12_345):
+    for n in (frame_reader.READ_BUFFER_BYTES + 1, 100_000, frame_reader.FIRST_STEP_BYTES * 2 + 12_345):
         body = np.random.default_rng(n).integers(0, 255, n, dtype=np.uint8)
         data = frame_bytes({"id": n}, {"b": body}) + frame_bytes({"id": 2})
-        reader = framing.FrameReader(Stream(data, [5000, 1 << 20, 7]), budget=budget)
+        reader = FrameReader(Stream(data, [5000, 1 << 20, 7]), budget=budget)
         frame = reader.read()
         assert frame is not None and frame.header == {"id": n} and np.array_equal(frame.parts["b"], body)
         assert 0 < budget.used <= frame.size  # held until released
@@ -230,7 +231,7 @@ def test_large_frames_grow_as_they_arrive_and_round_trip() -> None:
         assert budget.used == 0
         frame = reader.read()
         assert frame is not None and frame.header == {"id": 2}
-    assert budget.stats()["inflight_peak_bytes"] <= 2 * (framing.FIRST_STEP_BYTES * 2 + 12_400)
+    assert budget.stats()["inflight_peak_bytes"] <= 2 * (frame_reader.FIRST_STEP_BYTES * 2 + 12_400)
 
 
 def test_declared_but_unsent_bytes_are_not_charged() -> None:
@@ -240,12 +241,12 @@ def test_declared_but_unsent_bytes_are_not_charged() -> None:
     ours, theirs = socket.socketpair()
     header = msgpack.packb({"id": 1, "parts": [["b", "|u1", [200 << 20]]]})
     _send_soon(theirs, struct.pack("<II", len(header) + (200 << 20), len(header)) + header + bytes(1 << 20))
-    reader = framing.FrameReader(ours, budget=budget, frame_timeout_s=60)
+    reader = FrameReader(ours, budget=budget, frame_timeout_s=60)
     errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _catch(reader.read, errors))
     thread.start()
     _wait_for(lambda: budget.used > 0)
-    assert budget.used == framing.FIRST_STEP_BYTES
+    assert budget.used == frame_reader.FIRST_STEP_BYTES
     theirs.close()
     thread.join(30)
     assert len(errors) == 1 and isinstance(errors[0], ConnectionError)
@@ -255,7 +256,7 @@ def test_declared_but_unsent_bytes_are_not_charged() -> None:
 
 def test_a_frame_that_stalls_times_out_but_idle_time_between_frames_does_not() -> None:
     ours, theirs = socket.socketpair()
-    reader = framing.FrameReader(ours, frame_timeout_s=0.2)
+    reader = FrameReader(ours, frame_timeout_s=0.2)
     frames: list[framing.Frame | None] = []
     thread = threading.Thread(target=lambda: frames.append(reader.read()))
     thread.start()
@@ -275,7 +276,7 @@ def test_a_large_frame_that_stalls_times_out_and_gives_its_budget_back() -> None
     ours, theirs = socket.socketpair()
     data = frame_bytes({"id": 1}, {"b": np.zeros(1 << 20, np.uint8)})
     _send_soon(theirs, data[:len(data) // 2])
-    reader = framing.FrameReader(ours, budget=budget, frame_timeout_s=0.2)
+    reader = FrameReader(ours, budget=budget, frame_timeout_s=0.2)
     with pytest.raises(FrameTimeout, match=f"frame of {len(data) - 8} bytes did not arrive"):
         reader.read()
     assert budget.used == 0
@@ -288,7 +289,7 @@ def test_a_frame_that_gets_no_budget_within_its_deadline_times_out() -> None:
     budget.acquire(4 << 20)  # every byte held by other connections
     ours, theirs = socket.socketpair()
     _send_soon(theirs, frame_bytes({"id": 1}, {"b": np.zeros(1 << 20, np.uint8)}))
-    reader = framing.FrameReader(ours, budget=budget, frame_timeout_s=0.2)
+    reader = FrameReader(ours, budget=budget, frame_timeout_s=0.2)
     with pytest.raises(FrameTimeout, match="no memory for a frame .* hold 4194304 of the 4194304 bytes"):
         reader.read()
     budget.release(4 << 20)

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from common.wire import framing
 from common.wire.client import TOKEN_ENV, RpcClient
 from common.wire.errors import Forbidden, ServiceError, Unauthenticated, UnknownCommand
+from common.wire.frame_reader import FrameReader
 from shardmgr.cli import main
 from shardmgr.server.auth import (
     ANY,
@@ -243,7 +244,7 @@ def test_frames_before_auth_are_small(server: Server, tokens: Tokens) -> None:
         sock.sendall(framing.preamble())
         assert sock.recv(8) == framing.preamble()
         sock.sendall(framing.FRAME_HEAD.pack(MAX_AUTH_FRAME_BYTES + 1, 10))
-        reader = framing.FrameReader(sock)
+        reader = FrameReader(sock)
         error = reader.read()
         assert error is not None and error.header["error"]["code"] == "frame_too_large"
         assert reader.read() is None  # closed

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from common.wire import framing
+from common.wire.frame_reader import FrameReader
 from common.wire.reply_batch import batched_replies
 from shardmgr.server.config import ServerConfig
 from shardmgr.server.connection import Connection
@@ -37,7 +38,7 @@ def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Connection, socket.s
 
 
 def _frames(sock: socket.socket, count: int) -> list[framing.Frame]:
-    reader = framing.FrameReader(sock)
+    reader = FrameReader(sock)
     frames = []
     for _ in range(count):
         frame = reader.read()
