@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.journal import Flusher, FlusherConfig, Journal, Marker, RecordNotFound
-from common.journal import journal as journal_module
+from common.journal import marking
 from common.journal.header import HEADER_SIZE
 from common.journal.record import SMALL_BATCH
 
@@ -28,8 +28,8 @@ def _run(root: Path, flusher: Flusher, first: list[tuple[list[int], Marker]], of
     asked = [starts[o] if o < len(starts) else HEADER_SIZE + 3 * o for o in offsets]  # some are no record start
     small = SMALL_BATCH if path != "batch" else -1
     failing = mock.patch("os.pwrite", side_effect=OSError(5, "EIO")) if path == "no pwrite" \
-        else mock.patch.object(journal_module, "_MARKER_BYTES", journal_module._MARKER_BYTES)
-    with mock.patch.object(journal_module, "SMALL_BATCH", small), failing:
+        else mock.patch.object(marking, "_MARKER_BYTES", marking._MARKER_BYTES)
+    with mock.patch.object(marking, "SMALL_BATCH", small), failing:
         try:
             if sized:
                 try:
