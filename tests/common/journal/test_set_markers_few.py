@@ -10,8 +10,7 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.journal import Flusher, FlusherConfig, Journal, Marker, RecordNotFound
-from common.journal import marking
+from common.journal import Flusher, FlusherConfig, Journal, Marker, RecordNotFound, marking
 from common.journal.header import HEADER_SIZE
 from common.journal.record import SMALL_BATCH
 
