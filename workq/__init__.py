@@ -11,7 +11,7 @@ Over the network (``shardmgr serve`` hosts it)::
     worker = workq.Worker("127.0.0.1:7300", "gpu-3", models=["llama-7b"])
 
 The package: ``protocol`` (what crosses the wire, shared by both sides),
-``broker`` (the one API of every queue operation, on its owner thread:
+``broker`` (the one API of every queue operation, under its owner lock:
 ``loop``; results in flight: ``delivery``), ``state/`` (the in-memory state
 machine), ``disk/`` (the files), ``service`` (the server component),
 ``client`` and ``worker`` (network clients), ``config``, ``errors``,

@@ -6,21 +6,24 @@ waits for it and returns plain values (embedded use, ``workq.open``). The
 operations a worker or consumer repeats also have ``x_into(answer, ...)``,
 which answers into a given Future or :class:`~workq.answer.Callback` (the
 network service's: it replies from the callback, without a Future). Each
-runs on the owner thread (loop.py), in the order submitted, over the
-queue's state (state/); operations that must wait (a durable enqueue, a
+runs under the owner lock (loop.py), in the order submitted, over the
+queue's state (state/): on the calling thread when the lock is free, else
+on the thread holding it. Operations that must wait (a durable enqueue, a
 completion whose results must be flushed, a lease or results call with
-``wait``) park there without blocking it.
+``wait``) park without blocking anyone.
 
 Errors: a future fails with a :mod:`workq.errors` error, a
 :class:`~common.wire.errors.ServiceError`, or ``ValueError`` for malformed
 arguments (a bad key or job name).
 
-Futures: a caller may cancel one until its operation starts on the owner
-thread (then nothing is done); after that it always gets its answer, so no
+Futures: a caller may cancel one until its operation starts (then nothing
+is done); after that it always gets its answer, so no
 lease or delivery is made that nobody learns of.
 
 Threads: every method may be called from any thread. Futures' callbacks
-run on the owner thread: they must not block.
+run on whichever thread answers (the caller's own, the owner thread, or
+the flusher thread right after a flush round): they must not block, and
+must not wait for a flush.
 """
 
 from __future__ import annotations
@@ -193,7 +196,7 @@ class Broker:
                       durable: bool = False) -> Future[np.ndarray]:
         """Add one job's tasks for one key; answers their packed handles
         (uint64), in order, at once or, with ``durable``, once the flush
-        that covers them completed. Requests that reach the owner thread
+        that covers them completed. Requests that wait in the owner's inbox
         together for one job and key are written as one batch (enqueues.py)."""
         future: Future[np.ndarray] = Future()
         self.enqueue_into(future, job, key, payloads, durable)

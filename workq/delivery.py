@@ -10,8 +10,8 @@ which makes them deliverable again. Whichever comes first takes effect;
 the other does nothing. So a result is marked delivered only after the
 response carrying it was handed over, and one that never left is not lost.
 
-Threads: both methods may be called from any thread; the change runs on
-the broker's owner thread.
+Threads: both methods may be called from any thread; the change runs
+under the broker's owner lock.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Enqueue requests as owner-loop messages: neighbours for one job and key merge.
 
 Many producers that each enqueue one item at a time (a web handler, a chat
-turn) send requests that reach the owner thread together, one wake-up's
-batch at a time. Adjacent enqueues of one job and key in such a batch are
+turn) send requests that wait together in the owner's inbox while the
+owner lock is busy, and run as one batch. Adjacent enqueues of one job and
+key in such a batch are
 appended as one journal batch: one encode, one write, one ticket, instead of
 one each, so the queue's cost per item falls as producers are added (group
 commit already shares their flush). Each request still gets its own answer,
@@ -13,7 +14,7 @@ A merged append is one journal batch, all-or-nothing across a crash: the
 same promise each request had alone (none is acknowledged durable before
 the flush that covers them all).
 
-Threads: built on any thread, run on the owner thread (loop.py).
+Threads: built on any thread, run under the owner lock (loop.py).
 """
 
 from __future__ import annotations

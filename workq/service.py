@@ -1,9 +1,10 @@
 """workq as a component of ``shardmgr serve``: frames in, Broker calls, frames out.
 
 Each command's arguments and parts are checked on the connection's thread
-and become one :class:`~workq.broker.Broker` call; its answer (on the
-broker's owner thread: a Callback for the commands workers and consumers
-repeat, a Future's callback for the others) becomes the reply. Every queue rule lives
+and become one :class:`~workq.broker.Broker` call; its answer (under the
+broker's owner lock, often on the connection's own thread: a Callback for
+the commands workers and consumers repeat, a Future's callback for the
+others) becomes the reply. Every queue rule lives
 in the broker; what is here is the wire's own: which worker a connection
 is, which results responses are on their way to which connection, and the
 byte budget of a response. Commands and their parts are in docs/workq.md;
@@ -23,7 +24,7 @@ written to the consumer's socket (its ``on_sent``); if the connection
 closes first, they are dropped and handed out again (delivery.py).
 
 Threads: ``_lock`` guards the per-connection maps, which connection
-threads, writer threads and the owner thread all touch.
+threads, writer threads, the owner and flusher threads all touch.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ whose items no result names), and :meth:`Catalog.next_seq`, a naming hint
 so that a new completion-log segment takes a number no recorded one had
 and verify can still tell a lost log segment from its successor.
 
-Threads: the broker's owner thread.
+Threads: under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

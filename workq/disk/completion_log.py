@@ -20,7 +20,7 @@ broker rests a log after ``idle_seal_s`` unused, or after REST_AFTER_S once
 its job has nothing pending, in flight or buried. The next result for it
 reopens the segment (a sealed one read-only in O(1), and a new one starts).
 
-Threads: owned by the broker's owner thread.
+Threads: touched only under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Dispatch walks a job's records from its cursor with the vectorised journal
 scan and takes the first pending ones; giving an item back moves that job's
 cursor back to it (only this segment, only this job).
 
-Threads: owned by the broker's owner thread.
+Threads: touched only under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The queue's in-memory state machine, run by the broker's owner thread.
+"""The queue's in-memory state machine, run under the broker's owner lock.
 
 Owns the queue of one data directory (``queue``: segments, completion logs,
 jobs), every item-state transition and its counts (``items``), the lease

@@ -17,7 +17,7 @@ thread between operations, so no scan of its own is in progress, and a
 process that still has the file open (``verify``) keeps reading the
 unlinked inode, as POSIX guarantees.
 
-Threads: the broker's owner thread.
+Threads: under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Completing items: result durable, then tombstone, then retire.
 
-Three steps, so the owner thread never waits for a flush:
+Three steps, so the owner never waits for a flush:
 
 1. :func:`plan` checks every handle and every result (changes nothing). A
    handle whose item is retired, completing, or in a collected segment is a

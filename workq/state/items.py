@@ -32,7 +32,7 @@ completion log counts completed and delivered results. ``item_changes`` and
 ``result_changes`` are bumped whenever items may have become pending or
 results deliverable, so that waiting calls retry only then.
 
-Threads: the broker's owner thread.
+Threads: under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ after ``max_deliveries`` deliveries is buried.
 The table is a data structure: the item-state transitions that use it, and
 their counts, are in items.py.
 
-Threads: owned by the broker's owner thread.
+Threads: touched only under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

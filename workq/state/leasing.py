@@ -7,7 +7,7 @@ way a lease ends without a result goes through Items.reclaimed: the item is
 pending again (its job's cursor in its segment moves back to it, nothing
 else rewinds) or, after ``max_deliveries`` deliveries, buried.
 
-Threads: the broker's owner thread.
+Threads: under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ it: leasing.py (dispatch, touch, release, worker reports), completion.py
 (result durable, then tombstone, then retire), recovery.py (start-up from
 the markers), collector.py (deleting finished files), stats.py.
 
-Threads: single-threaded; the broker's owner thread makes every call.
+Threads: one call at a time, under the broker's owner lock (workq/loop.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The operator view: totals and per-key figures (``shardmgr queue stats``).
 
-Computed on demand on the owner thread from the in-memory positions and a
+Computed on demand under the owner lock from the in-memory positions and a
 few record heads (the oldest pending item per key, the item pinning the
 oldest segment), never by reading payloads.
 """
