@@ -188,20 +188,24 @@ class OwnerLoop:
 
     def submit(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` under the owner lock, after everything submitted before
-        it: here and now if the lock is free, else by whoever holds it (any
+        it: here and now if the lock is free (with what waits before it, one
+        batch at most), else by the lock's holder or the owner thread (any
         thread may call this; it never waits for the lock)."""
         with self._submit_lock:
             if self.closed:
                 raise Unavailable("the work queue is closed")
             self._inbox.append(fn)
-        while self._inbox and self._lock.acquire(blocking=False):
-            try:
-                stopping = not self._drain()
-            finally:
-                self._lock.release()
-            if stopping:  # the stop is the owner thread's
-                self._wake.set()
-                return
+        if not self._lock.acquire(blocking=False):
+            return  # the holder sees it when it lets go (below)
+        try:
+            self._drain()
+        finally:
+            self._lock.release()
+        if self._inbox:
+            # Submitted while this thread held the lock (or a stop): the owner
+            # thread runs it. A submitter runs one batch at most, so its own
+            # connection's replies are never held up behind others' requests.
+            self._wake.set()
 
     def future(self, fn: Callable[[Future[T]], None]) -> Future[T]:
         """Run ``fn(future)`` under the owner lock; ``fn`` (or whatever it
@@ -285,7 +289,8 @@ class OwnerLoop:
             with self._lock:
                 due = self._results_due if self._results_due is not None else float("inf")
                 self._sleep_until = min(self._next_tick, self._next_waiter(), due, time.monotonic() + TICK_S)
-            self._wake.wait(max(0.0, self._sleep_until - time.monotonic()))
+            if not self._inbox:  # a submitter that found the lock held left its message to this thread
+                self._wake.wait(max(0.0, self._sleep_until - time.monotonic()))
             self._wake.clear()
             with self._lock:
                 self._sleep_until = 0.0  # awake: nobody needs to wake it
