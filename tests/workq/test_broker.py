@@ -365,7 +365,7 @@ def test_a_waiting_call_cannot_be_cancelled_so_nothing_is_taken_unseen(tmp_path:
 
 def test_waits_and_delays_outside_their_limits_are_refused_and_change_nothing(broker: Broker) -> None:
     from common.wire.errors import BadRequest
-    from workq.broker import MAX_DELAY_S, MAX_WAIT_S
+    from workq.calls import MAX_DELAY_S, MAX_WAIT_S
 
     [h] = broker.enqueue("j", "m", "s", 1, [b"x"])
     [item] = broker.lease(1, worker="w")

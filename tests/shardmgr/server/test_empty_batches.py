@@ -23,7 +23,7 @@ import shardmgr
 import workq
 from shardmgr.errors import BadVectors, UnknownCollection
 from workq import Worker
-from workq.broker import MAX_WAIT_S
+from workq.calls import MAX_WAIT_S
 
 from .serverproc import ServerProcess
 
