@@ -5,9 +5,10 @@ owner lock, so the queue's state needs no other locks. Whoever submits runs
 the inbox itself when the owner lock is free (a connection's reader thread,
 an embedded caller): a single-item request then costs no hand-off to another
 thread and no wake-up (two thread switches that cost more than the request).
-When the lock is busy, the message waits in the inbox and whoever holds the
-lock runs it before letting go. The owner *thread* runs what nobody else
-does: timers, deadlines, continuations after a flush round, and the stop.
+When the lock is busy, the message waits in the inbox; the thread holding
+the lock runs at most one batch of it, and the owner *thread* runs the rest,
+besides what nobody else does: timers, deadlines, continuations that may
+wait for a flush, and the stop.
 
 Work that must wait never blocks the owner:
 
