@@ -132,7 +132,7 @@ class _Waiter:
 
 
 class OwnerLoop:
-    """Runs messages, continuations, waiters and timers on one thread.
+    """Runs messages, continuations, waiters and timers, one at a time, under one lock.
 
     ``tick(now)`` runs the timers; ``changes()`` returns counters that move
     whenever items (first) or results (second) may have become available;
@@ -306,10 +306,9 @@ class OwnerLoop:
                     if not self._inbox:
                         break
 
-    def _drain(self) -> bool:
+    def _drain(self) -> None:
         """Owner lock: run up to BATCH messages from the inbox (not past a
-        stop), then continuations, timers and waiters; False if a stop is
-        next in the inbox."""
+        stop), then continuations, timers and waiters."""
         batch: list[Any] = []
         while self._inbox and len(batch) < BATCH:
             front = self._inbox[0]
@@ -323,8 +322,6 @@ class OwnerLoop:
                 else:
                     self.guarded(run[0])
             self._after()
-        front = self._inbox[0] if self._inbox else None
-        return front is not _STOP and front is not _ABANDON
 
     def guarded(self, fn: Callable[[], object]) -> None:
         """Run ``fn``, logging (not raising) what it raises."""

@@ -48,6 +48,7 @@ from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
 
 from .answer import Callback
 from .broker import Broker
+from .calls import Alive
 from .config import WorkqConfig
 from .delivery import Delivery
 from .errors import WorkerIdInUse
@@ -289,16 +290,22 @@ class WorkqService(Component):
         """True while ``connection`` is still ``worker``'s (a dict read: atomic, no lock needed)."""
         return self._workers.get(connection) == worker
 
-    def _lease(self, request: Request) -> None:
+    def _leasing(self, request: Request) -> tuple[str, Filters, Alive]:
+        """The connection's worker and filters (one look: a Worker reconnecting
+        elsewhere takes both away), and whether a waiting lease for it is
+        still wanted: one parked on a connection its worker left (for a new
+        one) ends, taking nothing."""
         connection = request.connection_id
-        with self._lock:  # one look: a Worker reconnecting elsewhere takes both away
+        with self._lock:
             worker, filters = self._workers.get(connection), self._filters.get(connection)
         if worker is None or filters is None:
             raise BadRequest(f"{request.cmd}: send workq.hello first to name this worker")
-        # a lease parked on a connection its worker left (for a new one) ends, taking nothing
+        return worker, filters, lambda: request.connection_open and self._holds(connection, worker)
+
+    def _lease(self, request: Request) -> None:
+        worker, filters, alive = self._leasing(request)
         self.broker.lease_into(self._answer(request, encode_lease), worker, filters, request.arg("max_items", int, 1),
-                               request.arg("wait", float, 0.0), max_bytes=self.reply_bytes,
-                               alive=lambda: request.connection_open and self._holds(connection, worker))
+                               request.arg("wait", float, 0.0), max_bytes=self.reply_bytes, alive=alive)
 
     def _complete(self, request: Request) -> None:
         worker = self._worker(request)
@@ -311,15 +318,10 @@ class WorkqService(Component):
         if not then_lease:
             self.broker.complete_into(self._answer(request, encode_statuses), packed, payloads, durable)
             return
-        connection = request.connection_id
-        with self._lock:
-            filters = self._filters.get(connection)
-        if filters is None:
-            raise BadRequest(f"{request.cmd}: send workq.hello first to name this worker")
+        worker, filters, alive = self._leasing(request)
         self.broker.complete_and_lease_into(
             self._answer(request, encode_statuses_and_lease), worker, filters, packed, payloads, then_lease,
-            request.arg("wait", float, 0.0), durable=durable, max_bytes=self.reply_bytes - len(packed),
-            alive=lambda: request.connection_open and self._holds(connection, worker))
+            request.arg("wait", float, 0.0), durable=durable, max_bytes=self.reply_bytes - len(packed), alive=alive)
 
     def _release(self, request: Request) -> None:
         future = self.broker.release_async(self._worker(request), self._handles(request),

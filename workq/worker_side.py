@@ -56,7 +56,6 @@ class WorkerSide(WaitingCalls):
         """Lease up to ``max_items`` tasks the worker's ``filters`` match
         (their payloads within ``max_bytes``), waiting up to ``wait``
         seconds for the first. ``alive``: see :meth:`_waiting`."""
-
         self._waiting(answer, "items", max_items, wait, alive, self._lease_take(worker, filters, max_items, max_bytes))
 
     def _lease_take(self, worker: str, filters: Filters, max_items: int,

@@ -59,7 +59,6 @@ from .syncer import Syncer
 log = logging.getLogger(__name__)
 
 
-
 class Appended(NamedTuple):
     """Where a batch went (absolute offsets, one per record) and its ticket."""
 
@@ -260,7 +259,7 @@ class Journal(MarkerWriter):
             self._count += len(offsets)
             self._counters[MARKER_INDEX[marker]] += len(offsets)
             self._seq += 1
-            return Appended(offsets, Ticket(self, self._seq))
+            return Appended(offsets, self._ticket())
 
     def _check_capacity(self, total: int) -> None:
         cap = self.config.capacity_bytes

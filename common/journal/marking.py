@@ -77,7 +77,7 @@ class MarkerWriter(RecordReader):
                 return ticket, sum(align_up((word(mm, off + 8)[0] & LENGTH_MASK) + RECORD_HEADER_SIZE, align)
                                    for off in offs.tolist())
             words = self._file.words[offs // 4 + 2] & LENGTH_MASK
-        return ticket, int(((words.astype(np.int64) + RECORD_HEADER_SIZE + align - 1) & ~(align - 1)).sum())
+        return ticket, int(align_up(words.astype(np.int64) + RECORD_HEADER_SIZE, align).sum())
 
     def _set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, expect: Marker | None,
                      proven: bool) -> tuple[np.ndarray, Ticket]:

@@ -256,7 +256,6 @@ def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: 
     return offs, current
 
 
-
 def _locate_few(words: np.ndarray, offsets: list[int], end: int, alignment: int) -> np.ndarray:
     """locate_records for a few offsets, with plain ints (same rules, same errors)."""
     current = []
