@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -18,19 +17,12 @@ from workq.protocol import Leased, pack_handles
 from workq.state.dispatch import Filters
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path / "data").start()
-    yield proc
-    proc.kill()
-
-
-def test_a_worker_loop_takes_every_item_once_with_one_call_per_item(server: ServerProcess) -> None:
+def test_a_worker_loop_takes_every_item_once_with_one_call_per_item(queue_server: ServerProcess) -> None:
     payloads = [f"task {i}".encode() for i in range(25)]
-    with QueueClient(server.address) as client:
+    with QueueClient(queue_server.address) as client:
         client.enqueue("j", "m", "s", 1, payloads)
     seen = []
-    with Worker(server.address, "w", models=["m"]) as worker:
+    with Worker(queue_server.address, "w", models=["m"]) as worker:
         items = worker.lease(1)
         while items:
             [item] = items
@@ -40,15 +32,15 @@ def test_a_worker_loop_takes_every_item_once_with_one_call_per_item(server: Serv
             assert status == "completed"
         assert worker.held == set()
     assert seen == payloads
-    with QueueClient(server.address) as client:
+    with QueueClient(queue_server.address) as client:
         assert [r.payload for r in client.results("j", max_items=100)] == [p.upper() for p in payloads]
         assert client.job_status("j")["pending"] == 0
 
 
-def test_a_failed_completion_leases_nothing(server: ServerProcess) -> None:
-    with QueueClient(server.address) as client:
+def test_a_failed_completion_leases_nothing(queue_server: ServerProcess) -> None:
+    with QueueClient(queue_server.address) as client:
         [h, _] = client.enqueue("j", "m", "s", 1, [b"a", b"b"])
-        with Worker(server.address, "w") as worker:
+        with Worker(queue_server.address, "w") as worker:
             [item] = worker.lease(1)
             with pytest.raises(UnknownHandle):
                 worker.complete_and_lease(Handle(h.segment, h.offset + 8), b"r")
@@ -63,10 +55,10 @@ def test_a_failed_completion_leases_nothing(server: ServerProcess) -> None:
             assert statuses == ["completed", "duplicate"] and [i.payload for i in items] == [b"b"]
 
 
-def test_the_lease_waits_for_work_after_the_completion(server: ServerProcess) -> None:
-    with QueueClient(server.address) as client:
+def test_the_lease_waits_for_work_after_the_completion(queue_server: ServerProcess) -> None:
+    with QueueClient(queue_server.address) as client:
         client.enqueue("j", "m", "s", 1, [b"first"])
-        with Worker(server.address, "w") as worker:
+        with Worker(queue_server.address, "w") as worker:
             [item] = worker.lease(1)
             later = threading.Timer(0.3, lambda: client.enqueue("j", "m", "s", 1, [b"second"]))
             later.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
 from unittest import mock
 
 import numpy as np
@@ -13,6 +15,7 @@ from common.journal.scan import RecordChunk
 from workq.disk import picks
 from workq.disk.records import LEDGER
 
+T = TypeVar("T")
 MARKERS = [int(Marker.LIVE)] * 3 + [int(Marker.DELIVERED), int(Marker.RETIRED)]
 
 
@@ -31,6 +34,13 @@ def offsets_at(chunk: RecordChunk, at: set[int]) -> set[int]:
     return {int(chunk.offsets[i]) for i in at if i < len(chunk)}
 
 
+def both_forms(pick: Callable[..., T], *args: Any) -> tuple[T, T]:
+    """``pick(*args)`` by its plain-int form and by its vectorised one."""
+    few = pick(*args)
+    with mock.patch.object(picks, "SMALL_BATCH", -1):
+        return few, pick(*args)
+
+
 @settings(max_examples=500)
 @given(chunk=chunks([1, 2, 3, 4, 5, 6, int(LEDGER)]), skip_at=st.sets(st.integers(0, 7)),
        completing=st.sets(st.integers(1, 6), max_size=2), limit=st.integers(1, 9), budget=st.integers(0, 3000),
@@ -40,9 +50,7 @@ def test_results_picks_of_few_records_equal_the_vectorised_ones(
         first: bool) -> None:
     records, handles = chunk
     skip = offsets_at(records, skip_at)
-    few = picks.results(records, handles, skip, completing, limit, budget, first)
-    with mock.patch.object(picks, "SMALL_BATCH", -1):
-        many = picks.results(records, handles, skip, completing, limit, budget, first)
+    few, many = both_forms(picks.results, records, handles, skip, completing, limit, budget, first)
     assert few[0].tolist() == many[0].tolist() and few[1] == many[1]
     if len(few[0]) < limit:  # at the limit the take stops anyway: whether a later result is blocked is moot
         assert few[2] == many[2]
@@ -56,7 +64,5 @@ def test_dispatch_picks_of_few_records_equal_the_vectorised_ones(
         first: bool) -> None:
     records, jobs = chunk
     held = offsets_at(records, held_at)
-    few = picks.items(records, jobs, job, held, limit, budget, first)
-    with mock.patch.object(picks, "SMALL_BATCH", -1):
-        many = picks.items(records, jobs, job, held, limit, budget, first)
+    few, many = both_forms(picks.items, records, jobs, job, held, limit, budget, first)
     assert (few[0].tolist(), few[1], few[2]) == (many[0].tolist(), many[1], many[2])
