@@ -3,7 +3,8 @@
 Both servers run as subprocesses on loopback and are driven by the same
 client code (common.wire.client.RpcClient, one connection):
 
-* small requests, one at a time: p50/p99 round-trip latency and requests/s
+* small requests, one at a time: p50/p99 round-trip latency, requests/s
+  and the server process's CPU time per request (user + system, /proc)
   (server: ``ping``; baseline: the same frame echoed back);
 * small requests pipelined, 64 in flight: requests/s;
 * 4 MiB bodies: MB/s of request body (server: ``echo`` with a 4 MiB part,
@@ -113,8 +114,9 @@ def start_server(data: Path, *extra: str) -> tuple[subprocess.Popen[bytes], tupl
     return proc, readiness.wait(ready, proc, 3600, log=log.read_text)
 
 
-def sequential(client: RpcClient, cmd: str, n: int) -> dict[str, float]:
+def sequential(client: RpcClient, cmd: str, n: int, pid: int) -> dict[str, float]:
     latencies = np.empty(n)
+    cpu = cpu_seconds(pid)
     started = time.perf_counter()
     for i in range(n):
         t = time.perf_counter()
@@ -122,7 +124,8 @@ def sequential(client: RpcClient, cmd: str, n: int) -> dict[str, float]:
         latencies[i] = time.perf_counter() - t
     elapsed = time.perf_counter() - started
     return {"rps": n / elapsed, "p50_us": float(np.percentile(latencies, 50) * 1e6),
-            "p99_us": float(np.percentile(latencies, 99) * 1e6)}
+            "p99_us": float(np.percentile(latencies, 99) * 1e6),
+            "server_cpu_us": (cpu_seconds(pid) - cpu) / n * 1e6}
 
 
 def pipelined(client: RpcClient, cmd: str, n: int) -> float:
@@ -147,10 +150,10 @@ def big_bodies(client: RpcClient, n: int) -> float:
     return n * BIG / (time.perf_counter() - started) / 1e6
 
 
-def measure(address: tuple[str, int], cmd: str, requests: int) -> dict[str, float]:
+def measure(address: tuple[str, int], pid: int, cmd: str, requests: int) -> dict[str, float]:
     with RpcClient(address) as client:
-        sequential(client, cmd, 500)  # warm up
-        result = sequential(client, cmd, requests)
+        sequential(client, cmd, 500, pid)  # warm up
+        result = sequential(client, cmd, requests, pid)
         result["pipelined_rps"] = pipelined(client, cmd, requests * 3)
         result["big_MBps"] = big_bodies(client, 100)
     return result
@@ -161,8 +164,8 @@ def run(requests: int) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as data:
         server, address = start_server(Path(data) / "data")
         try:
-            baseline = measure(echo_address, "ping", requests)
-            ours = measure(address, "ping", requests)
+            baseline = measure(echo_address, echo.pid, "ping", requests)
+            ours = measure(address, server.pid, "ping", requests)
         finally:
             server.terminate()
             server.wait(30)
@@ -264,7 +267,8 @@ def show(results: dict[str, dict[str, float]]) -> None:
     for col in ("what", "echo baseline", "shardmgr serve", "ratio"):
         table.add_column(col, justify="right")
     rows = [("sequential requests/s", "rps", "{:,.0f}"), ("p50 round trip (us)", "p50_us", "{:,.1f}"),
-            ("p99 round trip (us)", "p99_us", "{:,.1f}"), ("pipelined requests/s (64 in flight)",
+            ("p99 round trip (us)", "p99_us", "{:,.1f}"),
+            ("server CPU per sequential request (us)", "server_cpu_us", "{:,.1f}"), ("pipelined requests/s (64 in flight)",
                                                            "pipelined_rps", "{:,.0f}"),
             ("4 MiB bodies, MB/s", "big_MBps", "{:,.0f}")]
     for label, key, fmt in rows:
