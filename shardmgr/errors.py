@@ -10,7 +10,7 @@ from __future__ import annotations
 from common.wire.errors import BadRequest, Conflict, DiskFull, NotFound, ServiceError
 
 __all__ = ["ShardmgrError", "UnknownCollection", "CollectionConflict", "BadName", "BadVectors", "UnknownRef",
-           "CannotVerify", "DiskFull"]
+           "RowDeleted", "CannotVerify", "DiskFull"]
 
 
 class ShardmgrError(ServiceError):
@@ -48,6 +48,12 @@ class UnknownRef(ShardmgrError, NotFound):
     """A ref names no stored row (never returned by append, or its shard is quarantined)."""
 
     code = "shardmgr.unknown_ref"
+
+
+class RowDeleted(ShardmgrError, NotFound):
+    """A ref names a row that was deleted (``delete``/``delete_ids``)."""
+
+    code = "shardmgr.deleted"
 
 
 class CannotVerify(ShardmgrError):

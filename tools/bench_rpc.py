@@ -268,8 +268,8 @@ def show(results: dict[str, dict[str, float]]) -> None:
         table.add_column(col, justify="right")
     rows = [("sequential requests/s", "rps", "{:,.0f}"), ("p50 round trip (us)", "p50_us", "{:,.1f}"),
             ("p99 round trip (us)", "p99_us", "{:,.1f}"),
-            ("server CPU per sequential request (us)", "server_cpu_us", "{:,.1f}"), ("pipelined requests/s (64 in flight)",
-                                                           "pipelined_rps", "{:,.0f}"),
+            ("server CPU per sequential request (us)", "server_cpu_us", "{:,.1f}"),
+            ("pipelined requests/s (64 in flight)", "pipelined_rps", "{:,.0f}"),
             ("4 MiB bodies, MB/s", "big_MBps", "{:,.0f}")]
     for label, key, fmt in rows:
         table.add_row(label, fmt.format(results["echo"][key]), fmt.format(results["server"][key]),

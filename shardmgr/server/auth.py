@@ -59,6 +59,7 @@ COMMAND_ROLES: dict[str, str] = {
     "workq.kick": ADMIN,
     # the vector store (shardmgr/store/service.py)
     "shardmgr.create_collection": WRITE, "shardmgr.append": WRITE, "shardmgr.flush": WRITE,
+    "shardmgr.delete": WRITE, "shardmgr.delete_ids": WRITE,
     "shardmgr.collections": READ, "shardmgr.collection_info": READ, "shardmgr.search": READ,
     "shardmgr.get": READ,
 }

@@ -40,13 +40,18 @@ def vectors(value: Any, dim: int, what: str = "vectors", max_rows: int | None = 
     return array
 
 
-def ids(value: Any, rows: int) -> np.ndarray:
-    """int64 [rows]; other integer dtypes converted when the values fit."""
+def ids(value: Any, rows: int | None, max_rows: int | None = None) -> np.ndarray:
+    """int64 [rows] (``rows`` None: any length up to ``max_rows``); other
+    integer dtypes converted when the values fit."""
     array = np.asarray(value)
     if array.dtype.kind not in "iu" and array.size:
         raise BadVectors(f"ids must be integers (int64), got {array.dtype}")
-    if array.ndim != 1 or array.shape[0] != rows:
+    if rows is None and array.ndim != 1:
+        raise BadVectors(f"ids must be a 1-D integer array, got shape {list(array.shape)}")
+    if rows is not None and (array.ndim != 1 or array.shape[0] != rows):
         raise BadVectors(f"ids must have shape [{rows}] (one per vector), got {list(array.shape)}")
+    if max_rows is not None and len(array) > max_rows:
+        raise BadVectors(f"ids: {len(array)} in one call; the limit is {max_rows}")
     if array.dtype.kind == "u" and rows and int(array.max()) > np.iinfo(np.int64).max:
         raise BadVectors("ids must fit in int64")
     return np.ascontiguousarray(array, dtype=np.int64)

@@ -38,6 +38,17 @@ class StoreClient:
                               {"vectors": np.asarray(vectors), "ids": np.asarray(ids)})
         return reply.parts["refs"]
 
+    def delete(self, name: str, refs: Any, durable: bool = False) -> int:
+        """Delete the rows ``refs`` name; how many were not deleted before (see Store.delete)."""
+        reply = self.rpc.call("shardmgr.delete", {"name": name, "durable": durable}, {"refs": batch.refs(refs)})
+        return int(reply.result["deleted"])
+
+    def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
+        """Delete every live row carrying one of ``ids``; how many rows (see Store.delete_ids)."""
+        reply = self.rpc.call("shardmgr.delete_ids", {"name": name, "durable": durable},
+                              {"ids": batch.ids(ids, None)})
+        return int(reply.result["deleted"])
+
     def search(self, name: str, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scores, ids, refs), each [nq, k]; missing results have ref -1."""
         k = int(k) if isinstance(k, np.integer) else k  # the server checks its range

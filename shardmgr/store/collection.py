@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import faiss
 import msgpack
 import numpy as np
 
@@ -35,9 +36,9 @@ from common.journal import Flusher, Journal, Ticket
 from common.journal.check import read_regular
 from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
-from shardmgr.errors import BadName, BadVectors, CollectionConflict, UnknownRef
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted, UnknownRef
 
-from . import index, metadata
+from . import deletes, index, metadata
 from .config import INDEX_TYPES, StoreConfig
 from .search import Hits, merge, search_rows, shard_part
 from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of, split_refs
@@ -197,6 +198,33 @@ class Collection:
         self._publish()
         return True
 
+    def delete(self, refs: np.ndarray) -> tuple[int, list[Ticket]]:
+        """Delete the rows ``refs`` name (checked: UnknownRef for the first
+        that names no stored row, before anything is written); rows already
+        deleted are skipped. (rows newly deleted, the tickets to wait for).
+        The caller holds the store's write lock."""
+        self._check_refs(refs)
+        shards, rows = split_refs(refs)
+        deleted, tickets = 0, []
+        for shard_id in np.unique(shards).tolist():
+            count, ticket = self.shards[shard_id].delete(rows[shards == shard_id])
+            deleted += count
+            if ticket is not None:
+                tickets.append(ticket)
+        self._publish()
+        return deleted, tickets
+
+    def refs_of_ids(self, ids: np.ndarray) -> np.ndarray:
+        """The refs of every live row carrying one of ``ids`` (a scan of every shard's ids)."""
+        found = []
+        for view in self.views():
+            hit = np.isin(view.ids, ids)
+            if view.deleted is not None:
+                n = min(len(view.deleted), view.rows)
+                hit[:n] &= ~view.deleted[:n]
+            found.append(ref_of(view.shard, np.flatnonzero(hit)))
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
     def _publish(self) -> None:
         self._views = [shard.view() for shard in list(self.shards.values())]
 
@@ -206,13 +234,20 @@ class Collection:
         return self._views
 
     def search(self, queries: np.ndarray, k: int) -> Hits:
+        """Top-k live rows over every shard (deleted rows are skipped inside faiss)."""
         parts = []
         for view in self.views():
+            if view.live <= 0:
+                continue
+            keep = deletes.selector(view.deleted) if view.deleted is not None else None
             if view.index is not None:
-                view.index.hnsw.efSearch = max(self.config.hnsw_ef_search, k)
-                scores, rows = view.index.search(queries, min(k, view.rows))
+                # faiss's own type stubs lack SearchParametersHNSW; the class exists (faiss >= 1.7.3)
+                params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, k))  # type: ignore[attr-defined]
+                if keep is not None:
+                    params.sel = keep.selector
+                scores, rows = view.index.search(queries, min(k, view.rows), params=params)
             else:
-                scores, rows = search_rows(queries, view.vectors, k, self.metric)
+                scores, rows = search_rows(queries, view.vectors, k, self.metric, keep)
             parts.append(shard_part(view.shard, scores, rows, view.ids))
         return merge(parts, len(queries), k, self.metric)
 
@@ -231,11 +266,28 @@ class Collection:
             self._publish()
 
     def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first bad one."""
-        views = {view.shard: view for view in self.views()}
+        """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first
+        that names no stored row, RowDeleted the first deleted one."""
+        views = self._check_refs(refs)
         shards, rows = split_refs(refs)
         vectors = np.empty((len(refs), self.dim), dtype=np.float32)
         ids = np.empty(len(refs), dtype=np.int64)
+        for shard_id in np.unique(shards).tolist():
+            mine = np.flatnonzero(shards == shard_id)
+            view, wanted = views[shard_id], rows[mine]
+            if view.deleted is not None:
+                n = len(view.deleted)
+                gone = (wanted < n) & view.deleted[np.minimum(wanted, n - 1)]
+                if gone.any():
+                    raise RowDeleted(f"collection {self.name!r}: ref {int(refs[mine][np.argmax(gone)])} was deleted")
+            vectors[mine] = view.vectors[wanted]
+            ids[mine] = view.ids[wanted]
+        return vectors, ids
+
+    def _check_refs(self, refs: np.ndarray) -> dict[int, View]:
+        """The views by shard id, once every ref names a stored row (else UnknownRef naming the first bad one)."""
+        views = {view.shard: view for view in self.views()}
+        shards, rows = split_refs(refs)
         for shard_id in np.unique(shards).tolist():
             mine = np.flatnonzero(shards == shard_id)
             view = views.get(shard_id)
@@ -243,14 +295,13 @@ class Collection:
             if view is None or (wanted >= view.rows).any() or (refs[mine] < 0).any():
                 bad = int(refs[mine][0] if view is None else refs[mine][np.argmax(wanted >= view.rows)])
                 raise UnknownRef(f"collection {self.name!r}: ref {bad} names no stored row")
-            vectors[mine] = view.vectors[wanted]
-            ids[mine] = view.ids[wanted]
-        return vectors, ids
+        return views
 
     def info(self) -> dict[str, Any]:
         views = self.views()  # a snapshot: appends and seals on other threads do not disturb it
+        deleted = sum(v.deleted_count for v in views)
         return {"name": self.name, "dim": self.dim, "metric": self.metric, "index": self.index,
-                "rows": sum(v.rows for v in views), "shards": len(views),
+                "rows": sum(v.rows for v in views) - deleted, "deleted": deleted, "shards": len(views),
                 "sealed": sum(1 for v in views if v.sealed), "growing": sum(1 for v in views if not v.sealed),
                 "bytes": sum(v.rows for v in views) * (self.dim * 4 + 8), "quarantined": list(self.quarantined)}
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import faiss
 import numpy as np
 
+from .deletes import Selector
 from .shard import ref_of
 
 METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
@@ -37,12 +38,26 @@ def worst(metric: str) -> float:
     return np.inf if metric == "l2" else -np.inf
 
 
-def search_rows(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k over in-place rows: (scores, row numbers), [nq, min(k, rows)]."""
+def search_rows(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str,
+                keep: Selector | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k over in-place rows: (scores, row numbers), [nq, min(k, rows)];
+    with ``keep``, over the rows it selects only (row -1 where fewer are left)."""
     k = min(k, len(vectors))
     if k == 0:
         return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-    return faiss.knn(queries, vectors, k, metric=METRICS[metric])
+    if keep is None:
+        return faiss.knn(queries, vectors, k, metric=METRICS[metric])
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    vectors = np.ascontiguousarray(vectors)  # mapped rows are contiguous already: no copy
+    nq, dim = queries.shape
+    scores, rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+    args = (faiss.swig_ptr(queries), faiss.swig_ptr(vectors), dim, nq, len(vectors), k, faiss.swig_ptr(scores),
+            faiss.swig_ptr(rows))
+    if metric == "l2":
+        faiss.knn_L2sqr(*args, None, keep.selector)  # None: no precomputed norms
+    else:
+        faiss.knn_inner_product(*args, keep.selector)
+    return scores, rows
 
 
 def merge(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], nq: int, k: int, metric: str) -> Hits:

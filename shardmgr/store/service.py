@@ -33,6 +33,7 @@ class StoreService(Component):
             "shardmgr.create_collection": self._create, "shardmgr.collections": self._collections,
             "shardmgr.collection_info": self._info, "shardmgr.append": self._append,
             "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
+            "shardmgr.delete": self._delete, "shardmgr.delete_ids": self._delete_ids,
         }
 
     def commands(self) -> Iterable[str]:
@@ -72,6 +73,21 @@ class StoreService(Component):
         except FlushFailed as exc:
             raise DurabilityLost(str(exc)) from exc
         request.reply({"rows": len(refs)}, {"refs": refs})
+
+    def _delete(self, request: Request) -> None:
+        self._deleting(request, self.store.delete, "refs")
+
+    def _delete_ids(self, request: Request) -> None:
+        self._deleting(request, self.store.delete_ids, "ids")
+
+    @staticmethod
+    def _deleting(request: Request, delete: Callable[..., int], part: str) -> None:
+        name, durable = request.arg("name", str), request.arg("durable", bool, False)
+        try:
+            deleted = delete(name, request.part(part), durable=durable)
+        except FlushFailed as exc:
+            raise DurabilityLost(str(exc)) from exc
+        request.reply({"deleted": deleted})
 
     def _search(self, request: Request) -> None:
         scores, ids, refs = self.store.search(request.arg("name", str), request.part("queries"),

@@ -2,6 +2,7 @@
 
 * ``vectors``: float32 rows of the collection's dimension (rows.py)
 * ``ids``: one int64 per row (rows.py)
+* ``deletes`` (from the first delete on): the rows deleted since (deletes.py)
 * ``journal``: a ``SMSJ`` journal with one record per appended batch; its
   metadata is ``{collection, shard, dim, uuid}`` and each body is::
 
@@ -53,6 +54,7 @@ from common.journal.record import RECORD_HEADER_SIZE, align_up
 from common.journal.scan import RecordChunk
 
 from . import metadata
+from .deletes import DeleteLog
 from .rows import IDS, VECTORS, RowFile, RowHeader
 
 log = logging.getLogger(__name__)
@@ -93,13 +95,19 @@ class View:
     ids: np.ndarray  # [rows] int64, read-only, in place
     index: Any = None  # an approximate faiss index over the rows, if built (index.py)
     sealed: bool = False
+    deleted: np.ndarray | None = None  # bool mask of deleted rows (rows past its end are live); None: none deleted
+    deleted_count: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.rows - self.deleted_count
 
 
 class Shard:
     """One shard's files and row count."""
 
     def __init__(self, directory: Path, shard_id: int, dim: int, journal: Journal, vectors: RowFile,
-                 ids: RowFile, rows: int) -> None:
+                 ids: RowFile, rows: int, deletes: DeleteLog) -> None:
         self.directory = directory
         self.id = shard_id
         self.dim = dim
@@ -107,6 +115,7 @@ class Shard:
         self.vectors = vectors
         self.ids = ids
         self.rows = rows
+        self.deletes = deletes
         self.last_append = time.monotonic()
         self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
 
@@ -147,7 +156,8 @@ class Shard:
         vectors.extent, ids.extent, ids.preallocate = extent, max(4096, extent // dim), "zero"
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
-        return cls(directory, shard_id, dim, journal, vectors, ids, 0)
+        return cls(directory, shard_id, dim, journal, vectors, ids, 0,
+                   DeleteLog(directory, shard_id, uid, flusher, None, np.zeros(0, dtype=bool)))
 
     @property
     def sealed(self) -> bool:
@@ -175,6 +185,11 @@ class Shard:
         self.last_append = time.monotonic()
         return first, ticket
 
+    def delete(self, rows: np.ndarray) -> tuple[int, Ticket | None]:
+        """Delete rows of this shard (each < ``rows``, checked by the caller);
+        (rows newly deleted, the ticket of their record or None)."""
+        return self.deletes.add(rows, self.rows)
+
     def seal(self) -> None:
         """Make everything durable, cut the row files to size, seal the journal."""
         self.journal.flush()
@@ -183,11 +198,20 @@ class Shard:
         self.journal.seal()  # its flush syncs the truncated companions first
 
     def view(self) -> View:
-        rows = self.rows
-        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed)
+        rows, deletes = self.rows, self.deletes
+        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed,
+                    deletes.mask if deletes.count else None, deletes.count)
 
     def close(self) -> None:
         self.journal.close()
+        self.vectors.close()
+        self.ids.close()
+        self.deletes.close()
+
+    def abandon(self) -> None:
+        """Release the files without a further flush, as a crash would (crash tests)."""
+        self.journal.abandon()
+        self.deletes.abandon()
         self.vectors.close()
         self.ids.close()
 
@@ -205,7 +229,7 @@ class Shard:
         probe.close()
         try:
             if sealed:
-                return cls._open_sealed(directory, shard_id, dim)
+                return cls._open_sealed(directory, shard_id, dim, flusher)
             return cls._recover(directory, shard_id, dim, flusher)
         except ShardDamaged:
             raise
@@ -213,7 +237,7 @@ class Shard:
             raise ShardDamaged(directory, f"{type(exc).__name__}: {exc}") from exc
 
     @classmethod
-    def _open_sealed(cls, directory: Path, shard_id: int, dim: int) -> Shard:
+    def _open_sealed(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
         journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
         try:
             uid = _check_meta(journal, directory, shard_id, dim)
@@ -225,7 +249,13 @@ class Shard:
         except BaseException:
             journal.close()
             raise
-        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
+        try:
+            deletes = DeleteLog.open(directory, shard_id, uid, rows, flusher)
+        except BaseException:
+            for handle in (journal, vectors, ids):
+                handle.close()
+            raise
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
         for column in (vectors, ids):
             expect = 4096 + rows * column.header.row_bytes
             if column.size < expect:
@@ -252,7 +282,13 @@ class Shard:
             raise
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
-        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows)
+        try:
+            deletes = DeleteLog.open(directory, shard_id, uid, rows, flusher)
+        except BaseException:
+            for handle in (journal, vectors, ids):
+                handle.close()
+            raise
+        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
         for column in (vectors, ids):
             column.truncate(rows)
         journal.seal()  # syncs the cut row files (its companions) first

@@ -21,8 +21,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from .collection import Collection, check_name
 from .config import StoreConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Store:
@@ -116,9 +118,7 @@ class Store:
         with self._write:
             for collection in self._collections.values():
                 for shard in collection.shards.values():
-                    shard.journal.abandon()
-                    shard.vectors.close()
-                    shard.ids.close()
+                    shard.abandon()
             self._collections.clear()
         if self._lock_file is not None:
             self._lock_file.release()
@@ -204,13 +204,7 @@ class Store:
         if not len(checked):
             return np.zeros(0, dtype=np.int64), None
         with self._write:
-            try:
-                return collection.append(checked, checked_ids)
-            except OSError as exc:  # WriteFailed too: the collection stored nothing of the batch
-                if exc.errno in NO_SPACE:
-                    raise DiskFull(f"collection {name!r}: the disk is full: {exc} "
-                                   f"({free_bytes_under(self.root)} bytes free); nothing was stored") from exc
-                raise
+            return self._writing(name, lambda: collection.append(checked, checked_ids))
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
@@ -219,6 +213,45 @@ class Store:
         if durable and ticket is not None:
             ticket.journal.wait_durable(ticket)
         return refs
+
+    def delete(self, name: str, refs: Any, durable: bool = False) -> int:
+        """Delete the rows ``refs`` name: search never returns them again and
+        ``get`` answers RowDeleted. Returns how many were not deleted before
+        (deleting a deleted row again changes nothing). UnknownRef, before
+        anything is written, if a ref names no stored row. Durable like an
+        append: at the next flush, or before returning with ``durable``; a
+        crash before that flush may undo it (each shard's part of the call
+        as a whole)."""
+        collection = self.collection(name)
+        checked = batch.refs(refs, self.config.max_batch_rows)
+        with self._write:
+            deleted, tickets = self._writing(name, lambda: collection.delete(checked))
+        if durable:
+            for ticket in tickets:
+                ticket.journal.wait_durable(ticket)
+        return deleted
+
+    def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
+        """Delete every live row carrying one of ``ids`` (every shard's ids
+        are scanned); returns how many rows. Otherwise as :meth:`delete`."""
+        collection = self.collection(name)
+        wanted = batch.ids(ids, None, self.config.max_batch_rows)
+        with self._write:
+            deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)))
+        if durable:
+            for ticket in tickets:
+                ticket.journal.wait_durable(ticket)
+        return deleted
+
+    def _writing(self, name: str, write: Callable[[], T]) -> T:
+        """Run a write; a full disk becomes DiskFull (the collection stored nothing of it)."""
+        try:
+            return write()
+        except OSError as exc:  # WriteFailed too
+            if exc.errno in NO_SPACE:
+                raise DiskFull(f"collection {name!r}: the disk is full: {exc} "
+                               f"({free_bytes_under(self.root)} bytes free); nothing was stored") from exc
+            raise
 
     def flush(self) -> None:
         """Make every append so far durable now."""
@@ -252,6 +285,7 @@ class Store:
     def stats(self) -> dict[str, int]:
         infos = [c.info() for c in list(self._collections.values())]  # creators may add one meanwhile
         return {"collections": len(infos), "rows": sum(i["rows"] for i in infos),
+                "deleted_rows": sum(i["deleted"] for i in infos),
                 "shards": sum(i["shards"] for i in infos), "growing_shards": sum(i["growing"] for i in infos),
                 "quarantined_shards": sum(len(i["quarantined"]) for i in infos)}
 

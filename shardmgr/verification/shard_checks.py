@@ -6,7 +6,8 @@ metadata, both row files' headers (checksum, column, dtype, width, and the
 shard's uuid, so a file swapped in from another shard is caught), their
 sizes against the rows the journal holds, and, with ``deep``, every batch's
 crc32c of its vector and id bytes; the HNSW index files against the shard's
-row count, their recorded size and checksum. Leftover ``<id>.tmp``
+row count, their recorded size and checksum; the delete log
+(delete_checks.py). Leftover ``<id>.tmp``
 directories (a creation a crash cut short) are REPAIRABLE; quarantined
 shards and unknown files are NOTEs.
 
@@ -28,16 +29,17 @@ import numpy as np
 
 from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
-from shardmgr.store import index
+from shardmgr.store import deletes, index
 from shardmgr.store.collection import META_KIND, quarantine_reason
 from shardmgr.store.config import INDEX_TYPES
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
 from shardmgr.store.shard import BATCH, JOURNAL_KIND, TMP_SUFFIX, last_record
 
+from . import delete_checks
 from .row_checksums import batch_crcs
 
 SHARD_FILES = ("journal", "vectors", "ids")
-INDEX_FILES = (index.INDEX_FILE, index.META_FILE)
+OPTIONAL_FILES = (index.INDEX_FILE, index.META_FILE, deletes.FILE)
 
 
 def check(root: Path, findings: Findings, deep: bool) -> None:
@@ -101,8 +103,8 @@ def _collection_meta(directory: Path, findings: Findings) -> int | None:
 
 def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, deep: bool) -> None:
     names = {p.name for p in directory.iterdir()}
-    for name in sorted(names - set(SHARD_FILES) - set(INDEX_FILES)):
-        findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta")
+    for name in sorted(names - set(SHARD_FILES) - set(OPTIONAL_FILES)):
+        findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta, deletes")
     for name in SHARD_FILES:
         if name not in names:
             findings.add(directory / name, Severity.CORRUPT, "missing", "journal, vectors and ids in every shard",
@@ -119,6 +121,7 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
         finally:
             check.close()
     _index(directory, known, findings, deep)
+    delete_checks.check(directory, shard_id, known, findings)
 
 
 def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, headers: dict[str, RowHeader | None],

@@ -15,7 +15,7 @@ import shardmgr
 from common.journal import Flusher, FlushFailed
 from common.wire.component import OnSent, Request
 from common.wire.errors import BadRequest, DurabilityLost
-from shardmgr.errors import BadName, BadVectors, CollectionConflict, UnknownCollection, UnknownRef
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted, UnknownCollection, UnknownRef
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.service import StoreService
 from tests.shardmgr.server.serverproc import ServerProcess
@@ -41,6 +41,27 @@ def test_append_search_get_over_the_wire(server: ServerProcess) -> None:
         np.testing.assert_array_equal(client.ids("docs", refs[:3]), [7, 8, 9])
         assert client.collection_info("docs")["rows"] == 500
         client.flush()
+
+
+def test_delete_over_the_wire(server: ServerProcess) -> None:
+    with shardmgr.connect(server.address) as client:
+        client.create_collection("c", 8)
+        data = np.random.default_rng(3).standard_normal((100, 8)).astype(np.float32)
+        refs = client.append("c", data, np.arange(100) % 10)
+        assert client.delete("c", refs[:5], durable=True) == 5
+        assert client.delete_ids("c", np.array([9], np.uint8), durable=True) == 10  # rows 9, 19, ..., 99
+        assert client.delete("c", refs[[0, 9]]) == 0
+        with pytest.raises(RowDeleted, match=str(int(refs[19]))):
+            client.get("c", refs[[10, 19]])
+        with pytest.raises(UnknownRef):
+            client.delete("c", [int(refs[6]), int(refs[-1]) + 1])
+        with pytest.raises(BadVectors, match="1-D"):
+            client.delete_ids("c", np.zeros((2, 2), np.int64))
+        _, ids, found = client.search("c", data[:10], k=3)
+        assert not np.isin(found, refs[:5]).any() and not (ids == 9).any()
+        info = client.collection_info("c")
+        assert (info["rows"], info["deleted"]) == (85, 15)
+        np.testing.assert_array_equal(client.get("c", refs[[5, 6]]), data[[5, 6]])
 
 
 def test_wire_errors_are_typed_and_change_nothing(server: ServerProcess) -> None:
