@@ -52,7 +52,7 @@ def ids(value: Any, rows: int | None, max_rows: int | None = None) -> np.ndarray
         raise BadVectors(f"ids must have shape [{rows}] (one per vector), got {list(array.shape)}")
     if max_rows is not None and len(array) > max_rows:
         raise BadVectors(f"ids: {len(array)} in one call; the limit is {max_rows}")
-    if array.dtype.kind == "u" and rows and int(array.max()) > np.iinfo(np.int64).max:
+    if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
         raise BadVectors("ids must fit in int64")
     return np.ascontiguousarray(array, dtype=np.int64)
 

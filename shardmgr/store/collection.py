@@ -118,7 +118,7 @@ class Collection:
             shard_id = int(path.name)
             seen.append(shard_id)
             try:
-                shard = Shard.open(path, shard_id, self.dim, self.flusher)
+                shard = Shard.open(path, shard_id, self.dim, self.flusher, self.config.extent_bytes)
             except ShardDamaged as exc:
                 self._quarantine(path, exc.reason)
                 continue
@@ -206,12 +206,14 @@ class Collection:
         self._check_refs(refs)
         shards, rows = split_refs(refs)
         deleted, tickets = 0, []
-        for shard_id in np.unique(shards).tolist():
-            count, ticket = self.shards[shard_id].delete(rows[shards == shard_id])
-            deleted += count
-            if ticket is not None:
-                tickets.append(ticket)
-        self._publish()
+        try:  # shard by shard: if one fails (a full disk), the shards before it keep their deletes
+            for shard_id in np.unique(shards).tolist():
+                count, ticket = self.shards[shard_id].delete(rows[shards == shard_id])
+                deleted += count
+                if ticket is not None:
+                    tickets.append(ticket)
+        finally:
+            self._publish()
         return deleted, tickets
 
     def refs_of_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -237,19 +239,28 @@ class Collection:
         """Top-k live rows over every shard (deleted rows are skipped inside faiss)."""
         parts = []
         for view in self.views():
-            if view.live <= 0:
-                continue
-            keep = deletes.selector(view.deleted) if view.deleted is not None else None
-            if view.index is not None:
-                # faiss's own type stubs lack SearchParametersHNSW; the class exists (faiss >= 1.7.3)
-                params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, k))  # type: ignore[attr-defined]
-                if keep is not None:
-                    params.sel = keep.selector
-                scores, rows = view.index.search(queries, min(k, view.rows), params=params)
-            else:
-                scores, rows = search_rows(queries, view.vectors, k, self.metric, keep)
-            parts.append(shard_part(view.shard, scores, rows, view.ids))
+            if view.live > 0:
+                scores, rows = self._search_shard(view, queries, k)
+                parts.append(shard_part(view.shard, scores, rows, view.ids))
         return merge(parts, len(queries), k, self.metric)
+
+    def _search_shard(self, view: View, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of one shard's top-k live rows. With an approximate
+        index, a query answered with fewer than min(k, live rows) rows (a
+        graph whose neighbourhoods are mostly deleted runs dry) is searched
+        again exactly: every shard returns k rows when it holds k live ones."""
+        keep = deletes.selector(view.deleted) if view.deleted is not None else None
+        if view.index is None:
+            return search_rows(queries, view.vectors, k, self.metric, keep)
+        # faiss's own type stubs lack SearchParametersHNSW; the class exists (faiss >= 1.7.3)
+        params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, k))  # type: ignore[attr-defined]
+        if keep is not None:
+            params.sel = keep.selector
+        scores, rows = view.index.search(queries, min(k, view.rows), params=params)
+        short = np.flatnonzero((rows >= 0).sum(axis=1) < min(k, view.live))
+        if len(short):
+            scores[short], rows[short] = search_rows(queries[short], view.vectors, rows.shape[1], self.metric, keep)
+        return scores, rows
 
     # --------------------------------------------------------------- indexes
 

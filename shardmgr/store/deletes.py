@@ -60,6 +60,8 @@ class DeleteLog:
         self.journal = journal
         self.mask = mask  # bool [rows known so far]; replaced, never mutated (views share it)
         self.count = int(np.count_nonzero(mask))
+        self.last: Ticket | None = None  # the newest record's ticket: a repeated delete waits for it too
+        self.past = False  # the log names rows past the shard's (ignored; the shard must not grow again)
 
     @classmethod
     def open(cls, directory: Path, shard_id: int, uuid: bytes, rows: int, flusher: Flusher | None) -> DeleteLog:
@@ -75,35 +77,40 @@ class DeleteLog:
             if meta["shard"] != shard_id or bytes(meta["uuid"]) != uuid:
                 raise FormatError(path, 0, f"a delete log of shard {meta['shard']} ({bytes(meta['uuid']).hex()}), "
                                   f"not of shard {shard_id} ({uuid.hex()})")
-            mask = np.zeros(rows, dtype=bool)
+            mask, past = np.zeros(rows, dtype=bool), False
             for record in journal.records():
                 deleted = rows_of(record.body, path, record.offset)
                 mask[deleted[deleted < rows]] = True
-                if len(deleted) and deleted[-1] >= rows:
-                    log.warning("%s: a delete names rows past the shard's %d recovered rows (lost with their "
-                                "batch in a crash): ignored", path, rows)
+                past = past or bool(deleted[-1] >= rows)
+            if past:
+                log.warning("%s: a delete names rows past the shard's %d recovered rows (lost with their batch "
+                            "in a crash): ignored", path, rows)
         except BaseException:
             journal.close()
             raise
+        log_ = cls(directory, shard_id, uuid, flusher, journal if flusher is not None else None, mask)
         if flusher is None:  # read-only: nothing more to read
             journal.close()
-            return cls(directory, shard_id, uuid, None, None, mask)
-        return cls(directory, shard_id, uuid, flusher, journal, mask)
+        log_.past = past
+        return log_
 
     def add(self, rows: np.ndarray, shard_rows: int) -> tuple[int, Ticket | None]:
         """Delete ``rows`` (each < ``shard_rows``, checked by the caller); rows
         already deleted are skipped. Returns (rows newly deleted, the ticket
-        that says when that is durable, None if nothing was written)."""
+        that says when all of ``rows`` are durably deleted: this call's
+        record, or if it wrote none the newest one, since a row deleted
+        before may still wait for its flush; None if the log is empty)."""
         mask = self.mask
         if len(mask) < shard_rows:
             mask = np.concatenate([mask, np.zeros(shard_rows - len(mask), dtype=bool)])
         fresh = np.unique(rows)
         fresh = fresh[~mask[fresh]]
         if not len(fresh):
-            return 0, None
+            return 0, self.last
         if self.journal is None:
             self.journal = self._create()
         _, ticket = self.journal.append(fresh.astype(ROW, copy=False).tobytes())
+        self.last = ticket
         mask = mask.copy() if mask is self.mask else mask
         mask[fresh] = True
         self.mask = mask

@@ -171,7 +171,18 @@ class RowFile:
         self._remap(size)
         self.size = size
 
+    def detach(self) -> None:
+        """Close the file descriptor and keep reading through the mapping
+        (a sealed file: nothing is written, cut or remapped any more, and a
+        write would fail with EBADF), so sealed shards hold no descriptors
+        however many there are."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
     def close(self) -> None:
         with contextlib.suppress(BufferError):  # a reader still holds rows; the mapping dies with them
             self._mm.close()  # type: ignore[union-attr]
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

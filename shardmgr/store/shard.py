@@ -53,7 +53,8 @@ from common.journal.filesystem import fsync_dir, make_dirs
 from common.journal.record import RECORD_HEADER_SIZE, align_up
 from common.journal.scan import RecordChunk
 
-from . import metadata
+from . import close_marker, metadata
+from .close_marker import Closed
 from .deletes import DeleteLog
 from .rows import IDS, VECTORS, RowFile, RowHeader
 
@@ -111,7 +112,7 @@ class Shard:
         self.directory = directory
         self.id = shard_id
         self.dim = dim
-        self.journal = journal
+        self.journal: Journal | None = journal  # None once sealed: a sealed shard holds no descriptors
         self.vectors = vectors
         self.ids = ids
         self.rows = rows
@@ -153,7 +154,7 @@ class Shard:
                 handle.close()
             shutil.rmtree(building, ignore_errors=True)
             raise
-        vectors.extent, ids.extent, ids.preallocate = extent, max(4096, extent // dim), "zero"
+        _grow_by(vectors, ids, extent, dim)
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
         return cls(directory, shard_id, dim, journal, vectors, ids, 0,
@@ -161,7 +162,16 @@ class Shard:
 
     @property
     def sealed(self) -> bool:
-        return self.journal.sealed
+        return self.journal is None or self.journal.sealed
+
+    def _let_go(self) -> None:
+        """A sealed shard is read through its mappings only: close its journal
+        and the row files' descriptors (its delete log stays open)."""
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+        self.vectors.detach()
+        self.ids.detach()
 
     @property
     def uuid(self) -> bytes:
@@ -180,6 +190,7 @@ class Shard:
         self.vectors.write(first, vectors)
         self.ids.write(first, ids)
         record = BATCH.pack(first, len(ids), crc32c.crc32c(vectors.data.cast("B")), crc32c.crc32c(ids.data.cast("B")))
+        assert self.journal is not None, "appended to a sealed shard"
         _, ticket = self.journal.append(record)
         self.rows = first + len(ids)
         self.last_append = time.monotonic()
@@ -192,10 +203,12 @@ class Shard:
 
     def seal(self) -> None:
         """Make everything durable, cut the row files to size, seal the journal."""
+        assert self.journal is not None, "sealed twice"
         self.journal.flush()
         for column in (self.vectors, self.ids):
             column.truncate(self.rows)
         self.journal.seal()  # its flush syncs the truncated companions first
+        self._let_go()
 
     def view(self) -> View:
         rows, deletes = self.rows, self.deletes
@@ -203,14 +216,25 @@ class Shard:
                     deletes.mask if deletes.count else None, deletes.count)
 
     def close(self) -> None:
-        self.journal.close()
-        self.vectors.close()
-        self.ids.close()
-        self.deletes.close()
+        """Flush and release the files. A growing shard then gets its
+        clean-close marker, so that the next open keeps it growing
+        (close_marker.py); if a flush fails it gets none (and is sealed then)."""
+        journal = self.journal
+        growing = Closed(self.uuid, self.rows, journal.end) if journal and self.rows and not journal.sealed else None
+        try:
+            if journal is not None:
+                journal.close()
+            self.deletes.close()
+        finally:
+            self.vectors.close()
+            self.ids.close()
+        if growing is not None:
+            close_marker.write(self.directory, growing)
 
     def abandon(self) -> None:
         """Release the files without a further flush, as a crash would (crash tests)."""
-        self.journal.abandon()
+        if self.journal is not None:
+            self.journal.abandon()
         self.deletes.abandon()
         self.vectors.close()
         self.ids.close()
@@ -218,9 +242,11 @@ class Shard:
     # --------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
-        """Open a shard, recovering (and then sealing) it if it was mid-build.
-        ShardDamaged if any check fails; nothing is changed then."""
+    def open(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher, extent: int = 64 << 20) -> Shard:
+        """Open a shard, recovering it if it was mid-build (sealed then,
+        unless it was closed cleanly: see close_marker.py); a growing
+        shard's row files grow by ``extent`` bytes. ShardDamaged if any
+        check fails; nothing is changed then."""
         try:
             probe = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
         except DAMAGE as exc:
@@ -230,7 +256,7 @@ class Shard:
         try:
             if sealed:
                 return cls._open_sealed(directory, shard_id, dim, flusher)
-            return cls._recover(directory, shard_id, dim, flusher)
+            return cls._recover(directory, shard_id, dim, flusher, extent)
         except ShardDamaged:
             raise
         except DAMAGE as exc:
@@ -238,6 +264,7 @@ class Shard:
 
     @classmethod
     def _open_sealed(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
+        close_marker.remove(directory)  # a crash between sealing and removing it left it: it says nothing now
         journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
         try:
             uid = _check_meta(journal, directory, shard_id, dim)
@@ -265,13 +292,15 @@ class Shard:
             if column.size > expect:  # sealing trimmed it: stray bytes, never read (verify --repair cuts them)
                 log.warning("shard %s: %s has %d bytes after its sealed rows", directory, column.path.name,
                             column.size - expect)
+        shard._let_go()
         return shard
 
     @classmethod
-    def _recover(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
+    def _recover(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher, extent: int) -> Shard:
         """Replay a mid-build shard: find the complete batches with a
         read-only look, reopen the journal dropping the rest, cut the row
-        files to the same rows, and seal."""
+        files to the same rows, and seal, unless its clean-close marker
+        says that nothing was lost: then it stays growing."""
         rows, cut = cls._replay(directory, shard_id, dim)
         journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, limit=cut)
         try:
@@ -291,8 +320,16 @@ class Shard:
         shard = cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
         for column in (vectors, ids):
             column.truncate(rows)
+        if cut is None and not deletes.past and close_marker.read(directory) == Closed(uid, rows, journal.end):
+            _grow_by(vectors, ids, extent, dim)
+            journal.flush()  # the cut row files (its companions) are durable before the marker goes
+            close_marker.remove(directory)
+            log.info("shard %s: closed cleanly with %d rows; still growing", directory, rows)
+            return shard
         journal.seal()  # syncs the cut row files (its companions) first
+        close_marker.remove(directory)
         fsync_dir(directory)
+        shard._let_go()
         log.info("shard %s: replayed and sealed with %d rows", directory, rows)
         return shard
 
@@ -324,6 +361,11 @@ class Shard:
             finally:
                 vectors.close()
                 ids.close()
+
+
+def _grow_by(vectors: RowFile, ids: RowFile, extent: int, dim: int) -> None:
+    """The growth steps of a growing shard's row files (ids: zero-filled, in proportion)."""
+    vectors.extent, ids.extent, ids.preallocate = extent, max(4096, extent // dim), "zero"
 
 
 def _batch_intact(vectors: RowFile, ids: RowFile, first: int, count: int, vectors_crc: int, ids_crc: int) -> bool:

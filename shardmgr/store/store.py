@@ -38,6 +38,8 @@ from .config import StoreConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+PARTLY = ("the rows of some shards may be deleted (not durably) and the others not: the call can be "
+          "repeated once there is space (rows deleted already count 0)")
 
 
 class Store:
@@ -225,7 +227,7 @@ class Store:
         collection = self.collection(name)
         checked = batch.refs(refs, self.config.max_batch_rows)
         with self._write:
-            deleted, tickets = self._writing(name, lambda: collection.delete(checked))
+            deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
         if durable:
             for ticket in tickets:
                 ticket.journal.wait_durable(ticket)
@@ -237,20 +239,21 @@ class Store:
         collection = self.collection(name)
         wanted = batch.ids(ids, None, self.config.max_batch_rows)
         with self._write:
-            deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)))
+            deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
+                                             PARTLY)
         if durable:
             for ticket in tickets:
                 ticket.journal.wait_durable(ticket)
         return deleted
 
-    def _writing(self, name: str, write: Callable[[], T]) -> T:
-        """Run a write; a full disk becomes DiskFull (the collection stored nothing of it)."""
+    def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored") -> T:
+        """Run a write; a full disk becomes DiskFull, saying what ``stored`` of it."""
         try:
             return write()
         except OSError as exc:  # WriteFailed too
             if exc.errno in NO_SPACE:
                 raise DiskFull(f"collection {name!r}: the disk is full: {exc} "
-                               f"({free_bytes_under(self.root)} bytes free); nothing was stored") from exc
+                               f"({free_bytes_under(self.root)} bytes free); {stored}") from exc
             raise
 
     def flush(self) -> None:

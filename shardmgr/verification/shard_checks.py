@@ -29,7 +29,7 @@ import numpy as np
 
 from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
-from shardmgr.store import deletes, index
+from shardmgr.store import close_marker, deletes, index
 from shardmgr.store.collection import META_KIND, quarantine_reason
 from shardmgr.store.config import INDEX_TYPES
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
@@ -39,7 +39,7 @@ from . import delete_checks
 from .row_checksums import batch_crcs
 
 SHARD_FILES = ("journal", "vectors", "ids")
-OPTIONAL_FILES = (index.INDEX_FILE, index.META_FILE, deletes.FILE)
+OPTIONAL_FILES = (index.INDEX_FILE, index.META_FILE, deletes.FILE, close_marker.FILE)
 
 
 def check(root: Path, findings: Findings, deep: bool) -> None:
@@ -104,7 +104,8 @@ def _collection_meta(directory: Path, findings: Findings) -> int | None:
 def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, deep: bool) -> None:
     names = {p.name for p in directory.iterdir()}
     for name in sorted(names - set(SHARD_FILES) - set(OPTIONAL_FILES)):
-        findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta, deletes")
+        findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta, deletes, "
+                                           "closed")
     for name in SHARD_FILES:
         if name not in names:
             findings.add(directory / name, Severity.CORRUPT, "missing", "journal, vectors and ids in every shard",
@@ -122,6 +123,8 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
             check.close()
     _index(directory, known, findings, deep)
     delete_checks.check(directory, shard_id, known, findings)
+    if close_marker.FILE in names:  # at worst unusable: the shard is then sealed at its next open, losing nothing
+        findings.journal(directory / close_marker.FILE, close_marker.KIND, deep=True, cap=Severity.NOTE).close()
 
 
 def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, headers: dict[str, RowHeader | None],

@@ -54,7 +54,7 @@ def test_a_pipe_gets_one_whole_line_per_finding(damaged: Path) -> None:
     assert out.stdout.splitlines() == [
         f"corrupt\t{path}\t4096\trows_checksum\trows 0..64 matching the batch's crc32c\tdifferent bytes",
         out.stdout.splitlines()[-1]]
-    assert out.stdout.splitlines()[-1].startswith("DATA CORRUPTION: 1 corrupt, 0 repairable, 0 note; 7 files, ")
+    assert out.stdout.splitlines()[-1].startswith("DATA CORRUPTION: 1 corrupt, 0 repairable, 0 note; 8 files, ")
     report = json.loads(piped("verify", "--deep", "--json", str(damaged)).stdout)  # --json as it was
     assert [(p["path"], p["offset"], p["what"]) for p in report["problems"]] == [(str(path), 4096, "rows_checksum")]
 

@@ -1,0 +1,191 @@
+"""SIGKILL a real server, many times, while a client appends and deletes durably.
+
+Appends, deletes by ref and deletes by id all ask for durable=True. After
+all the kills and restarts:
+
+* every confirmed delete holds: get answers RowDeleted, and a search with
+  the deleted row's own vector as the query does not return it;
+* every confirmed append that no delete may have touched comes back with
+  its exact vector and id, and is its own nearest neighbour;
+* the counts of collection_info lie between what was confirmed and what
+  may have been applied.
+
+A call cut off by a kill (Unavailable) has an unknown outcome: the rows of
+a cut-off append are never named again, and the refs a cut-off delete
+named are left out of both checks (unless a later confirmed delete named
+them). Each confirmed delete's count is checked against the rows it could
+have found live.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardmgr
+from common.journal.check import Severity
+from common.wire.errors import Unavailable
+from shardmgr.errors import RowDeleted
+from shardmgr.store.client import StoreClient
+from tests.shardmgr.server.serverproc import ServerProcess
+
+DIM = 8
+CHUNK = 200_000  # refs per get: within the per-call row limit
+
+
+@dataclasses.dataclass
+class Tracker:
+    """What the client was told, and what it may have caused without being told."""
+
+    rows: dict[int, tuple[np.ndarray, int]] = dataclasses.field(default_factory=dict)  # confirmed appends
+    refs_of_id: dict[int, list[int]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    unconfirmed: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)  # id -> rows
+    deleted: set[int] = dataclasses.field(default_factory=set)  # a confirmed delete named them
+    maybe: set[int] = dataclasses.field(default_factory=set)  # only a cut-off delete named them
+    deletes: int = 0
+    id_deletes: int = 0
+
+    def appended(self, refs: np.ndarray, vectors: np.ndarray, ids: np.ndarray) -> None:
+        for ref, vector, id_ in zip(refs.tolist(), vectors, ids.tolist()):
+            self.rows[ref] = (vector, id_)
+            self.refs_of_id[id_].append(ref)
+
+    def bounds(self, refs: set[int]) -> tuple[int, int]:
+        """(fewest, most) of ``refs`` a delete can find live now."""
+        sure = refs - self.deleted - self.maybe
+        return len(sure), len(sure) + len((refs & self.maybe) - self.deleted)
+
+    def confirm(self, refs: set[int]) -> None:
+        self.deleted |= refs
+        self.maybe -= refs
+
+    def cut_off(self, refs: set[int]) -> None:
+        self.maybe |= refs - self.deleted
+
+
+def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
+    rng = random.Random(seed)
+    config = tmp_path / "server.toml"
+    config.write_text("[store]\nseal_bytes = 16384\nextent_bytes = 65536\n")  # 512 rows a shard
+    server = ServerProcess(tmp_path / "data", "--config", str(config)).start()
+    try:
+        client = shardmgr.connect(server.address, retry_for=60.0, timeout=30.0)
+        client.create_collection("c", DIM, "l2")
+        stop = threading.Event()
+        kills = 0
+
+        def killer() -> None:
+            nonlocal kills
+            while not stop.wait(rng.uniform(0.2, 0.7)):
+                server.signal(signal.SIGKILL)
+                server.wait()
+                kills += 1
+                server.start()
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        seen = Tracker()
+        ops = random.Random(seed + 1)  # the killer thread has its own
+        deadline = time.monotonic() + seconds
+        step = 0
+        try:
+            while time.monotonic() < deadline:
+                step += 1
+                choice = ops.random()
+                if choice < 0.5 or not seen.rows:
+                    n = ops.randint(1, 60)
+                    vectors = np.random.default_rng(step).standard_normal((n, DIM)).astype(np.float32)
+                    ids = step * 1000 + np.arange(n) // 2  # two rows an id: delete_ids takes both
+                    try:
+                        refs = client.append("c", vectors, ids, durable=True)
+                    except Unavailable:
+                        seen.unconfirmed.update(ids.tolist())  # may be stored; its refs are unknown
+                        continue
+                    seen.appended(refs, vectors, ids)
+                elif choice < 0.8:
+                    known = list(seen.rows)
+                    named = ops.sample(known, min(len(known), ops.randint(1, 20)))
+                    if seen.deleted and ops.random() < 0.3:  # some deleted already
+                        named += ops.sample(sorted(seen.deleted), min(len(seen.deleted), 3))
+                    low, high = seen.bounds(set(named))
+                    try:
+                        count = client.delete("c", np.array(named, dtype=np.int64), durable=True)
+                    except Unavailable:
+                        seen.cut_off(set(named))
+                        continue
+                    assert low <= count <= high, f"delete of {len(named)} refs: {count} deleted, expected {low}..{high}"
+                    seen.confirm(set(named))
+                    seen.deletes += 1
+                else:
+                    wanted = ops.sample(sorted(seen.refs_of_id), min(len(seen.refs_of_id), ops.randint(1, 5)))
+                    wanted += ops.sample(sorted(seen.unconfirmed), min(len(seen.unconfirmed), 1))
+                    wanted.append(-1)  # an id no row carries
+                    carriers = {r for i in wanted for r in seen.refs_of_id.get(i, [])}
+                    low, high = seen.bounds(carriers)
+                    high += sum(seen.unconfirmed[i] for i in wanted)
+                    try:
+                        count = client.delete_ids("c", np.array(wanted, dtype=np.int64), durable=True)
+                    except Unavailable:
+                        seen.cut_off(carriers)
+                        continue
+                    assert low <= count <= high, f"delete_ids {wanted}: {count} deleted, expected {low}..{high}"
+                    seen.confirm(carriers)
+                    seen.id_deletes += 1
+        finally:
+            stop.set()
+            thread.join()
+        assert kills >= 2 and seen.deletes and seen.id_deletes, (kills, seen.deletes, seen.id_deletes)
+        check(client, seen, seed)
+        client.close()
+        server.signal(signal.SIGKILL)  # one last kill: what it leaves is only for recovery to repair
+        server.wait()
+        report = shardmgr.verify(tmp_path / "data", deep=True)
+        assert report.exit_code <= 1, [p for p in report.problems if p.severity == Severity.CORRUPT]
+    finally:
+        server.kill()
+
+
+def check(client: StoreClient, seen: Tracker, seed: int) -> None:
+    """Every confirmed delete holds; every untouched confirmed append is intact; the counts fit."""
+    sample = np.random.default_rng(seed)
+    kept = np.array(sorted(set(seen.rows) - seen.deleted - seen.maybe), dtype=np.int64)
+    assert len(kept)
+    vectors = np.stack([seen.rows[int(r)][0] for r in kept])
+    for start in range(0, len(kept), CHUNK):
+        part = slice(start, start + CHUNK)
+        np.testing.assert_array_equal(client.get("c", kept[part]), vectors[part])
+        np.testing.assert_array_equal(client.ids("c", kept[part]), [seen.rows[int(r)][1] for r in kept[part]])
+    some = sample.choice(len(kept), size=min(len(kept), 5000), replace=False)
+    _, _, nearest = client.search("c", vectors[some], k=1)
+    assert (nearest[:, 0] == kept[some]).all(), "a kept row is not its own nearest neighbour"
+
+    gone = np.array(sorted(seen.deleted), dtype=np.int64)
+    for ref in gone.tolist():
+        with pytest.raises(RowDeleted):
+            client.get("c", [ref])
+    some = sample.choice(len(gone), size=min(len(gone), 5000), replace=False)
+    _, _, found = client.search("c", np.stack([seen.rows[int(r)][0] for r in gone[some]]), k=3)
+    back = set(found.ravel().tolist()) & seen.deleted
+    assert not back, f"search returned {len(back)} deleted rows, e.g. {sorted(back)[:5]}"
+
+    info = client.collection_info("c")
+    assert info["deleted"] >= len(seen.deleted) and info["rows"] >= len(kept), info
+    assert len(seen.rows) <= info["rows"] + info["deleted"] <= len(seen.rows) + sum(seen.unconfirmed.values()), info
+
+
+def test_sigkill_during_durable_deletes(tmp_path: Path) -> None:
+    run_kills(tmp_path, seconds=6.0, seed=1)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_sigkill_during_durable_deletes_soak(tmp_path: Path) -> None:
+    run_kills(tmp_path, seconds=120.0, seed=2)
