@@ -36,12 +36,12 @@ from common.journal import Flusher, Journal, Ticket
 from common.journal.check import read_regular
 from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
-from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted, UnknownRef
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted
 
-from . import deletes, index, metadata
+from . import deletes, index, lineage, metadata, rewrite
 from .config import INDEX_TYPES, StoreConfig
 from .search import Hits, merge, search_rows, shard_part
-from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of, split_refs
+from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,9 @@ class Collection:
         self.shards: dict[int, Shard] = {}
         self.quarantined: list[str] = []
         self.next_shard = 1
-        self._views: list[View] = []  # snapshot for readers, replaced (never mutated) by writers
+        # for readers: the views and which shard now holds each rewritten one's rows;
+        # replaced together (never mutated) by writers
+        self._published: tuple[list[View], dict[int, int]] = ([], {})
 
     # -------------------------------------------------------------- lifecycle
 
@@ -111,9 +113,10 @@ class Collection:
         moved = sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.exists() else []
         seen = [int(p.name.split("-")[0]) for p in moved]
         self.quarantined = [f"{p.name}: {quarantine_reason(p)}" for p in moved]
-        for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a shard creation a crash cut short: no data
+        for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a creation or rewrite a crash cut short
             seen.append(int(path.name[:-len(TMP_SUFFIX)]))
             shutil.rmtree(path)
+        seen += self._remove_superseded()
         for path in sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()):
             shard_id = int(path.name)
             seen.append(shard_id)
@@ -130,6 +133,18 @@ class Collection:
                 shard.index = index.load(path, shard.rows, shard.uuid)
         self.next_shard = max(seen, default=0) + 1
         self._publish()
+
+    def _remove_superseded(self) -> list[int]:
+        """Remove shards a published rewrite replaced (a crash came between
+        its commit and their removal); returns their ids."""
+        dirs = {int(p.name): p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()}
+        superseded = {i for path in dirs.values() for i in rewrite.inputs_of(path)} & set(dirs)
+        for shard_id in sorted(superseded):
+            log.info("collection %s: removing shard %d, replaced by a rewrite", self.name, shard_id)
+            shutil.rmtree(dirs[shard_id])
+        if superseded:
+            fsync_dir(self.directory)
+        return sorted(superseded)
 
     def _quarantine(self, path: Path, reason: str) -> None:
         target = quarantine(path, reason)
@@ -203,11 +218,10 @@ class Collection:
         that names no stored row, before anything is written); rows already
         deleted are skipped. (rows newly deleted, the tickets to wait for).
         The caller holds the store's write lock."""
-        self._check_refs(refs)
-        shards, rows = split_refs(refs)
+        shards, rows, _ = self._locate(refs)  # gone: deleted before a rewrite dropped the row
         deleted, tickets = 0, []
         try:  # shard by shard: if one fails (a full disk), the shards before it keep their deletes
-            for shard_id in np.unique(shards).tolist():
+            for shard_id in np.unique(shards[shards >= 0]).tolist():
                 count, ticket = self.shards[shard_id].delete(rows[shards == shard_id])
                 deleted += count
                 if ticket is not None:
@@ -224,16 +238,43 @@ class Collection:
             if view.deleted is not None:
                 n = min(len(view.deleted), view.rows)
                 hit[:n] &= ~view.deleted[:n]
-            found.append(ref_of(view.shard, np.flatnonzero(hit)))
+            rows = np.flatnonzero(hit)
+            found.append(view.refs[rows] if view.refs is not None else ref_of(view.shard, rows))
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def _publish(self) -> None:
-        self._views = [shard.view() for shard in list(self.shards.values())]
+        shards = list(self.shards.values())
+        moved = {source: s.id for s in shards if s.lineage is not None for source in s.lineage.sources}
+        self._published = ([shard.view() for shard in shards], moved)
+
+    # -------------------------------------------------------------- rewrites
+
+    def plan_rewrite(self) -> rewrite.Plan | None:
+        """The next rewrite (rewrite.py), with a fresh shard id; caller holds the write lock."""
+        inputs = [s for s in rewrite.plan(list(self.shards.values()), self.config, self.dim)
+                  if s not in self.unindexed()]  # an index build would write into a directory being replaced
+        if not inputs or self.next_shard > MAX_SHARD:
+            return None
+        self.next_shard += 1
+        return rewrite.Plan(self.next_shard - 1, tuple(s.view() for s in inputs))
+
+    def publish_rewrite(self, built: rewrite.Built, plan: rewrite.Plan) -> None:
+        """Commit a built rewrite and drop its inputs; caller holds the write lock."""
+        inputs = [self.shards[v.shard] for v in plan.inputs]
+        final = rewrite.publish(built, plan, inputs, self.flusher)
+        shard = Shard.open(final, plan.shard_id, self.dim, self.flusher, self.config.extent_bytes)
+        self.shards[shard.id] = shard
+        for old in inputs:
+            del self.shards[old.id]
+        self._publish()
+        rewrite.remove(inputs)
+        log.info("collection %s: shards %s rewritten into %d (%d rows)", self.name,
+                 [s.id for s in inputs], shard.id, shard.rows)
 
     # ----------------------------------------------------------------- reads
 
     def views(self) -> list[View]:
-        return self._views
+        return self._published[0]
 
     def search(self, queries: np.ndarray, k: int) -> Hits:
         """Top-k live rows over every shard (deleted rows are skipped inside faiss)."""
@@ -241,7 +282,7 @@ class Collection:
         for view in self.views():
             if view.live > 0:
                 scores, rows = self._search_shard(view, queries, k)
-                parts.append(shard_part(view.shard, scores, rows, view.ids))
+                parts.append(shard_part(view.shard, scores, rows, view.ids, view.refs))
         return merge(parts, len(queries), k, self.metric)
 
     def _search_shard(self, view: View, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -279,34 +320,30 @@ class Collection:
     def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first
         that names no stored row, RowDeleted the first deleted one."""
-        views = self._check_refs(refs)
-        shards, rows = split_refs(refs)
+        views, _ = self._published
+        by_id = {view.shard: view for view in views}
+        shards, rows, gone = self._locate(refs)
+        if gone.any():
+            raise RowDeleted(f"collection {self.name!r}: ref {int(refs[np.argmax(gone)])} was deleted")
         vectors = np.empty((len(refs), self.dim), dtype=np.float32)
         ids = np.empty(len(refs), dtype=np.int64)
         for shard_id in np.unique(shards).tolist():
             mine = np.flatnonzero(shards == shard_id)
-            view, wanted = views[shard_id], rows[mine]
+            view, wanted = by_id[shard_id], rows[mine]
             if view.deleted is not None:
                 n = len(view.deleted)
-                gone = (wanted < n) & view.deleted[np.minimum(wanted, n - 1)]
-                if gone.any():
-                    raise RowDeleted(f"collection {self.name!r}: ref {int(refs[mine][np.argmax(gone)])} was deleted")
+                dead = (wanted < n) & view.deleted[np.minimum(wanted, n - 1)]
+                if dead.any():
+                    raise RowDeleted(f"collection {self.name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
             vectors[mine] = view.vectors[wanted]
             ids[mine] = view.ids[wanted]
         return vectors, ids
 
-    def _check_refs(self, refs: np.ndarray) -> dict[int, View]:
-        """The views by shard id, once every ref names a stored row (else UnknownRef naming the first bad one)."""
-        views = {view.shard: view for view in self.views()}
-        shards, rows = split_refs(refs)
-        for shard_id in np.unique(shards).tolist():
-            mine = np.flatnonzero(shards == shard_id)
-            view = views.get(shard_id)
-            wanted = rows[mine]
-            if view is None or (wanted >= view.rows).any() or (refs[mine] < 0).any():
-                bad = int(refs[mine][0] if view is None else refs[mine][np.argmax(wanted >= view.rows)])
-                raise UnknownRef(f"collection {self.name!r}: ref {bad} names no stored row")
-        return views
+    def _locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard ids, rows, gone) where ``refs`` name rows now (lineage.locate);
+        UnknownRef, naming the first, for a ref that names no stored row."""
+        views, moved = self._published
+        return lineage.locate(refs, {view.shard: view for view in views}, moved, self.name)
 
     def info(self) -> dict[str, Any]:
         views = self.views()  # a snapshot: appends and seals on other threads do not disturb it

@@ -32,6 +32,12 @@ class StoreConfig:
     #: HNSW build parameter M and search breadth efSearch (index = "hnsw").
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
+    #: A sealed shard whose live rows are fewer than this fraction of its rows is
+    #: rewritten without its deleted rows (0 turns rewriting off; rewrite.py) ...
+    rewrite_live_fraction: float = 0.5
+    #: ... and consecutive sealed shards whose live vectors are each under this
+    #: fraction of seal_bytes are merged into one (0 turns merging off).
+    merge_below_fraction: float = 0.25
 
     def validate(self) -> StoreConfig:
         if self.seal_bytes > 1 << 40:  # rows of 1-d vectors must stay below 2**40 (refs: shard << 40 | row)
@@ -41,6 +47,9 @@ class StoreConfig:
                              f"{self.seal_bytes} and {self.extent_bytes}")
         if not 0 < self.idle_seal_s < math.inf:  # also NaN
             raise ValueError(f"idle_seal_s must be a positive, finite number of seconds, got {self.idle_seal_s}")
+        for name in ("rewrite_live_fraction", "merge_below_fraction"):
+            if not 0 <= getattr(self, name) <= 1:  # also NaN
+                raise ValueError(f"{name} must be a fraction in 0..1, got {getattr(self, name)}")
         for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

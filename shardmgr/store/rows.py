@@ -1,11 +1,12 @@
-"""Row files: a shard's vectors and ids, fixed-stride rows after a header.
+"""Row files: a shard's vectors, ids (and refs), fixed-stride rows after a header.
 
 Layout (little-endian), one file per column of a shard::
 
     0     8   magic       b"\\x89SMROWS\\n"
     8     2   version     1
     10    2   reserved    0
-    12    4   column      b"VECS" (float32 vectors) or b"IDS_" (int64 ids)
+    12    4   column      b"VECS" (float32 vectors), b"IDS_" (int64 ids) or
+                          b"REFS" (int64 refs: rewritten shards only, lineage.py)
     16    4   dtype       numpy dtype string, b"<f4 " or b"<i8 "
     20    4   width       elements per row (the dimension; 1 for ids)
     24    4   row_bytes   width * item size: rows are packed, no padding
@@ -47,7 +48,7 @@ VERSION = 1
 HEADER_SIZE = 4096
 HEADER = struct.Struct("<8sHH4s4sII4x16s12x")  # 60 bytes, then the crc
 HEADER_USED = HEADER.size + 4  # the header's bytes in use; zeros follow up to HEADER_SIZE
-VECTORS, IDS = b"VECS", b"IDS_"
+VECTORS, IDS, REFS = b"VECS", b"IDS_", b"REFS"
 DTYPES = (b"<f4 ", b"<i8 ")  # as stored: numpy's dtype string, space padded
 EXTENT = 64 * MiB
 
@@ -82,7 +83,7 @@ class RowHeader:
                               f"computed {computed:#010x}")
         if version != VERSION:
             raise FormatError(path, 8, f"row file version {version} is not supported")
-        if column not in (VECTORS, IDS) or dtype not in DTYPES or width < 1:
+        if column not in (VECTORS, IDS, REFS) or dtype not in DTYPES or width < 1:
             raise FormatError(path, 12, f"column {column!r} of dtype {dtype!r} and width {width} is not a row "
                               "file's")
         header = cls(column, dtype.decode().strip(), width, uid)

@@ -90,11 +90,13 @@ def merge(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], nq: int, k
     return Hits(scores.astype(np.float32), ids, refs)
 
 
-def shard_part(shard: int, scores: np.ndarray, rows: np.ndarray,
-               ids_column: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(scores, ids, refs) of one shard's hits; faiss's -1 rows stay missing."""
+def shard_part(shard: int, scores: np.ndarray, rows: np.ndarray, ids_column: np.ndarray,
+               refs_column: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scores, ids, refs) of one shard's hits; faiss's -1 rows stay missing.
+    ``refs_column``: the rows' refs of a rewritten shard (lineage.py)."""
     found = rows >= 0
     safe = np.where(found, rows, 0)
     ids = np.where(found, ids_column[safe] if len(ids_column) else -1, -1)
-    refs = np.where(found, ref_of(shard, safe), -1)
+    named = refs_column[safe] if refs_column is not None and len(refs_column) else ref_of(shard, safe)
+    refs = np.where(found, named, -1)
     return scores, ids, refs

@@ -56,6 +56,7 @@ from common.journal.scan import RecordChunk
 from . import close_marker, metadata
 from .close_marker import Closed
 from .deletes import DeleteLog
+from .lineage import Lineage, open_refs
 from .rows import IDS, VECTORS, RowFile, RowHeader
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class View:
     sealed: bool = False
     deleted: np.ndarray | None = None  # bool mask of deleted rows (rows past its end are live); None: none deleted
     deleted_count: int = 0
+    refs: np.ndarray | None = None  # [rows] int64, the rows' refs (rewritten shards); None: shard << 40 | row
+    lineage: Lineage | None = None
 
     @property
     def live(self) -> int:
@@ -117,6 +120,8 @@ class Shard:
         self.ids = ids
         self.rows = rows
         self.deletes = deletes
+        self.refs: RowFile | None = None  # rewritten shards: each row's ref (lineage.py)
+        self.lineage: Lineage | None = None
         self.last_append = time.monotonic()
         self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
 
@@ -170,8 +175,9 @@ class Shard:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
-        self.vectors.detach()
-        self.ids.detach()
+        for column in (self.vectors, self.ids, self.refs):
+            if column is not None:
+                column.detach()
 
     @property
     def uuid(self) -> bytes:
@@ -213,7 +219,8 @@ class Shard:
     def view(self) -> View:
         rows, deletes = self.rows, self.deletes
         return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed,
-                    deletes.mask if deletes.count else None, deletes.count)
+                    deletes.mask if deletes.count else None, deletes.count,
+                    self.refs.rows(rows) if self.refs is not None else None, self.lineage)
 
     def close(self) -> None:
         """Flush and release the files. A growing shard then gets its
@@ -226,8 +233,9 @@ class Shard:
                 journal.close()
             self.deletes.close()
         finally:
-            self.vectors.close()
-            self.ids.close()
+            for column in (self.vectors, self.ids, self.refs):
+                if column is not None:
+                    column.close()
         if growing is not None:
             close_marker.write(self.directory, growing)
 
@@ -236,8 +244,9 @@ class Shard:
         if self.journal is not None:
             self.journal.abandon()
         self.deletes.abandon()
-        self.vectors.close()
-        self.ids.close()
+        for column in (self.vectors, self.ids, self.refs):
+            if column is not None:
+                column.close()
 
     # --------------------------------------------------------------- opening
 
@@ -277,12 +286,19 @@ class Shard:
             journal.close()
             raise
         try:
+            lineage = Lineage.decode(msgpack.unpackb(journal.metadata), journal.path)
             deletes = DeleteLog.open(directory, shard_id, uid, rows, flusher)
         except BaseException:
             for handle in (journal, vectors, ids):
                 handle.close()
             raise
         shard = cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
+        if lineage is not None:
+            try:
+                shard.refs, shard.lineage = open_refs(directory, uid, rows, lineage), lineage
+            except BaseException:
+                shard.close()
+                raise
         for column in (vectors, ids):
             expect = 4096 + rows * column.header.row_bytes
             if column.size < expect:

@@ -32,12 +32,14 @@ from common.journal.filesystem import NO_SPACE, make_dirs
 from common.journal.lockfile import LockFile
 from shardmgr.errors import DiskFull, UnknownCollection
 
-from . import batch, index
+from . import batch, index, rewrite
 from .collection import Collection, check_name
 from .config import StoreConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_REWRITES = 10_000
+"""Most rewrites one compact() call runs (each removes a shard or a share of deleted rows)."""
 PARTLY = ("the rows of some shards may be deleted (not durably) and the others not: the call can be "
           "repeated once there is space (rows deleted already count 0)")
 
@@ -57,6 +59,7 @@ class Store:
         self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
         self._lock_file = LockFile(self.data_dir) if lock else None
         self._write = threading.Lock()
+        self._rewriting = threading.Lock()  # one rewrite at a time: the maintenance thread's or compact()'s
         self._collections: dict[str, Collection] = {}
         self._index_failed: set[Path] = set()  # shards whose index build failed (index thread)
         self._stop = threading.Event()
@@ -135,11 +138,35 @@ class Store:
         while not self._stop.wait(1.0):
             idle_since = time.monotonic() - self.config.idle_seal_s
             for collection in list(self._collections.values()):
-                with self._write:
-                    try:
+                try:
+                    with self._write:
                         collection.seal_idle(idle_since)
-                    except Exception:  # keep maintaining the others; the error is in the log
-                        log.exception("shardmgr: sealing an idle shard of %s failed", collection.name)
+                    self._rewrite_once(collection)
+                except Exception:  # keep maintaining the others; the error is in the log
+                    log.exception("shardmgr: maintaining %s (idle seal, rewrite) failed", collection.name)
+
+    def compact(self, name: str | None = None) -> int:
+        """Run the rewrites that are due now (shards mostly deleted, small
+        shards to merge: rewrite.py), in ``name`` or every collection, until
+        none is; returns how many ran. The maintenance thread does the same
+        in the background, one rewrite per collection per second."""
+        done = 0
+        for collection in [self.collection(name)] if name is not None else list(self._collections.values()):
+            while done < MAX_REWRITES and self._rewrite_once(collection):
+                done += 1
+        return done
+
+    def _rewrite_once(self, collection: Collection) -> bool:
+        """Plan, build (off the write lock) and publish one rewrite; False if none is due."""
+        with self._rewriting:
+            with self._write:
+                plan = collection.plan_rewrite()
+            if plan is None:
+                return False
+            built = rewrite.build(collection.directory, plan, collection.dim, collection.name, self.flusher)
+            with self._write:
+                collection.publish_rewrite(built, plan)
+            return True
 
     def _index(self) -> None:
         """Build approximate indexes of sealed shards, one at a time, off the write lock."""

@@ -29,17 +29,17 @@ import numpy as np
 
 from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
-from shardmgr.store import close_marker, deletes, index
+from shardmgr.store import close_marker, deletes, index, lineage
 from shardmgr.store.collection import META_KIND, quarantine_reason
 from shardmgr.store.config import INDEX_TYPES
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
 from shardmgr.store.shard import BATCH, JOURNAL_KIND, TMP_SUFFIX, last_record
 
-from . import delete_checks
+from . import delete_checks, lineage_checks
 from .row_checksums import batch_crcs
 
 SHARD_FILES = ("journal", "vectors", "ids")
-OPTIONAL_FILES = (index.INDEX_FILE, index.META_FILE, deletes.FILE, close_marker.FILE)
+OPTIONAL_FILES = (index.INDEX_FILE, index.META_FILE, deletes.FILE, close_marker.FILE, lineage.FILE)
 
 
 def check(root: Path, findings: Findings, deep: bool) -> None:
@@ -105,7 +105,7 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
     names = {p.name for p in directory.iterdir()}
     for name in sorted(names - set(SHARD_FILES) - set(OPTIONAL_FILES)):
         findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta, deletes, "
-                                           "closed")
+                                           "closed, refs")
     for name in SHARD_FILES:
         if name not in names:
             findings.add(directory / name, Severity.CORRUPT, "missing", "journal, vectors and ids in every shard",
@@ -113,14 +113,17 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
     # each file on its own first, so that damage to one is reported whatever the state of the others
     headers: dict[str, RowHeader | None] = {c: _row_header(directory / c, findings) for c in ("vectors", "ids")
                                              if c in names}
-    known = None
+    known, raw_meta = None, None
     if "journal" in names:
         check = findings.journal(directory / "journal", JOURNAL_KIND, deep)
         try:
             if check.journal is not None:
                 known = _rows(directory, shard_id, dim, check, headers, findings, deep)
+                raw_meta = check.journal.metadata
         finally:
             check.close()
+    if raw_meta is not None:
+        lineage_checks.check(directory, raw_meta, known, findings)
     _index(directory, known, findings, deep)
     delete_checks.check(directory, shard_id, known, findings)
     if close_marker.FILE in names:  # at worst unusable: the shard is then sealed at its next open, losing nothing

@@ -47,7 +47,7 @@ def short_sessions(tmp_path: Path, sessions: int) -> None:
 
 
 def test_short_sessions_leave_one_shard_and_no_extra_fds(tmp_path: Path) -> None:
-    short_sessions(tmp_path, 150)
+    short_sessions(tmp_path, 60)
 
 
 @pytest.mark.soak

@@ -1,0 +1,68 @@
+"""Checking a rewritten shard's lineage offline (shard_checks.py calls it).
+
+A shard a rewrite produced (shardmgr/store/lineage.py) has a ``refs`` row
+file: its header (column REFS, int64, the shard's uuid), its size against
+the shard's rows, and its rows against the crc32c in the journal's metadata,
+strictly ascending, each naming a row of a source shard. Any failure is
+CORRUPT: the refs are how old refs find their rows. A shard the rewrite
+replaced that is still there (a crash came between the commit and its
+removal) is a NOTE: the next start removes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+
+from common.journal.check import Findings, Severity
+from common.journal.errors import FormatError
+from shardmgr.store import lineage
+from shardmgr.store.rows import REFS, RowFile
+
+
+def check(directory: Path, raw_meta: bytes, known: tuple[int, bytes] | None, findings: Findings) -> None:
+    """Check ``directory``'s refs file if its journal metadata (``raw_meta``)
+    says it was rewritten; ``known``: the shard's (rows, uuid), if known."""
+    path = directory / lineage.FILE
+    try:
+        found = lineage.Lineage.decode(msgpack.unpackb(raw_meta), directory / "journal")
+    except (FormatError, ValueError, msgpack.UnpackException) as exc:
+        findings.add(directory / "journal", Severity.CORRUPT, "lineage", "{sources, inputs, refs_crc}", str(exc), 64)
+        return
+    if found is None:
+        if path.exists():
+            findings.unknown(path, "a refs file in rewritten shards only")
+        return
+    for replaced in (directory.parent / f"{i:08d}" for i in found.inputs):
+        if replaced.exists():
+            findings.add(replaced, Severity.NOTE, "superseded", "no shard a rewrite replaced",
+                         f"replaced by shard {directory.name}; removed at the next start")
+    if not path.exists():
+        findings.add(path, Severity.CORRUPT, "missing", "the refs of a rewritten shard", "no such file")
+        return
+    if known is not None:
+        _refs(path, known, found, findings)
+
+
+def _refs(path: Path, known: tuple[int, bytes], found: lineage.Lineage, findings: Findings) -> None:
+    rows, uid = known
+    try:
+        refs = RowFile.open(path, writable=False)
+    except (FormatError, OSError) as exc:
+        findings.add(path, Severity.CORRUPT, "refs", "a refs row file", str(exc))
+        return
+    try:
+        header = refs.header
+        if (header.column, header.dtype, header.width) != (REFS, "<i8", 1) or header.uuid != uid:
+            findings.add(path, Severity.CORRUPT, "foreign_file", "the refs file of this shard", str(header), 0)
+        elif refs.rows_fitting() < rows:
+            findings.add(path, Severity.CORRUPT, "rows_missing", f"{rows} refs", f"{refs.rows_fitting()}")
+        else:
+            lineage.check_refs(refs.rows(rows), found, path)
+            findings.done(path, rows * 8)
+    except FormatError as exc:
+        findings.add(path, Severity.CORRUPT, "refs", "ascending refs of source rows, matching their crc32c",
+                     exc.detail)
+    finally:
+        refs.close()
