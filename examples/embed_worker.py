@@ -38,7 +38,8 @@ class Task:
     texts: list[str]
 
     def encode(self) -> bytes:
-        return msgpack.packb(asdict(self))
+        packed: bytes = msgpack.packb(asdict(self))
+        return packed
 
     @staticmethod
     def decode(payload: bytes) -> Task:
@@ -46,7 +47,8 @@ class Task:
 
 
 def encode_result(ids: list[int], chunks: list[int], refs: np.ndarray) -> bytes:
-    return msgpack.packb({"ids": ids, "chunks": chunks, "refs": [int(r) for r in refs]})
+    packed: bytes = msgpack.packb({"ids": ids, "chunks": chunks, "refs": refs.tolist()})
+    return packed
 
 
 def decode_result(payload: bytes) -> list[tuple[int, int, int]]:

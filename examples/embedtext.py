@@ -53,8 +53,10 @@ def embed(model: Any, texts: list[str]) -> np.ndarray:
         return np.zeros((0, DIM), dtype=np.float32)
     vectors = np.asarray(model.embed(texts, norm=False), dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = np.zeros_like(vectors)
     # wordllama's own norm=True divides by zero for an empty text; the store refuses NaN
-    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    np.divide(vectors, norms, out=unit, where=norms > 0)
+    return unit
 
 
 def chunks(text: str, max_chars: int) -> list[str]:
