@@ -23,31 +23,25 @@ from shardmgr.store.client import StoreClient
 OVERFETCH = 4  # chunks asked per document wanted, as one document's chunks can crowd the top
 
 
-def nearest(store: StoreClient, model: Any, collection: str, by_ref: dict[int, Doc], query: str,
+def nearest(store: StoreClient, model: Any, collection: str, docs: dict[int, Doc], query: str,
             k: int) -> list[tuple[float, Doc]]:
     """Up to ``k`` (score, document) pairs nearest to ``query``, best first.
 
-    A ref the refs file does not name (a vector of another run) is reported
-    as a document of its own, named by its id.
+    A vector's id is its document's number, so a hit is named through the
+    id: that also names a row no result reported (a task a worker appended
+    twice because its lease ended before it completed), as the same chunk.
     """
     scores, ids, refs = store.search(collection, embed(model, [query]), k=k * OVERFETCH)
     hits: list[tuple[float, Doc]] = []
-    seen: set[int] = set()
     for score, vector_id, ref in zip(scores[0].tolist(), ids[0].tolist(), refs[0].tolist()):
         if ref < 0:  # fewer vectors than asked for
             break
-        doc = by_ref.get(ref) or Doc(vector_id, f"<id {vector_id}, ref {ref}: not in the refs file>", "")
-        if doc.id not in seen:
-            seen.add(doc.id)
-            hits.append((score, doc))
+        if any(doc.id == vector_id for _, doc in hits):
+            continue
+        hits.append((score, docs.get(vector_id) or Doc(vector_id, f"<id {vector_id}: not in the refs file>", "")))
         if len(hits) == k:
             break
     return hits
-
-
-def docs_by_ref(docs: list[Doc], refs: dict[int, list[int]]) -> dict[int, Doc]:
-    """ref -> the document one of whose chunks it is."""
-    return {ref: doc for doc in docs for ref in refs[doc.id]}
 
 
 @click.command()
@@ -63,14 +57,15 @@ def main(query: str, collection: str, refs_file: Path | None, address: str, k: i
     refs_file = refs_file or Path(f"{collection}.refs.jsonl")
     if not refs_file.exists():
         raise click.UsageError(f"no refs file {refs_file}: pass --refs, or run embed_corpus.py first")
-    header, docs, refs = read_refs(refs_file)
+    header, docs, _refs = read_refs(refs_file)
     if header["collection"] != collection:
         raise click.UsageError(f"{refs_file} is of collection {header['collection']!r}, not {collection!r}")
     model = load_model()
     with StoreClient(address) as store:
-        hits = nearest(store, model, collection, docs_by_ref(docs, refs), query, k)
+        hits = nearest(store, model, collection, {doc.id: doc for doc in docs}, query, k)
     for rank, (score, doc) in enumerate(hits, start=1):
         text = " ".join(doc.text.split())
+        text = text.removeprefix(f"{doc.name}: ")  # a Debian document starts with its name
         snippet = text if len(text) <= width else text[:max(0, width - 1)] + "…"
         click.echo(f"{rank:>3}  {score:.4f}  {doc.name}  {snippet}")
 

@@ -100,10 +100,10 @@ def test_embed_corpus_then_search(server: ServerProcess, tmp_path: Path) -> None
         np.testing.assert_allclose(store.get("stdlib", all_refs), model.embed(texts, norm=True), atol=1e-6)
         assert store.ids("stdlib", all_refs).tolist() == [doc.id for doc in docs for _ in refs[doc.id]]
 
-        by_ref = search.docs_by_ref(docs, refs)
+        by_id = {doc.id: doc for doc in docs}
         for doc in docs:
             if len(chunks[doc.id]) == 1:  # its own text is its one vector
-                [(score, first)] = search.nearest(store, model, "stdlib", by_ref, doc.text, k=1)
+                [(score, first)] = search.nearest(store, model, "stdlib", by_id, doc.text, k=1)
                 assert first == doc and score == pytest.approx(1.0, abs=1e-4)
 
     target = next(doc for doc in docs if len(chunks[doc.id]) == 1)
