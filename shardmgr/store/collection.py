@@ -40,8 +40,9 @@ from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted
 
 from . import deletes, index, lineage, metadata, rewrite
 from .config import INDEX_TYPES, StoreConfig
+from .refs import MAX_SHARD, ref_of
 from .search import Hits, merge, search_rows, shard_part
-from .shard import MAX_SHARD, TMP_SUFFIX, Shard, ShardDamaged, View, ref_of
+from .shard import TMP_SUFFIX, Shard, ShardDamaged, View
 
 log = logging.getLogger(__name__)
 

@@ -34,11 +34,10 @@ import numpy as np
 from common.journal.errors import FormatError
 from shardmgr.errors import UnknownRef
 
+from .refs import ROW_BITS, ROW_MASK
 from .rows import REFS, RowFile
 
 FILE = "refs"
-ROW_BITS = 40  # as shard.py's: a ref is shard << 40 | row
-ROW_MASK = (1 << ROW_BITS) - 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

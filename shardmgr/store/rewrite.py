@@ -50,12 +50,15 @@ from common.journal import Flusher, Journal, JournalConfig
 from common.journal.errors import FormatError
 from common.journal.filesystem import fsync_dir, make_dirs
 
+from . import batch_record
+from .batch_record import JOURNAL_KIND
 from .config import StoreConfig
 from .deletes import DeleteLog
 from .lineage import FILE as REFS_FILE
 from .lineage import Lineage
+from .refs import ref_of
 from .rows import IDS, REFS, VECTORS, RowFile, RowHeader
-from .shard import BATCH, JOURNAL_KIND, TMP_SUFFIX, Shard, View, ref_of
+from .shard import TMP_SUFFIX, Shard, View
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +149,7 @@ def _build(building: Path, plan_: Plan, dim: int, collection: str, flusher: Flus
             for vectors, ids in _chunks(plan_.inputs, live, order, dim):
                 columns[0].write(first, vectors)
                 columns[1].write(first, ids)
-                journal.append(BATCH.pack(first, len(ids), crc32c.crc32c(vectors.data.cast("B")),
-                                          crc32c.crc32c(ids.data.cast("B"))))
+                journal.append(batch_record.pack(first, vectors, ids))
                 first += len(ids)
             columns[2].write(0, refs)
             for column in columns:

@@ -20,7 +20,7 @@ import faiss
 import numpy as np
 
 from .deletes import Selector
-from .shard import ref_of
+from .refs import ref_of
 
 METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
 

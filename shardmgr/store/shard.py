@@ -1,15 +1,11 @@
-"""A shard: one directory of three files, appended in batches.
+"""A shard: one directory of row files and a journal, appended in batches.
 
 * ``vectors``: float32 rows of the collection's dimension (rows.py)
 * ``ids``: one int64 per row (rows.py)
 * ``deletes`` (from the first delete on): the rows deleted since (deletes.py)
-* ``journal``: a ``SMSJ`` journal with one record per appended batch; its
-  metadata is ``{collection, shard, dim, uuid}`` and each body is::
-
-      0   8   first_row
-      8   8   count
-      16  4   crc32c of the batch's vector bytes
-      20  4   crc32c of the batch's id bytes
+* ``journal``: one record per appended batch (batch_record.py)
+* ``refs`` (rewritten shards only): each row's ref (lineage.py)
+* ``closed`` (a growing shard closed cleanly): close_marker.py
 
 An append writes the rows of both files (one pwrite each), then the batch's
 journal record. The row files are the journal's companions, synced before it
@@ -36,13 +32,11 @@ import dataclasses
 import logging
 import os
 import shutil
-import struct
 import time
 import uuid as uuidlib
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import msgpack
 import numpy as np
 
@@ -50,10 +44,9 @@ from common.errors import CommonError
 from common.journal import Flusher, Journal, JournalConfig, Ticket
 from common.journal.errors import FormatError
 from common.journal.filesystem import fsync_dir, make_dirs
-from common.journal.record import RECORD_HEADER_SIZE, align_up
-from common.journal.scan import RecordChunk
 
-from . import close_marker, metadata
+from . import batch_record, close_marker, metadata
+from .batch_record import BATCH, JOURNAL_KIND, last_record
 from .close_marker import Closed
 from .deletes import DeleteLog
 from .lineage import Lineage, open_refs
@@ -61,11 +54,6 @@ from .rows import IDS, VECTORS, RowFile, RowHeader
 
 log = logging.getLogger(__name__)
 
-JOURNAL_KIND = b"SMSJ"
-BATCH = struct.Struct("<QQII")
-ROW_BITS = 40
-"""A ref is ``shard << ROW_BITS | row``: 2**40 rows per shard, 2**23 shards."""
-MAX_SHARD = 2 ** (63 - ROW_BITS) - 1
 
 
 #: What says a shard's files are wrong: a bad format or content
@@ -195,9 +183,8 @@ class Shard:
         first = self.rows
         self.vectors.write(first, vectors)
         self.ids.write(first, ids)
-        record = BATCH.pack(first, len(ids), crc32c.crc32c(vectors.data.cast("B")), crc32c.crc32c(ids.data.cast("B")))
         assert self.journal is not None, "appended to a sealed shard"
-        _, ticket = self.journal.append(record)
+        _, ticket = self.journal.append(batch_record.pack(first, vectors, ids))
         self.rows = first + len(ids)
         self.last_append = time.monotonic()
         return first, ticket
@@ -279,7 +266,7 @@ class Shard:
             uid = _check_meta(journal, directory, shard_id, dim)
             rows = 0
             if journal.count:
-                first, count, _, _ = BATCH.unpack(last_record(journal))  # always BATCH.size bytes
+                first, count, _, _ = BATCH.unpack(last_record(journal))  # always BATCH.size bytes (checked)
                 rows = first + count
             vectors, ids = _open_rows(directory, uid, dim, writable=False)
         except BaseException:
@@ -287,12 +274,11 @@ class Shard:
             raise
         try:
             lineage = Lineage.decode(msgpack.unpackb(journal.metadata), journal.path)
-            deletes = DeleteLog.open(directory, shard_id, uid, rows, flusher)
         except BaseException:
             for handle in (journal, vectors, ids):
                 handle.close()
             raise
-        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
+        shard = cls._with_deletes(directory, shard_id, dim, journal, vectors, ids, rows, uid, flusher)
         if lineage is not None:
             try:
                 shard.refs, shard.lineage = open_refs(directory, uid, rows, lineage), lineage
@@ -312,6 +298,18 @@ class Shard:
         return shard
 
     @classmethod
+    def _with_deletes(cls, directory: Path, shard_id: int, dim: int, journal: Journal, vectors: RowFile,
+                      ids: RowFile, rows: int, uid: bytes, flusher: Flusher) -> Shard:
+        """The shard, its delete log read (its files closed again if that fails)."""
+        try:
+            deletes = DeleteLog.open(directory, shard_id, uid, rows, flusher)
+        except BaseException:
+            for handle in (journal, vectors, ids):
+                handle.close()
+            raise
+        return cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
+
+    @classmethod
     def _recover(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher, extent: int) -> Shard:
         """Replay a mid-build shard: find the complete batches with a
         read-only look, reopen the journal dropping the rest, cut the row
@@ -327,13 +325,8 @@ class Shard:
             raise
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
-        try:
-            deletes = DeleteLog.open(directory, shard_id, uid, rows, flusher)
-        except BaseException:
-            for handle in (journal, vectors, ids):
-                handle.close()
-            raise
-        shard = cls(directory, shard_id, dim, journal, vectors, ids, rows, deletes)
+        shard = cls._with_deletes(directory, shard_id, dim, journal, vectors, ids, rows, uid, flusher)
+        deletes = shard.deletes
         for column in (vectors, ids):
             column.truncate(rows)
         if cut is None and not deletes.past and close_marker.read(directory) == Closed(uid, rows, journal.end):
@@ -361,11 +354,11 @@ class Shard:
             try:
                 rows = 0
                 for record in journal.records():
-                    first, count, vectors_crc, ids_crc = _unpack_batch(record.body, journal.path, record.offset)
+                    first, count, vectors_crc, ids_crc = batch_record.unpack(record.body, journal.path, record.offset)
                     if first != rows:
                         raise ShardDamaged(directory, f"batch at journal offset {record.offset} starts at row "
                                            f"{first}, expected {rows}")
-                    if not _batch_intact(vectors, ids, first, count, vectors_crc, ids_crc):
+                    if not batch_record.intact(vectors, ids, first, count, vectors_crc, ids_crc):
                         if record.offset < durable_end:
                             raise ShardDamaged(directory, f"rows {first}..{first + count} of a durable batch fail "
                                                f"their checksums")
@@ -382,37 +375,6 @@ class Shard:
 def _grow_by(vectors: RowFile, ids: RowFile, extent: int, dim: int) -> None:
     """The growth steps of a growing shard's row files (ids: zero-filled, in proportion)."""
     vectors.extent, ids.extent, ids.preallocate = extent, max(4096, extent // dim), "zero"
-
-
-def _batch_intact(vectors: RowFile, ids: RowFile, first: int, count: int, vectors_crc: int, ids_crc: int) -> bool:
-    if min(vectors.rows_fitting(), ids.rows_fitting()) < first + count:
-        return False
-    return (crc32c.crc32c(vectors.rows(first + count)[first:].data.cast("B")) == vectors_crc
-            and crc32c.crc32c(ids.rows(first + count)[first:].data.cast("B")) == ids_crc)
-
-
-def _record_size(journal: Journal) -> int:
-    """Bytes a batch record occupies in ``journal`` (header, body, padding)."""
-    return align_up(RECORD_HEADER_SIZE + BATCH.size, journal.alignment)
-
-
-def last_record(journal: Journal) -> bytes:
-    """The body of a sealed journal's last batch record, in O(1): every
-    record has the same size, so it ends the journal; its checksum is
-    verified (no walk of the record chain)."""
-    offset = journal.end - _record_size(journal)
-    chunk = RecordChunk(np.array([offset], dtype=np.int64), np.zeros(1, dtype=np.uint32),
-                        np.array([BATCH.size], dtype=np.int64), np.zeros(1, dtype=bool), 0)
-    return bytes(journal.bodies(chunk)[0])
-
-
-def _unpack_batch(body: bytes | memoryview, path: Path, offset: int) -> tuple[int, int, int, int]:
-    """(first_row, count, vectors crc, ids crc) of the batch record at
-    ``offset``; FormatError if the body is not one."""
-    if len(body) != BATCH.size:
-        raise FormatError(path, offset, f"a record of {len(body)} bytes is not a {BATCH.size}-byte batch record")
-    first, count, vectors_crc, ids_crc = BATCH.unpack(body)
-    return first, count, vectors_crc, ids_crc
 
 
 def _check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> bytes:
@@ -443,12 +405,4 @@ def _open_rows(directory: Path, uid: bytes, dim: int, writable: bool) -> tuple[R
         raise
     return opened[0], opened[1]
 
-
-def ref_of(shard: int, rows: np.ndarray) -> np.ndarray:
-    return (np.int64(shard) << np.int64(ROW_BITS)) | rows.astype(np.int64)
-
-
-def split_refs(refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    refs = np.asarray(refs, dtype=np.int64)
-    return refs >> np.int64(ROW_BITS), refs & np.int64((1 << ROW_BITS) - 1)
 

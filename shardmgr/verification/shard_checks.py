@@ -30,10 +30,11 @@ import numpy as np
 from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
 from shardmgr.store import close_marker, deletes, index, lineage
+from shardmgr.store.batch_record import BATCH, JOURNAL_KIND, last_record
 from shardmgr.store.collection import META_KIND, quarantine_reason
 from shardmgr.store.config import INDEX_TYPES
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
-from shardmgr.store.shard import BATCH, JOURNAL_KIND, TMP_SUFFIX, last_record
+from shardmgr.store.shard import TMP_SUFFIX
 
 from . import delete_checks, lineage_checks
 from .row_checksums import batch_crcs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -89,3 +90,30 @@ class ServerProcess:
                     return line
             time.sleep(0.02)
         raise AssertionError(f"no log line matching {pattern!r}:\n" + "\n".join(self.log))
+
+
+class RepeatedKills:
+    """SIGKILL and restart ``server`` every 0.2-0.7 s (drawn from ``rng``) on a
+    thread, from ``with`` until its end; ``count`` says how many kills landed."""
+
+    def __init__(self, server: ServerProcess, rng: random.Random) -> None:
+        self.server = server
+        self.rng = rng
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.rng.uniform(0.2, 0.7)):
+            self.server.signal(signal.SIGKILL)
+            self.server.wait()
+            self.count += 1
+            self.server.start()
+
+    def __enter__(self) -> RepeatedKills:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

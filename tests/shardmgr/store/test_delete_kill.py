@@ -23,7 +23,6 @@ import collections
 import dataclasses
 import random
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from common.journal.check import Severity
 from common.wire.errors import Unavailable
 from shardmgr.errors import RowDeleted
 from shardmgr.store.client import StoreClient
-from tests.shardmgr.server.serverproc import ServerProcess
+from tests.shardmgr.server.serverproc import RepeatedKills, ServerProcess
 
 DIM = 8
 CHUNK = 200_000  # refs per get: within the per-call row limit
@@ -79,24 +78,11 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
     try:
         client = shardmgr.connect(server.address, retry_for=60.0, timeout=30.0)
         client.create_collection("c", DIM, "l2")
-        stop = threading.Event()
-        kills = 0
-
-        def killer() -> None:
-            nonlocal kills
-            while not stop.wait(rng.uniform(0.2, 0.7)):
-                server.signal(signal.SIGKILL)
-                server.wait()
-                kills += 1
-                server.start()
-
-        thread = threading.Thread(target=killer)
-        thread.start()
         seen = Tracker()
         ops = random.Random(seed + 1)  # the killer thread has its own
         deadline = time.monotonic() + seconds
         step = 0
-        try:
+        with RepeatedKills(server, rng) as kills:
             while time.monotonic() < deadline:
                 step += 1
                 choice = ops.random()
@@ -139,10 +125,7 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
                     assert low <= count <= high, f"delete_ids {wanted}: {count} deleted, expected {low}..{high}"
                     seen.confirm(carriers)
                     seen.id_deletes += 1
-        finally:
-            stop.set()
-            thread.join()
-        assert kills >= 2 and seen.deletes and seen.id_deletes, (kills, seen.deletes, seen.id_deletes)
+        assert kills.count >= 2 and seen.deletes and seen.id_deletes, (kills.count, seen.deletes, seen.id_deletes)
         check(client, seen, seed)
         client.close()
         server.signal(signal.SIGKILL)  # one last kill: what it leaves is only for recovery to repair

@@ -20,7 +20,7 @@ from common.journal.record import RECORD_HEADER_SIZE
 from common.journal.testing import PowerCut
 from shardmgr.errors import BadVectors, DiskFull, RowDeleted, UnknownRef
 from shardmgr.store import deletes
-from shardmgr.store.shard import ROW_BITS
+from shardmgr.store.refs import ROW_BITS
 
 
 def rows_of(n: int, dim: int, seed: int) -> np.ndarray:

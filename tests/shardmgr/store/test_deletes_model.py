@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import shardmgr
 from common.journal import FlusherConfig
 from shardmgr.errors import RowDeleted, UnknownRef
-from shardmgr.store.shard import ROW_BITS
+from shardmgr.store.refs import ROW_BITS
 from shardmgr.store.store import Store
 
 DIM = 4

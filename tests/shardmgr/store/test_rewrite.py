@@ -17,7 +17,7 @@ import shardmgr
 from common.journal.testing import PowerCut
 from shardmgr.errors import RowDeleted, UnknownRef
 from shardmgr.store import rewrite
-from shardmgr.store.shard import ROW_BITS, split_refs
+from shardmgr.store.refs import ROW_BITS, split_refs
 from shardmgr.store.store import Store
 
 DIM = 8

@@ -20,7 +20,8 @@ from common.journal import Flusher, FormatError, Journal, JournalConfig
 from common.journal.header import HEADER_SIZE, METADATA_END, Identity
 from common.journal.testing import PowerCut
 from shardmgr.errors import DiskFull, UnknownRef
-from shardmgr.store.shard import BATCH, Shard, last_record
+from shardmgr.store.batch_record import BATCH, last_record
+from shardmgr.store.shard import Shard
 
 
 def rows_of(n: int, dim: int, seed: int) -> np.ndarray:
@@ -216,7 +217,7 @@ def two_shards(data: Path) -> None:
 @pytest.mark.parametrize("target, error", [
     ("shardmgr.store.shard._check_meta", TypeError("a bug, not damage")),
     ("shardmgr.store.shard.RowFile.open", KeyError("a bug, not damage")),
-    ("shardmgr.store.shard._batch_intact", ValueError("a bug, not damage")),
+    ("shardmgr.store.batch_record.intact", ValueError("a bug, not damage")),
 ])
 def test_a_bug_during_open_propagates_and_quarantines_nothing(tmp_path: Path, target: str,
                                                              error: Exception) -> None:

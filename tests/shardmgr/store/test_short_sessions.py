@@ -14,7 +14,7 @@ import shardmgr
 from common.journal.testing import PowerCut
 from shardmgr.errors import UnknownRef
 from shardmgr.store import close_marker
-from shardmgr.store.shard import split_refs
+from shardmgr.store.refs import split_refs
 
 
 def rows_of(n: int, dim: int, seed: int) -> np.ndarray:

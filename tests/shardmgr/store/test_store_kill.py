@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 import shardmgr
 from common.journal.check import Severity
 from common.wire.errors import Unavailable
-from tests.shardmgr.server.serverproc import ServerProcess
+from tests.shardmgr.server.serverproc import RepeatedKills, ServerProcess
 
 
 def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
@@ -30,23 +29,10 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
     try:
         client = shardmgr.connect(server.address, retry_for=60.0, timeout=30.0)
         client.create_collection("c", 32, "l2")
-        stop = threading.Event()
-        kills = 0
-
-        def killer() -> None:
-            nonlocal kills
-            while not stop.wait(rng.uniform(0.2, 0.7)):
-                server.signal(signal.SIGKILL)
-                server.wait()
-                kills += 1
-                server.start()
-
-        thread = threading.Thread(target=killer)
-        thread.start()
         confirmed: dict[int, tuple[np.ndarray, int]] = {}
         deadline = time.monotonic() + seconds
         step = 0
-        try:
+        with RepeatedKills(server, rng) as kills:
             while time.monotonic() < deadline:
                 n = rng.randint(1, 300)
                 vectors = np.random.default_rng(step).standard_normal((n, 32)).astype(np.float32)
@@ -57,10 +43,7 @@ def run_kills(tmp_path: Path, seconds: float, seed: int) -> None:
                 except Unavailable:
                     continue  # cut off by a kill: this batch may or may not be stored, and nobody was told it is
                 confirmed.update((int(r), (v, int(i))) for r, v, i in zip(refs, vectors, ids))
-        finally:
-            stop.set()
-            thread.join()
-        assert kills >= 2 and confirmed
+        assert kills.count >= 2 and confirmed
         refs = np.array(sorted(confirmed), dtype=np.int64)
         vectors = np.stack([confirmed[int(r)][0] for r in refs])
         ids = np.array([confirmed[int(r)][1] for r in refs])

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from common.journal.check import Severity
 from common.journal.header import HEADER_SIZE, METADATA_END
 from common.journal.journal import Journal
+from shardmgr.store.batch_record import BATCH
 from shardmgr.store.rows import HEADER_USED
-from shardmgr.store.shard import BATCH
 from shardmgr.verification.runner import verify
 from tests.shardmgr.workload import build, file_kinds
 
