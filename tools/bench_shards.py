@@ -20,8 +20,8 @@ is better for us), never a median of per-run ratios nor a best run.
     ``IndexFlatL2`` over the same vectors in the same process vs the store
     embedded over one growing shard and over 8 sealed shards, and over the
     network (``shardmgr serve`` on loopback, one growing shard): exact
-    search of a batch of 1000 queries (k=10) and of 200 queries one call
-    each, in queries/s; get of 20 x 1000 random rows, in rows/s (faiss:
+    search of a batch of 1000 queries (k=10) and of ``--single`` queries
+    (default 20) one call each, in queries/s; get of 20 x 1000 random rows, in rows/s (faiss:
     ``reconstruct_batch``). Everything is built once per data set; each run
     warms up, then times each figure once.
 (c) ``--hnsw``: recall of the optional HNSW index (one run);
@@ -32,7 +32,7 @@ is better for us), never a median of per-run ratios nor a best run.
 Usage (``shardmgr serve`` imports from the CWD):
   PYTHONPATH=. python tools/bench_shards.py [--dir DIR] [--runs 3] [--json]
       [--ingest 100000x768,300000x128] [--batch 1000,10000] [--search 1000000x128,200000x768]
-      [--skip append,search,network,startup,lancedb] [--startup-gib 10] [--hnsw]
+      [--single 20] [--skip append,search,network,startup,lancedb] [--startup-gib 10] [--hnsw]
 DIR defaults to $BENCH_DIR, else the current directory.
 """
 
@@ -103,7 +103,7 @@ def bench_search(directory: Path, args: argparse.Namespace) -> list[dict[str, An
     """For each data set, its systems in interleaved rounds; one row per system."""
     out: list[dict[str, Any]] = []
     for rows, dim in args.search:
-        found = SearchSet(rows, dim, directory / f"search-{rows}x{dim}")
+        found = SearchSet(rows, dim, directory / f"search-{rows}x{dim}", args.single)
         try:
             found.open("network" not in args.skip, start_server)
             labels = found.labels()
@@ -189,14 +189,15 @@ def main() -> None:
     parser.add_argument("--batch", type=_ints, default=[1000], help="ingest batch sizes, rows per append")
     parser.add_argument("--writers", type=int, default=4, help="threads for the shared durable run (1 skips it)")
     parser.add_argument("--search", type=_sets, default=_sets("1000000x128,200000x768"), help="search data sets")
+    parser.add_argument("--single", type=int, default=20, help="queries searched one call each, per run")
     parser.add_argument("--startup-gib", type=float, default=10.0, help="0 skips the start-up measurement")
     parser.add_argument("--hnsw", action="store_true", help="also build HNSW indexes and measure recall")
     parser.add_argument("--skip", default="",
                         help="comma-separated parts to skip: append,search,network,startup,lancedb")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.runs < 1 or args.writers < 1:
-        parser.error("--runs and --writers must be at least 1")
+    if min(args.runs, args.writers, args.single) < 1:
+        parser.error("--runs, --writers and --single must be at least 1")
     args.skip = set(args.skip.split(","))
     directory = Path(tempfile.mkdtemp(prefix="bench-shards-", dir=args.dir))
     results: dict[str, Any] = {"settings": {"date": time.strftime("%Y-%m-%d %H:%M"), "runs": args.runs,

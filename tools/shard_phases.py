@@ -24,7 +24,7 @@ import numpy as np
 import shardmgr
 
 QUERIES = 1000
-SINGLE_QUERIES = 200
+SINGLE_QUERIES = 20  # one call each: faiss takes tens of ms per query over 1M rows here
 GET_CALLS = 20
 GET_ROWS = 1000
 K = 10
@@ -132,6 +132,7 @@ class SearchSet:
     rows: int
     dim: int
     directory: Path
+    singles: int = SINGLE_QUERIES
     systems: dict[str, Any] = field(default_factory=dict)
     refs: dict[str, np.ndarray] = field(default_factory=dict)
     closers: list[Any] = field(default_factory=list)
@@ -175,7 +176,7 @@ class SearchSet:
         return [ours[0], "faiss", *ours[1:]]
 
     def measure(self, label: str) -> dict[str, float]:
-        """Queries/s for a batch of QUERIES and for SINGLE_QUERIES one at a time; rows/s of get."""
+        """Queries/s for a batch of QUERIES and for ``singles`` queries one at a time; rows/s of get."""
         system = self.systems[label]
         if label == "faiss":
             def search(q: np.ndarray) -> Any:
@@ -192,8 +193,8 @@ class SearchSet:
         search(self.queries[:10])  # warm-up: threads, mappings, connection
         get(self.picks[0][:10])
         figures = {"batch_qps": QUERIES / _timed(lambda: search(self.queries))}
-        singles = [self.queries[i:i + 1] for i in range(SINGLE_QUERIES)]
-        figures["single_qps"] = SINGLE_QUERIES / _timed(lambda: [search(q) for q in singles])
+        singles = [self.queries[i:i + 1] for i in range(self.singles)]
+        figures["single_qps"] = self.singles / _timed(lambda: [search(q) for q in singles])
         figures["get_rows_s"] = self.picks.size / _timed(lambda: [get(rows) for rows in self.picks])
         return figures
 
