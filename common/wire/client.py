@@ -40,6 +40,7 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,11 @@ class ConnectionLost(Unavailable):
     """The connection broke with requests in flight; they may have applied."""
 
     code = "connection_lost"
+
+
+class TimedOut(ConnectionLost):
+    """No byte of a reply came within the call's timeout: the connection was
+    closed, and the requests in flight may still run (or have run) on the server."""
 
 
 class TlsFailed(ServiceError):
@@ -110,10 +116,8 @@ class RpcClient:
         ``token`` defaults to ``$SHARDMGR_TOKEN``; ``""`` (or an empty or unset variable) is none.
         ``tls``: True, or a ready SSLContext; ``ca`` (PEM CA file, default
         the system's) and ``client_cert``/``client_key`` imply TLS."""
-        for name, seconds in (("timeout", 0.0 if timeout is None else timeout),
-                              ("connect_timeout", connect_timeout), ("retry_for", retry_for)):
-            if not 0 <= seconds <= MAX_CLIENT_SECONDS:  # also NaN
-                raise ValueError(f"{name} must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {seconds!r}")
+        for name, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout), ("retry_for", retry_for)):
+            _check_seconds(name, seconds)
         self.address = parse_address(address)
         self.token = (token if token is not None else os.environ.get(TOKEN_ENV)) or None
         self.tls: ssl.SSLContext | None = None
@@ -134,6 +138,7 @@ class RpcClient:
         self._ended: dict[int, ServiceError] = {}  # requests the end of a connection left unanswered
         self._last_reply = 0.0  # monotonic time of the last reply received
         self._connecting = False
+        self._call_timeout: tuple[float | None] | None = None  # a call's own timeout, while it runs
 
     # ------------------------------------------------------------- connection
 
@@ -184,7 +189,7 @@ class RpcClient:
                 raise UnsupportedVersion(f"server speaks protocol {version}, this client {framing.PROTOCOL_VERSION}")
             if self.token is not None:
                 self._authenticate(sock, reader)
-            sock.settimeout(self.timeout)
+            sock.settimeout(self._timeout_now())  # a reconnect inside a call keeps that call's timeout
         except BaseException:
             sock.close()
             raise
@@ -227,11 +232,30 @@ class RpcClient:
     # ---------------------------------------------------------------- calls
 
     def call(self, cmd: str, args: dict[str, Any] | None = None,
-             parts: dict[str, np.ndarray] | None = None, *, wait: float = 0.0) -> Reply:
+             parts: dict[str, np.ndarray] | None = None, *, wait: float = 0.0,
+             timeout: float | None | EllipsisType = ...) -> Reply:
         """Send one request and wait for its reply; raise its error if any.
         ``wait``: seconds the server may hold the request on purpose (a long
-        poll), added to ``timeout`` for this reply."""
-        return self.receive(self.send(cmd, args, parts), wait=wait)
+        poll), added to the timeout for this reply. ``timeout``: this call's
+        bound on each wait for the server (sending, and the reply), instead
+        of the client's; None waits for ever. When it runs out, TimedOut."""
+        if timeout is ...:
+            return self.receive(self.send(cmd, args, parts), wait=wait)
+        _check_seconds("timeout", timeout)
+        outer = self._call_timeout
+        self._call_timeout = (timeout,)
+        try:
+            if self._sock is not None:
+                self._sock.settimeout(timeout)
+            return self.receive(self.send(cmd, args, parts), wait=wait)
+        finally:
+            self._call_timeout = outer
+            if self._sock is not None:
+                self._sock.settimeout(self._timeout_now())
+
+    def _timeout_now(self) -> float | None:
+        """The bound on each socket wait: the running call's own timeout, else the client's."""
+        return self.timeout if self._call_timeout is None else self._call_timeout[0]
 
     def send(self, cmd: str, args: dict[str, Any] | None = None,
              parts: dict[str, np.ndarray] | None = None) -> int:
@@ -295,13 +319,14 @@ class RpcClient:
     def receive(self, request_id: int, *, wait: float = 0.0) -> Reply:
         """Wait for the reply to ``request_id`` (replies may come in any
         order), up to ``timeout`` + ``wait`` seconds (see :meth:`call`)."""
-        if wait > 0 and self.timeout is not None and self._sock is not None:
-            self._sock.settimeout(self.timeout + min(wait, MAX_CLIENT_SECONDS))
+        bound = self._timeout_now()
+        if wait > 0 and bound is not None and self._sock is not None:
+            self._sock.settimeout(bound + min(wait, MAX_CLIENT_SECONDS))
             try:
                 return self.receive(request_id)
             finally:
                 if self._sock is not None:
-                    self._sock.settimeout(self.timeout)
+                    self._sock.settimeout(bound)
         frame = self._early.pop(request_id, None)
         if frame is None and request_id in self._ended:
             raise self._ended.pop(request_id)
@@ -364,8 +389,14 @@ class RpcClient:
         return self._lost(cause)
 
     def _lost(self, cause: BaseException) -> ConnectionLost:
-        error = ConnectionLost(f"connection to {self._where()} lost with {len(self._waiting)} request(s) in "
-                               f"flight: {cause}")
+        if isinstance(cause, TimeoutError):  # socket.timeout: the server said nothing for a whole timeout
+            error: ConnectionLost = TimedOut(
+                f"no reply from {self._where()} within {self._timeout_now()} s; the connection was closed with "
+                f"{len(self._waiting)} request(s) in flight, which may still run on the server (a slow call "
+                f"needs a longer timeout: the client's, or the call's own)")
+        else:
+            error = ConnectionLost(f"connection to {self._where()} lost with {len(self._waiting)} request(s) in "
+                                   f"flight: {cause}")
         error.__cause__ = cause
         return error
 
@@ -376,6 +407,12 @@ class RpcClient:
             if request_id not in self._early:
                 self._ended[request_id] = _copy(error)
         self._waiting.clear()
+
+
+def _check_seconds(name: str, seconds: float | None) -> None:
+    """ValueError unless ``seconds`` is None or in 0..MAX_CLIENT_SECONDS."""
+    if seconds is not None and not 0 <= seconds <= MAX_CLIENT_SECONDS:  # also NaN
+        raise ValueError(f"{name} must be a number of seconds in 0..{MAX_CLIENT_SECONDS:g}, got {seconds!r}")
 
 
 def _ended_by_peer(sock: socket.socket) -> bool:

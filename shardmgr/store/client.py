@@ -2,17 +2,41 @@
 
 Same methods as the embedded Store; vectors, ids, queries and refs travel
 as binary parts (no per-element encoding).
+
+Timeouts: the client's ``timeout`` (default 30 s) bounds each wait for the
+server. The server answers a call only once it is done, so a call whose work
+grows with its size (append, search, get, ids) waits by default that
+timeout plus an allowance for its size: ``SEARCH_SECONDS_PER_VALUE`` per
+query value (nq x dim), ``APPEND_BYTES_PER_SECOND`` for the bytes sent,
+``GET_SECONDS_PER_ROW`` per ref. Every such call takes its own
+``timeout=`` (seconds, or None: no bound) instead. See docs/shardmgr.md.
 """
 
 from __future__ import annotations
 
+from types import EllipsisType
 from typing import Any
 
 import numpy as np
 
-from common.wire.client import RpcClient
+from common.wire.client import MAX_CLIENT_SECONDS, RpcClient
 
 from . import batch
+
+Timeout = float | None | EllipsisType
+"""A call's ``timeout``: seconds, None (no bound), or ``...``: the client's, plus the call's allowance."""
+
+SEARCH_SECONDS_PER_VALUE = 1e-3
+"""Search allowance per query value: 0.128 s per 128-d query, what exact
+search over ~50 M rows takes on the 2-core machine of docs/benchmarks.md
+(or over ~5 M rows ten times slower)."""
+
+APPEND_BYTES_PER_SECOND = 20e6
+"""Append allowance: the bytes sent at a slow disk's speed (the server
+writes them before it answers, and syncs them with ``durable=True``)."""
+
+GET_SECONDS_PER_ROW = 1e-3
+"""get/ids allowance per ref: one random read from a slow, cold disk."""
 
 
 class StoreClient:
@@ -32,38 +56,53 @@ class StoreClient:
     def collection_info(self, name: str) -> dict[str, Any]:
         return self.rpc.call("shardmgr.collection_info", {"name": name}).result
 
-    def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
+    def append(self, name: str, vectors: Any, ids: Any, durable: bool = False, timeout: Timeout = ...) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row."""
-        reply = self.rpc.call("shardmgr.append", {"name": name, "durable": durable},
-                              {"vectors": np.asarray(vectors), "ids": np.asarray(ids)})
+        parts = {"vectors": np.asarray(vectors), "ids": np.asarray(ids)}
+        allowance = (parts["vectors"].nbytes + parts["ids"].nbytes) / APPEND_BYTES_PER_SECOND
+        reply = self.rpc.call("shardmgr.append", {"name": name, "durable": durable}, parts,
+                              timeout=self._timeout(timeout, allowance))
         return reply.parts["refs"]
 
-    def delete(self, name: str, refs: Any, durable: bool = False) -> int:
+    def delete(self, name: str, refs: Any, durable: bool = False, timeout: Timeout = ...) -> int:
         """Delete the rows ``refs`` name; how many were not deleted before (see Store.delete)."""
-        reply = self.rpc.call("shardmgr.delete", {"name": name, "durable": durable}, {"refs": batch.refs(refs)})
+        reply = self.rpc.call("shardmgr.delete", {"name": name, "durable": durable}, {"refs": batch.refs(refs)},
+                              timeout=timeout)
         return int(reply.result["deleted"])
 
-    def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
+    def delete_ids(self, name: str, ids: Any, durable: bool = False, timeout: Timeout = ...) -> int:
         """Delete every live row carrying one of ``ids``; how many rows (see Store.delete_ids)."""
         reply = self.rpc.call("shardmgr.delete_ids", {"name": name, "durable": durable},
-                              {"ids": batch.ids(ids, None)})
+                              {"ids": batch.ids(ids, None)}, timeout=timeout)
         return int(reply.result["deleted"])
 
-    def search(self, name: str, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def search(self, name: str, queries: Any, k: int = 10,
+               timeout: Timeout = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scores, ids, refs), each [nq, k]; missing results have ref -1."""
         k = int(k) if isinstance(k, np.integer) else k  # the server checks its range
-        parts = self.rpc.call("shardmgr.search", {"name": name, "k": k}, {"queries": np.asarray(queries)}).parts
+        queries = np.asarray(queries)
+        parts = self.rpc.call("shardmgr.search", {"name": name, "k": k}, {"queries": queries},
+                              timeout=self._timeout(timeout, queries.size * SEARCH_SECONDS_PER_VALUE)).parts
         return parts["scores"], parts["ids"], parts["refs"]
 
-    def get(self, name: str, refs: Any) -> np.ndarray:
-        return self._rows(name, refs)[0]
+    def get(self, name: str, refs: Any, timeout: Timeout = ...) -> np.ndarray:
+        return self._rows(name, refs, timeout)[0]
 
-    def ids(self, name: str, refs: Any) -> np.ndarray:
-        return self._rows(name, refs)[1]
+    def ids(self, name: str, refs: Any, timeout: Timeout = ...) -> np.ndarray:
+        return self._rows(name, refs, timeout)[1]
 
-    def _rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
-        parts = self.rpc.call("shardmgr.get", {"name": name}, {"refs": batch.refs(refs)}).parts
+    def _rows(self, name: str, refs: Any, timeout: Timeout) -> tuple[np.ndarray, np.ndarray]:
+        wanted = batch.refs(refs)
+        parts = self.rpc.call("shardmgr.get", {"name": name}, {"refs": wanted},
+                              timeout=self._timeout(timeout, wanted.size * GET_SECONDS_PER_ROW)).parts
         return parts["vectors"], parts["ids"]
+
+    def _timeout(self, timeout: Timeout, allowance: float) -> float | None:
+        """The call's own timeout if given, else the client's plus ``allowance`` (None stays None)."""
+        if timeout is not ...:
+            return timeout
+        base = self.rpc.timeout
+        return None if base is None else min(base + allowance, MAX_CLIENT_SECONDS)
 
     def flush(self) -> None:
         self.rpc.call("shardmgr.flush")

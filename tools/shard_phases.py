@@ -1,0 +1,217 @@
+"""The measured phases of tools/bench_shards.py: each call measures one
+configuration once and returns its figures, for rounds.interleave.
+
+Ingest: the same float32 vectors and int64 ids written in batches, by the
+store or raw (one ``os.writev`` of both arrays per batch to one file), either
+durable per batch (each batch waits for its ``fdatasync``) or not (one
+``fdatasync`` or ``flush()`` at the end). Search and get: one prepared data
+set (:class:`SearchSet`), searched by plain faiss and by the store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+import shardmgr
+
+QUERIES = 1000
+SINGLE_QUERIES = 20  # one call each: faiss takes tens of ms per query over 1M rows here
+GET_CALLS = 20
+GET_ROWS = 1000
+K = 10
+FILL_BATCH = 100_000
+
+
+def data(rows: int, dim: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, dim), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """One ingest configuration: ``system`` "raw" or "ours"; ``durable``: every batch waits for its sync."""
+
+    system: str
+    durable: bool
+    writers: int
+    rows: int
+    dim: int
+    batch: int
+
+    @property
+    def mode(self) -> str:
+        if self.system == "raw":
+            return "writev + fdatasync per batch" if self.durable else "writev, one fdatasync at the end"
+        if not self.durable:
+            return "default, one flush() at the end"
+        return "durable=True" + (f", {self.writers} writers" if self.writers > 1 else "")
+
+    def __str__(self) -> str:
+        return f"ingest {self.rows:,} x {self.dim}, batches of {self.batch:,}: {self.system} {self.mode}"
+
+
+def ingest_configs(rows: int, dim: int, batch: int, writers: int) -> list[Ingest]:
+    """Ours and its raw baseline alternate, the non-durable pair first."""
+    configs = [Ingest("ours", False, 1, rows, dim, batch), Ingest("raw", False, 1, rows, dim, batch),
+               Ingest("ours", True, 1, rows, dim, batch), Ingest("raw", True, 1, rows, dim, batch)]
+    if writers > 1:
+        configs.append(Ingest("ours", True, writers, rows, dim, batch))
+    return configs
+
+
+def measure_ingest(config: Ingest, directory: Path, vectors: np.ndarray) -> dict[str, float]:
+    """MB/s of vector + id bytes made durable (by the end, or per batch)."""
+    ids = np.arange(len(vectors), dtype=np.int64)
+    if config.system == "raw":
+        elapsed = raw_ingest(directory / "raw", vectors, ids, config.batch, config.durable)
+    else:
+        elapsed = store_ingest(directory / "ours", vectors, ids, config.batch, config.durable, config.writers)
+    return {"MBps": (vectors.nbytes + ids.nbytes) / elapsed / 1e6}
+
+
+def raw_ingest(path: Path, vectors: np.ndarray, ids: np.ndarray, batch: int, durable: bool) -> float:
+    """Seconds to writev each batch's vector and id bytes to one new file and fdatasync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        started = time.perf_counter()
+        for i in range(0, len(vectors), batch):
+            parts = [vectors[i:i + batch].data, ids[i:i + batch].data]
+            # a regular file takes a whole writev unless the disk is full: a short write is an error here
+            if os.writev(fd, parts) != sum(p.nbytes for p in parts):
+                raise OSError(f"short write to {path}")
+            if durable:
+                os.fdatasync(fd)
+        if not durable:
+            os.fdatasync(fd)
+        return time.perf_counter() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def store_ingest(path: Path, vectors: np.ndarray, ids: np.ndarray, batch: int, durable: bool, writers: int) -> float:
+    """Seconds for Store.append of every batch from ``writers`` threads (each
+    its own share of the batches), then one flush(), into a new store."""
+    store = shardmgr.open(path)
+    try:
+        store.create_collection("c", vectors.shape[1])
+        starts = list(range(0, len(vectors), batch))
+
+        def write(mine: list[int]) -> None:
+            for i in mine:
+                store.append("c", vectors[i:i + batch], ids[i:i + batch], durable=durable)
+
+        threads = [threading.Thread(target=write, args=(starts[w::writers],)) for w in range(writers)]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        store.flush()
+        return time.perf_counter() - started
+    finally:
+        store.close()
+        shutil.rmtree(path)
+
+
+@dataclass
+class SearchSet:
+    """One data set, with every system that searches it opened once: plain
+    faiss (``IndexFlatL2``, its own copy), the embedded store over one
+    growing shard and over 8 sealed shards, and ``shardmgr serve`` over
+    its own copy of the one-shard layout (one store directory per opener)."""
+
+    rows: int
+    dim: int
+    directory: Path
+    singles: int = SINGLE_QUERIES
+    systems: dict[str, Any] = field(default_factory=dict)
+    refs: dict[str, np.ndarray] = field(default_factory=dict)
+    closers: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.vectors, self.queries = data(self.rows, self.dim, 1), data(QUERIES, self.dim, 2)
+        # GET_CALLS calls of GET_ROWS random rows each; faiss gets row numbers, the store their refs
+        self.picks = np.random.default_rng(3).integers(0, self.rows, (GET_CALLS, GET_ROWS))
+
+    def open(self, network: bool, start_server: Any) -> SearchSet:
+        index = faiss.IndexFlatL2(self.dim)
+        index.add(self.vectors)
+        self.systems["faiss"] = index
+        layouts: tuple[tuple[str, dict[str, Any]], ...] = (
+            ("ours, one growing shard", {}), ("ours, 8 sealed shards", {"seal_bytes": self.vectors.nbytes // 8}))
+        for label, config in layouts:
+            path = self.directory / label.split(", ")[1].replace(" ", "-")
+            refs = fill(path, self.vectors, **config)
+            store = shardmgr.open(path, **config)
+            self.closers.append(store.close)
+            self.systems[label], self.refs[label] = store, refs
+        if network:
+            path = self.directory / "served"
+            refs = fill(path, self.vectors)
+            server, address = start_server(path)
+            client = shardmgr.connect(address, timeout=600)
+            self.closers += [client.close, server.terminate, server.wait]
+            self.systems["ours over the network, one growing shard"] = client
+            self.refs["ours over the network, one growing shard"] = refs
+        return self
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+        self.closers.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def labels(self) -> list[str]:
+        """Systems in measuring order: ours and faiss alternate."""
+        ours = [name for name in self.systems if name != "faiss"]
+        return [ours[0], "faiss", *ours[1:]]
+
+    def measure(self, label: str) -> dict[str, float]:
+        """Queries/s for a batch of QUERIES and for ``singles`` queries one at a time; rows/s of get."""
+        system = self.systems[label]
+        if label == "faiss":
+            def search(q: np.ndarray) -> Any:
+                return system.search(q, K)
+
+            def get(rows: np.ndarray) -> Any:
+                return system.reconstruct_batch(rows)
+        else:
+            def search(q: np.ndarray) -> Any:
+                return system.search("c", q, k=K)
+
+            def get(rows: np.ndarray) -> Any:
+                return system.get("c", self.refs[label][rows])
+        search(self.queries[:10])  # warm-up: threads, mappings, connection
+        get(self.picks[0][:10])
+        figures = {"batch_qps": QUERIES / _timed(lambda: search(self.queries))}
+        singles = [self.queries[i:i + 1] for i in range(self.singles)]
+        figures["single_qps"] = self.singles / _timed(lambda: [search(q) for q in singles])
+        figures["get_rows_s"] = self.picks.size / _timed(lambda: [get(rows) for rows in self.picks])
+        return figures
+
+
+def _timed(work: Any) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def fill(path: Path, vectors: np.ndarray, **config: Any) -> np.ndarray:
+    """A new store at ``path`` holding ``vectors`` (ids 0..n-1) in collection "c"; their refs."""
+    store = shardmgr.open(path, **config)
+    try:
+        store.create_collection("c", vectors.shape[1])
+        refs = [store.append("c", vectors[i:i + FILL_BATCH], np.arange(i, min(i + FILL_BATCH, len(vectors))))
+                for i in range(0, len(vectors), FILL_BATCH)]
+    finally:
+        store.close()
+    return np.concatenate(refs)
