@@ -76,12 +76,16 @@ class StoreClient:
                               {"ids": batch.ids(ids, None)}, timeout=timeout)
         return int(reply.result["deleted"])
 
-    def search(self, name: str, queries: Any, k: int = 10,
+    def search(self, name: str, queries: Any, k: int = 10, params: dict[str, int] | None = None,
                timeout: Timeout = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(scores, ids, refs), each [nq, k]; missing results have ref -1."""
+        """(scores, ids, refs), each [nq, k]; missing results have ref -1.
+        ``params``: ``nprobe``, ``efSearch`` for the collection's index (Store.search)."""
         k = int(k) if isinstance(k, np.integer) else k  # the server checks its range
         queries = np.asarray(queries)
-        parts = self.rpc.call("shardmgr.search", {"name": name, "k": k}, {"queries": queries},
+        args: dict[str, Any] = {"name": name, "k": k}
+        if params:
+            args["params"] = {key: int(value) for key, value in params.items()}
+        parts = self.rpc.call("shardmgr.search", args, {"queries": queries},
                               timeout=self._timeout(timeout, queries.size * SEARCH_SECONDS_PER_VALUE)).parts
         return parts["scores"], parts["ids"], parts["refs"]
 

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import faiss
 import msgpack
 import numpy as np
 
@@ -38,8 +37,9 @@ from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
 from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted
 
-from . import deletes, index, lineage, metadata, rewrite
-from .config import INDEX_TYPES, StoreConfig
+from . import deletes, lineage, metadata, rewrite
+from . import index as indexes
+from .config import StoreConfig
 from .refs import MAX_SHARD, ref_of
 from .search import Hits, merge, search_rows, shard_part
 from .shard import TMP_SUFFIX, Shard, ShardDamaged, View
@@ -77,6 +77,7 @@ class Collection:
         self.config = config
         self.shards: dict[int, Shard] = {}
         self.quarantined: list[str] = []
+        self._min_rows: int | None = None  # rows a shard needs for its index to be built (index.min_rows)
         self.next_shard = 1
         # for readers: the views and which shard now holds each rewritten one's rows;
         # replaced together (never mutated) by writers
@@ -91,8 +92,7 @@ class Collection:
             raise BadVectors(f"dim must be an integer in 1..65536, got {dim!r}")
         if metric not in ("l2", "ip"):
             raise BadVectors(f"metric must be 'l2' or 'ip', got {metric!r}")
-        if index not in INDEX_TYPES:
-            raise BadVectors(f"index must be one of {', '.join(INDEX_TYPES)}, got {index!r}")
+        index = indexes.check_spec(index, dim, metric)
         directory = root / name
         make_dirs(directory)
         meta = msgpack.packb({"name": name, "dim": dim, "metric": metric, "index": index})
@@ -130,8 +130,8 @@ class Collection:
                 self.close()
                 raise
             self.shards[shard_id] = shard
-            if self.index != "flat":
-                shard.index = index.load(path, shard.rows, shard.uuid)
+            if self.index != indexes.EXACT:
+                shard.index = indexes.load(path, shard.rows, self.index, shard.uuid)
         self.next_shard = max(seen, default=0) + 1
         self._publish()
 
@@ -277,16 +277,18 @@ class Collection:
     def views(self) -> list[View]:
         return self._published[0]
 
-    def search(self, queries: np.ndarray, k: int) -> Hits:
-        """Top-k live rows over every shard (deleted rows are skipped inside faiss)."""
+    def search(self, queries: np.ndarray, k: int, params: dict[str, int] | None = None) -> Hits:
+        """Top-k live rows over every shard (deleted rows are skipped inside
+        faiss); ``params``: per-query index parameters (index.py)."""
         parts = []
         for view in self.views():
             if view.live > 0:
-                scores, rows = self._search_shard(view, queries, k)
+                scores, rows = self._search_shard(view, queries, k, params or {})
                 parts.append(shard_part(view.shard, scores, rows, view.ids, view.refs))
         return merge(parts, len(queries), k, self.metric)
 
-    def _search_shard(self, view: View, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search_shard(self, view: View, queries: np.ndarray, k: int,
+                      params: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows) of one shard's top-k live rows. With an approximate
         index, a query answered with fewer than min(k, live rows) rows (a
         graph whose neighbourhoods are mostly deleted runs dry) is searched
@@ -294,11 +296,9 @@ class Collection:
         keep = deletes.selector(view.deleted) if view.deleted is not None else None
         if view.index is None:
             return search_rows(queries, view.vectors, k, self.metric, keep)
-        # faiss's own type stubs lack SearchParametersHNSW; the class exists (faiss >= 1.7.3)
-        params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, k))  # type: ignore[attr-defined]
-        if keep is not None:
-            params.sel = keep.selector
-        scores, rows = view.index.search(queries, min(k, view.rows), params=params)
+        chosen = indexes.search_params(view.index, params, k, self.config.hnsw_ef_search,
+                                       keep.selector if keep is not None else None)
+        scores, rows = view.index.search(queries, min(k, view.rows), params=chosen)
         short = np.flatnonzero((rows >= 0).sum(axis=1) < min(k, view.live))
         if len(short):
             scores[short], rows[short] = search_rows(queries[short], view.vectors, rows.shape[1], self.metric, keep)
@@ -308,9 +308,12 @@ class Collection:
 
     def unindexed(self) -> list[Shard]:
         """Sealed shards that should have an approximate index and lack one."""
-        if self.index == "flat":
+        if self.index == indexes.EXACT:
             return []
-        return [s for s in list(self.shards.values()) if s.sealed and s.index is None and s.rows]
+        if self._min_rows is None:
+            self._min_rows = indexes.min_rows(self.index, self.dim, self.metric)
+        need = self._min_rows
+        return [s for s in list(self.shards.values()) if s.sealed and s.index is None and s.rows >= need]
 
     def install_index(self, shard: Shard, built: Any) -> None:
         """Caller holds the write lock."""

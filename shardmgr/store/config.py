@@ -9,9 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-#: The per-collection index kinds: exact search only, or an HNSW graph per sealed shard.
-INDEX_TYPES = ("flat", "hnsw")
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StoreConfig:
@@ -32,6 +29,8 @@ class StoreConfig:
     #: HNSW build parameter M and search breadth efSearch (index = "hnsw").
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
+    #: Most rows an index that needs training (IVF, PQ, SQ) is trained on: an even sample of the shard.
+    index_train_rows: int = 262_144
     #: A sealed shard whose live rows are fewer than this fraction of its rows is
     #: rewritten without its deleted rows (0 turns rewriting off; rewrite.py) ...
     rewrite_live_fraction: float = 0.5
@@ -50,7 +49,7 @@ class StoreConfig:
         for name in ("rewrite_live_fraction", "merge_below_fraction"):
             if not 0 <= getattr(self, name) <= 1:  # also NaN
                 raise ValueError(f"{name} must be a fraction in 0..1, got {getattr(self, name)}")
-        for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search"):
+        for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search", "index_train_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         return self

@@ -91,7 +91,7 @@ class StoreService(Component):
 
     def _search(self, request: Request) -> None:
         scores, ids, refs = self.store.search(request.arg("name", str), request.part("queries"),
-                                              request.arg("k", int, 10))
+                                              request.arg("k", int, 10), request.arg("params", dict, None))
         request.reply({}, {"scores": scores, "ids": ids, "refs": refs})
 
     def _get(self, request: Request) -> None:

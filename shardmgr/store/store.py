@@ -176,15 +176,16 @@ class Store:
                         if s.directory not in self._index_failed]
             for collection, shard in todo[:1]:
                 try:
-                    built = index.build(shard.view().vectors, collection.metric, self.config.hnsw_m)
-                    index.save(shard.directory, built, shard.rows, self.config.hnsw_m, shard.uuid)
+                    built = index.build(shard.view().vectors, collection.metric, collection.index,
+                                        self.config.hnsw_m, self.config.index_train_rows)
+                    index.save(shard.directory, built, shard.rows, collection.index, self.config.hnsw_m, shard.uuid)
                 except Exception:  # the shard stays searched exactly; not retried until a restart
                     log.exception("shardmgr: building the index of %s failed", shard.directory)
                     self._index_failed.add(shard.directory)
                     continue
                 with self._write:
                     collection.install_index(shard, built)
-                log.info("shardmgr: %s: hnsw index of %d rows built", shard.directory, shard.rows)
+                log.info("shardmgr: %s: %s index of %d rows built", shard.directory, collection.index, shard.rows)
 
     def wait_for_indexes(self, timeout: float = 600.0) -> None:
         """Block until every sealed shard that should have an index has one (tests, benchmarks)."""
@@ -289,15 +290,19 @@ class Store:
 
     # ------------------------------------------------------------------ reads
 
-    def search(self, name: str, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Exact top-k over every shard: (scores, ids, refs), each [nq, k];
-        missing results have ref -1."""
+    def search(self, name: str, queries: Any, k: int = 10,
+               params: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top-k over every shard: (scores, ids, refs), each [nq, k]; missing
+        results have ref -1. Exact, or through the collection's index on
+        sealed shards that have one; ``params`` (``nprobe``, ``efSearch``)
+        tune that index per query (index.py)."""
         collection = self.collection(name)
         checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.config.max_queries)
         k = batch.k(k, self.config.max_k)
+        chosen = index.check_params(params)
         if not len(checked):
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64)
-        hits = collection.search(checked, k)
+        hits = collection.search(checked, k, chosen)
         return hits.scores, hits.ids, hits.refs
 
     def get(self, name: str, refs: Any) -> np.ndarray:

@@ -32,7 +32,6 @@ from common.journal.errors import CorruptJournal, FormatError
 from shardmgr.store import close_marker, deletes, index, lineage
 from shardmgr.store.batch_record import BATCH, JOURNAL_KIND, last_record
 from shardmgr.store.collection import META_KIND, quarantine_reason
-from shardmgr.store.config import INDEX_TYPES
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
 from shardmgr.store.shard import TMP_SUFFIX
 
@@ -90,9 +89,9 @@ def _collection_meta(directory: Path, findings: Findings) -> int | None:
             return None
         meta = msgpack.unpackb(check.journal.metadata)
         dim, metric, kind = meta["dim"], meta["metric"], meta["index"]
-        if meta["name"] != directory.name or not isinstance(dim, int) or metric not in ("l2", "ip") \
-                or kind not in INDEX_TYPES:
+        if meta["name"] != directory.name or not isinstance(dim, int) or metric not in ("l2", "ip"):
             raise ValueError(f"{ {k: meta.get(k) for k in ('name', 'dim', 'metric', 'index')} }")
+        index.check_spec(kind, dim, metric)  # BadVectors, a ValueError, names what faiss refused
         return dim
     except (ValueError, KeyError, TypeError) as exc:
         findings.add(path, Severity.CORRUPT, "metadata", f"{{name: {directory.name!r}, dim, metric, index}}",
