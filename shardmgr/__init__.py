@@ -59,6 +59,15 @@ def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False) ->
     return run(data_dir, deep=deep, repair=repair)
 
 
+def snapshot(data_dir: str | Path, dest: str | Path) -> dict[str, Any]:
+    """Copy a data directory no server has open to the new directory
+    ``dest``, at one durable point (shardmgr/snapshots.py; against a running
+    server: ``shardmgr snapshot DEST``). Returns what it did."""
+    from shardmgr.snapshots import snapshot as run
+
+    return run(data_dir, dest)
+
+
 def connect(address: str, **options: Any) -> StoreClient:
     """A client of a ``shardmgr serve`` process at ``host:port``."""
     from shardmgr.store.client import StoreClient

@@ -129,12 +129,13 @@ def server_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
-                args: dict[str, object] | None = None) -> dict[str, Any]:
-    """Call ``cmd`` on the server; on failure print why and exit EXIT_FAILED."""
+                args: dict[str, object] | None = None, wait: float | None = 30.0) -> dict[str, Any]:
+    """Call ``cmd`` on the server, waiting up to ``wait`` seconds for the
+    answer (None: as long as it takes); on failure print why and exit EXIT_FAILED."""
     try:
         options = click.get_current_context().meta.get("rpc_options", {})
         with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0), **options) as client:
-            return client.call(cmd, args).result
+            return client.call(cmd, args, timeout=None if wait is None else max(timeout, wait)).result
     except (CommonError, ValueError) as exc:  # ValueError: a TLS file that cannot be loaded
         click.echo(f"shardmgr {what}: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
@@ -284,6 +285,38 @@ def _recovery_dict(j: Journal) -> dict[str, object]:
     report["seconds"] = round(report["seconds"], 6)
     report["clean"] = j.recovery.clean
     return report
+
+
+@main.command()
+@server_options
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Copy this data directory itself (no server may have it open) instead of asking a server.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | None, as_json: bool) -> None:
+    """Copy the data at one durable point to the new directory DEST.
+
+    Asks the running server (the admin role), which writes DEST on its own
+    machine: a relative DEST is made absolute here first. Sealed shard files
+    are hard-linked when DEST is on the same file system; writes wait while
+    the rest is copied. DEST is a data directory: `shardmgr verify DEST`,
+    `shardmgr serve --data DEST`.
+    """
+    if data_dir is not None:
+        from shardmgr.snapshots import snapshot as offline
+
+        try:
+            result = offline(data_dir, dest)
+        except CommonError as exc:
+            click.echo(f"shardmgr snapshot: {exc}", err=True)
+            raise SystemExit(EXIT_FAILED) from None
+    else:
+        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(dest.absolute())}, wait=None)
+    if as_json:
+        click.echo(json.dumps(result, sort_keys=True))
+    else:
+        click.echo(f"snapshot {result['dest']}: {result['bytes_copied']:,} bytes copied (the rest linked) in "
+                   f"{result['seconds']} s; writes paused {result['paused_s']} s")
 
 
 @main.command()

@@ -34,10 +34,10 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from .answer import Promise
 from .calls import Alive
 from .config import WorkqConfig
 from .delivery import Delivery
+from .disk.copies import copy_queue
 from .enqueues import Enqueue
 from .loop import OwnerLoop, settle
 from .protocol import Handle, Key, Result
@@ -60,6 +61,7 @@ from .state.stats import key_stats, totals
 from .worker_side import WorkerSide
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Broker(WorkerSide):
@@ -132,6 +134,21 @@ class Broker(WorkerSide):
         self._state.abandon()
         if self._lock is not None:
             self._lock.release()
+
+    def frozen(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` under the owner lock (nothing is enqueued, leased,
+        completed or delivered meanwhile) and return its result; a snapshot
+        flushes and copies the queue's files (:meth:`copy_files`) from there."""
+
+        def run(future: Future[T]) -> None:
+            settle(future, fn())
+
+        return self._loop.future(run).result()
+
+    def copy_files(self, dest: Path) -> int:
+        """Copy the queue's files to ``dest/workq``; only inside :meth:`frozen`,
+        after a flush (disk/copies.py). Returns bytes copied."""
+        return copy_queue(self._state.root, self._state.journals(), dest / "workq")
 
     def _release(self) -> None:
         if self._own_flusher:

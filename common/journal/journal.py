@@ -285,6 +285,11 @@ class Journal(MarkerWriter):
             raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
                               f"{exc.strerror or exc}", exc.errno) from exc
 
+    def syncs_paused(self) -> threading.Lock:
+        """A lock that, held, keeps the flusher from syncing, checkpointing or
+        closing this journal (a consistent copy: copying.py)."""
+        return self._syncer.lock
+
     def add_companion(self, fd: int) -> None:
         """Sync the data file ``fd`` with this journal, before it, in every flush.
 

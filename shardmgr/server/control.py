@@ -1,20 +1,24 @@
-"""The server's own commands: ``info``, ``ping``, ``echo`` and ``stats``.
+"""The server's own commands: ``info``, ``ping``, ``echo``, ``stats`` and ``snapshot``.
 
-All run inline on the connection's thread; none touches stored data.
+All run inline on the connection's thread; none changes stored data.
 
 * ``info`` -> ``{server_version, protocol, max_frame_bytes, commands}``
 * ``ping`` -> ``{}``
 * ``echo`` -> the request's ``args`` and binary parts, unchanged
 * ``stats`` -> ``{component: {counter: value}}`` (see Server.stats)
+* ``snapshot`` ``{dest}`` -> ``{dest, seconds, paused_s, bytes_copied}``: a
+  consistent copy of the data directory at one durable point, to the new
+  directory ``dest`` on the server's machine (shardmgr/snapshots.py); admin
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.wire import framing
 from common.wire.component import Component, Request
+from common.wire.errors import BadRequest
 from shardmgr import __version__
 
 if TYPE_CHECKING:
@@ -28,7 +32,7 @@ class Control(Component):
         self._server = server
 
     def commands(self) -> Iterable[str]:
-        return ("info", "ping", "echo", "stats")
+        return ("info", "ping", "echo", "stats", "snapshot")
 
     def handle(self, request: Request) -> None:
         if request.cmd == "ping":
@@ -37,7 +41,20 @@ class Control(Component):
             request.reply(request.args, dict(request.parts))
         elif request.cmd == "stats":
             request.reply(self._server.stats())
+        elif request.cmd == "snapshot":
+            request.reply(self._snapshot(request.arg("dest", str)))
         else:
             request.reply({"server_version": __version__, "protocol": framing.PROTOCOL_VERSION,
                            "max_frame_bytes": self._server.config.max_frame_bytes,
                            "commands": self._server.command_names})
+
+    def _snapshot(self, dest: str) -> dict[str, Any]:
+        from shardmgr.snapshots import take  # the store and the queue: only this command needs them
+        from shardmgr.store.service import StoreService
+        from workq.service import WorkqService
+
+        stores = [c.store for c in self._server.components if isinstance(c, StoreService)]
+        brokers = [c.broker for c in self._server.components if isinstance(c, WorkqService)]
+        if not stores:
+            raise BadRequest("snapshot: this server hosts no vector store")
+        return take(dest, stores[0], brokers[0] if brokers else None)

@@ -17,11 +17,12 @@ computes). A maintenance thread seals shards that stay idle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ from shardmgr.errors import DiskFull, UnknownCollection
 from . import batch, index, rewrite
 from .collection import Collection, check_name
 from .config import StoreConfig
+from .copies import copy_collections
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +146,18 @@ class Store:
                     self._rewrite_once(collection)
                 except Exception:  # keep maintaining the others; the error is in the log
                     log.exception("shardmgr: maintaining %s (idle seal, rewrite) failed", collection.name)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Hold the write lock (no append, delete, seal or rewrite commit
+        meanwhile); a snapshot copies the files (:meth:`copy_files`) inside."""
+        with self._write:
+            yield
+
+    def copy_files(self, dest: Path) -> int:
+        """Copy every collection to ``dest/shards`` (copies.py); only inside
+        :meth:`frozen`, after a flush. Returns bytes copied (links count 0)."""
+        return copy_collections(list(self._collections.values()), dest)
 
     def compact(self, name: str | None = None) -> int:
         """Run the rewrites that are due now (shards mostly deleted, small

@@ -270,15 +270,16 @@ class QueueState:
 
     def close(self) -> None:
         """Close every file (each flushes first)."""
-        for journal in self._journals():
+        for journal in self.journals():
             journal.close()
 
     def abandon(self) -> None:
         """Release every file unsynced, as a crash would (tests)."""
-        for journal in self._journals():
+        for journal in self.journals():
             journal.abandon()
 
-    def _journals(self) -> Iterator[Journal]:
+    def journals(self) -> Iterator[Journal]:
+        """Every journal the queue holds open."""
         for log in self.logs.values():
             yield from log.segments.values()
         for segment in self.segments.values():
