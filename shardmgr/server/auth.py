@@ -50,7 +50,7 @@ ANY = "any"
 
 COMMAND_ROLES: dict[str, str] = {
     # the server's own (control.py)
-    "info": ANY, "ping": ANY, "echo": ANY, "stats": READ, "snapshot": ADMIN,
+    "info": ANY, "ping": ANY, "echo": ANY, "stats": READ, "snapshot": ADMIN, "shardmgr.compact": ADMIN,
     # the work queue (workq/service.py)
     "workq.enqueue": WRITE,
     "workq.results": READ, "workq.job_status": READ, "workq.stats": READ,

@@ -76,6 +76,12 @@ class StoreClient:
                               {"ids": batch.ids(ids, None)}, timeout=timeout)
         return int(reply.result["deleted"])
 
+    def compact(self, name: str | None = None, timeout: Timeout = None) -> int:
+        """Run the rewrites due now (Store.compact; the admin role); how many
+        ran. Waits as long as they take unless ``timeout`` says otherwise."""
+        args = {} if name is None else {"name": name}
+        return int(self.rpc.call("shardmgr.compact", args, timeout=timeout).result["rewrites"])
+
     def search(self, name: str, queries: Any, k: int = 10, params: dict[str, int] | None = None,
                timeout: Timeout = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scores, ids, refs), each [nq, k]; missing results have ref -1.

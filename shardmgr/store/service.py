@@ -34,6 +34,7 @@ class StoreService(Component):
             "shardmgr.collection_info": self._info, "shardmgr.append": self._append,
             "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
             "shardmgr.delete": self._delete, "shardmgr.delete_ids": self._delete_ids,
+            "shardmgr.compact": self._compact,
         }
 
     def commands(self) -> Iterable[str]:
@@ -88,6 +89,9 @@ class StoreService(Component):
         except FlushFailed as exc:
             raise DurabilityLost(str(exc)) from exc
         request.reply({"deleted": deleted})
+
+    def _compact(self, request: Request) -> None:
+        request.reply({"rewrites": self.store.compact(request.arg("name", str, None))})
 
     def _search(self, request: Request) -> None:
         scores, ids, refs = self.store.search(request.arg("name", str), request.part("queries"),

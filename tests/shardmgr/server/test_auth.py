@@ -73,7 +73,7 @@ def test_the_table_gives_each_role_what_docs_security_promises() -> None:
     assert {"shardmgr.search", "shardmgr.get", "stats", "workq.results", "workq.job_status"} <= by_role["read"]
     assert {"shardmgr.append", "shardmgr.create_collection", "workq.enqueue"} <= by_role["write"]
     assert by_role["worker"] == {"workq.hello", "workq.lease", "workq.complete", "workq.release", "workq.touch"}
-    assert by_role["admin"] == {"workq.kick", "snapshot"}
+    assert by_role["admin"] == {"workq.kick", "snapshot", "shardmgr.compact"}
     assert {"shardmgr.delete", "shardmgr.delete_ids"} <= by_role["write"]
     assert by_role[ANY] == {"info", "ping", "echo"}
 
