@@ -29,6 +29,7 @@ count it got from the shard (rows are never rewritten).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import mmap
 import os
@@ -41,6 +42,7 @@ import numpy as np
 from common.journal import filesystem
 from common.journal.config import Preallocate
 from common.journal.errors import FormatError, WriteFailed
+from common.journal.fdless import map_readonly
 from common.units import MiB
 
 MAGIC = b"\x89SMROWS\n"
@@ -104,7 +106,7 @@ class RowFile:
         self.fd = fd
         self.writable = writable
         self.size = os.fstat(fd).st_size
-        self._mm: mmap.mmap | None = None
+        self._mm: mmap.mmap | ctypes.Array[ctypes.c_char] | None = None
         self._remap()
 
     @classmethod
@@ -173,17 +175,27 @@ class RowFile:
         self.size = size
 
     def detach(self) -> None:
-        """Close the file descriptor and keep reading through the mapping
-        (a sealed file: nothing is written, cut or remapped any more, and a
-        write would fail with EBADF), so sealed shards hold no descriptors
-        however many there are."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Map the file anew without a descriptor (common/journal/fdless.py)
+        and close its descriptor; rows are read through that mapping from
+        now on (a sealed file: nothing is written, cut or remapped any more,
+        and a write would fail with EBADF), so sealed shards hold no
+        descriptors however many there are. Views taken before keep the old
+        mapping (and its duplicate descriptor) until they are gone."""
+        if self.fd < 0:
+            return
+        if self.size:
+            old, self._mm = self._mm, map_readonly(self.fd, self.size)
+            if isinstance(old, mmap.mmap):
+                with contextlib.suppress(BufferError):  # readers hold rows of it: it dies with them
+                    old.close()
+        os.close(self.fd)
+        self.fd = -1
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a reader still holds rows; the mapping dies with them
-            self._mm.close()  # type: ignore[union-attr]
+        if isinstance(self._mm, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a reader still holds rows; the mapping dies with them
+                self._mm.close()
+        self._mm = None  # an fd-less mapping is unmapped when its last reader is gone
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
