@@ -10,7 +10,7 @@ from __future__ import annotations
 from common.wire.errors import BadRequest, Conflict, DiskFull, NotFound, ServiceError
 
 __all__ = ["ShardmgrError", "UnknownCollection", "CollectionConflict", "BadName", "BadVectors", "UnknownRef",
-           "RowDeleted", "CannotVerify", "DiskFull"]
+           "RowDeleted", "NeedsReopen", "CannotVerify", "DiskFull"]
 
 
 class ShardmgrError(ServiceError):
@@ -54,6 +54,14 @@ class RowDeleted(ShardmgrError, NotFound):
     """A ref names a row that was deleted (``delete``/``delete_ids``)."""
 
     code = "shardmgr.deleted"
+
+
+class NeedsReopen(ShardmgrError):
+    """A collection refuses writes until the store is reopened: a rewrite
+    was committed on disk but could not be opened (too many open files, no
+    memory); the next open finishes it."""
+
+    code = "shardmgr.needs_reopen"
 
 
 class CannotVerify(ShardmgrError):

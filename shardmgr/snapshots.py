@@ -41,9 +41,11 @@ class CannotSnapshot(ShardmgrError):
     code = "shardmgr.cannot_snapshot"
 
 
-def take(dest: str | Path, store: Store, broker: Broker | None = None) -> dict[str, Any]:
+def take(dest: str | Path, store: Store, broker: Broker | None = None, *, serving: bool = True) -> dict[str, Any]:
     """Copy ``store`` (and ``broker``'s queue) to the new directory ``dest``
-    at one durable point; returns {dest, seconds, paused_s, bytes_copied}."""
+    at one durable point; returns {dest, seconds, paused_s, bytes_copied}.
+    ``serving=False``: neither runs its threads (an offline copy), so the
+    queue needs no freezing (and has no owner thread to freeze it)."""
     dest = Path(dest).absolute()
     building = dest.with_name(dest.name + TMP_SUFFIX)
     if dest.exists():
@@ -52,8 +54,8 @@ def take(dest: str | Path, store: Store, broker: Broker | None = None) -> dict[s
     started = time.monotonic()
     try:
         make_dirs(building)
-        paused, copied = broker.frozen(lambda: _copy(building, store, broker)) if broker is not None \
-            else _copy(building, store, None)
+        paused, copied = broker.frozen(lambda: _copy(building, store, broker)) \
+            if broker is not None and serving else _copy(building, store, broker)
         sync_tree(building)
         os.rename(building, dest)
         fsync_dir(dest.parent)
@@ -72,20 +74,28 @@ def _copy(building: Path, store: Store, broker: Broker | None) -> tuple[float, i
     started = time.monotonic()
     with store.frozen():
         store.flusher.flush_now()
+        if broker is not None and broker.flusher is not store.flusher:
+            broker.flusher.flush_now()
         copied = broker.copy_files(building) if broker is not None else 0
         copied += store.copy_files(building)
     return time.monotonic() - started, copied
 
 
 def snapshot(data_dir: str | Path, dest: str | Path) -> dict[str, Any]:
-    """Snapshot a data directory no server has open (embedded use): open
-    its store and queue (recovering them), take the snapshot, close."""
+    """Snapshot a data directory no server has open (embedded use): recover
+    its store and queue (no maintenance, index or owner thread runs: nothing
+    but recovery changes the directory), take the snapshot, close."""
     flusher = Flusher(FlusherConfig())
     flusher.start()
     try:
-        with Store(data_dir, StoreConfig(), flusher=flusher).open() as store:
-            # the store holds the directory's lock for both
-            with Broker(data_dir, flusher=flusher, lock=False).open() as broker:
-                return take(dest, store, broker)
+        store = Store(data_dir, StoreConfig(), flusher=flusher)
+        store.recover()  # takes the directory's lock, for both
+        with store:
+            broker = Broker(data_dir, flusher=flusher, lock=False)
+            broker.recover()
+            try:
+                return take(dest, store, broker, serving=False)
+            finally:
+                broker.close()
     finally:
         flusher.stop()

@@ -35,7 +35,7 @@ from common.journal import Flusher, Journal, Ticket
 from common.journal.check import read_regular
 from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
-from shardmgr.errors import BadName, BadVectors, CollectionConflict, RowDeleted
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, NeedsReopen, RowDeleted
 
 from . import deletes, lineage, metadata, rewrite
 from . import index as indexes
@@ -78,6 +78,7 @@ class Collection:
         self.shards: dict[int, Shard] = {}
         self.quarantined: list[str] = []
         self._min_rows: int | None = None  # rows a shard needs for its index to be built (index.min_rows)
+        self.broken: BaseException | None = None  # set for good when a committed rewrite could not be opened
         self.next_shard = 1
         # for readers: the views and which shard now holds each rewritten one's rows;
         # replaced together (never mutated) by writers
@@ -115,8 +116,9 @@ class Collection:
         seen = [int(p.name.split("-")[0]) for p in moved]
         self.quarantined = [f"{p.name}: {quarantine_reason(p)}" for p in moved]
         for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a creation or rewrite a crash cut short
-            seen.append(int(path.name[:-len(TMP_SUFFIX)]))
-            shutil.rmtree(path)
+            if path.is_dir() and path.name[:-len(TMP_SUFFIX)].isdigit():  # not collection.tmp, say
+                seen.append(int(path.name[:-len(TMP_SUFFIX)]))
+                shutil.rmtree(path)
         seen += self._remove_superseded()
         for path in sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()):
             shard_id = int(path.name)
@@ -170,9 +172,15 @@ class Collection:
         last = self.shards[max(self.shards)] if self.shards else None
         return last if last is not None and not last.sealed else None
 
+    def _check_writable(self) -> None:
+        if self.broken is not None:
+            raise NeedsReopen(f"collection {self.name!r}: a rewrite was committed but could not be opened "
+                              f"({self.broken}); reopen the store (restart the server) before writing") from None
+
     def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, Ticket]:
         """Append a checked batch; returns its refs and the ticket to wait for.
         The caller holds the store's write lock."""
+        self._check_writable()
         shard = self.active
         if shard is not None and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes and shard.rows:
             shard.seal()
@@ -219,6 +227,7 @@ class Collection:
         that names no stored row, before anything is written); rows already
         deleted are skipped. (rows newly deleted, the tickets to wait for).
         The caller holds the store's write lock."""
+        self._check_writable()
         shards, rows, _ = self._locate(refs)  # gone: deleted before a rewrite dropped the row
         deleted, tickets = 0, []
         try:  # shard by shard: if one fails (a full disk), the shards before it keep their deletes
@@ -250,10 +259,15 @@ class Collection:
 
     # -------------------------------------------------------------- rewrites
 
-    def plan_rewrite(self) -> rewrite.Plan | None:
-        """The next rewrite (rewrite.py), with a fresh shard id; caller holds the write lock."""
-        inputs = [s for s in rewrite.plan(list(self.shards.values()), self.config, self.dim)
-                  if s not in self.unindexed()]  # an index build would write into a directory being replaced
+    def plan_rewrite(self, index_failed: set[Path] | None = None) -> rewrite.Plan | None:
+        """The next rewrite (rewrite.py), with a fresh shard id; caller holds
+        the write lock. Shards waiting for an index build are left alone (the
+        build would write into a directory being replaced); ``index_failed``:
+        shards whose build failed, which wait for nothing."""
+        if self.broken is not None:
+            return None
+        busy = {s.id for s in self.unindexed() if s.directory not in (index_failed or set())}
+        inputs = rewrite.plan([s for s in self.shards.values() if s.id not in busy], self.config, self.dim)
         if not inputs or self.next_shard > MAX_SHARD:
             return None
         self.next_shard += 1
@@ -263,7 +277,15 @@ class Collection:
         """Commit a built rewrite and drop its inputs; caller holds the write lock."""
         inputs = [self.shards[v.shard] for v in plan.inputs]
         final = rewrite.publish(built, plan, inputs, self.flusher)
-        shard = Shard.open(final, plan.shard_id, self.dim, self.flusher, self.config.extent_bytes)
+        try:
+            shard = Shard.open(final, plan.shard_id, self.dim, self.flusher, self.config.extent_bytes)
+        except BaseException as exc:
+            # committed on disk, not in memory: a delete or a second rewrite of the inputs now would be
+            # undone at the next open (which removes them); writes wait for that open
+            self.broken = exc
+            log.error("collection %s: rewrite %d committed but cannot be opened (%s); writes are refused until "
+                      "the store is reopened", self.name, plan.shard_id, exc)
+            raise
         self.shards[shard.id] = shard
         for old in inputs:
             del self.shards[old.id]
@@ -324,9 +346,9 @@ class Collection:
     def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first
         that names no stored row, RowDeleted the first deleted one."""
-        views, _ = self._published
+        views, moved = self._published  # one snapshot: a rewrite may publish another meanwhile
         by_id = {view.shard: view for view in views}
-        shards, rows, gone = self._locate(refs)
+        shards, rows, gone = lineage.locate(refs, by_id, moved, self.name)
         if gone.any():
             raise RowDeleted(f"collection {self.name!r}: ref {int(refs[np.argmax(gone)])} was deleted")
         vectors = np.empty((len(refs), self.dim), dtype=np.float32)

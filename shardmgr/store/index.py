@@ -85,9 +85,19 @@ def check_spec(spec: Any, dim: int, metric: str) -> str:
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else "refused"
         raise BadVectors(f"index {spec!r}: faiss's index_factory refuses it for dim {dim}: {reason}") from None
-    if made.ntotal or not hasattr(made, "search"):
-        raise BadVectors(f"index {spec!r} is not an index kind the store can build per shard")
+    if not _takes_params(made):
+        raise BadVectors(f"index {spec!r}: a {type(made).__name__} cannot skip deleted rows during a search "
+                         f"(faiss search parameters); use an IVF, HNSW, flat or scalar-quantizer index, "
+                         f"optionally behind a PCA or OPQ transform")
     return spec
+
+
+def _takes_params(index: faiss.Index) -> bool:
+    """Whether faiss searches ``index`` with SearchParameters (a selector of live rows, nprobe, efSearch):
+    faiss refuses them for PQ, LSH, additive quantizers, NSG, refinement and fast-scan flat codes."""
+    if isinstance(index, faiss.IndexPreTransform):
+        return _takes_params(faiss.downcast_index(index.index))
+    return isinstance(index, (faiss.IndexIVF, faiss.IndexHNSW, faiss.IndexFlat, faiss.IndexScalarQuantizer))
 
 
 def min_rows(spec: str, dim: int, metric: str) -> int:

@@ -168,15 +168,19 @@ def publish(built: Built, plan_: Plan, current: list[Shard], flusher: Flusher) -
     """Carry over deletes made since the plan, then rename the new shard into
     place (the commit point); returns its directory. Caller holds the write lock."""
     caught_up = np.sort(built.placed[_deleted_since(plan_, current)])
-    if len(caught_up):
-        deletes = DeleteLog(built.path, plan_.shard_id, built.uuid, flusher, None, np.zeros(0, dtype=bool))
-        try:
-            _, ticket = deletes.add(caught_up, built.rows)
-            assert ticket is not None
-            ticket.journal.flush()
-        finally:
-            deletes.close()
-        fsync_dir(built.path)
+    try:
+        if len(caught_up):
+            deletes = DeleteLog(built.path, plan_.shard_id, built.uuid, flusher, None, np.zeros(0, dtype=bool))
+            try:
+                _, ticket = deletes.add(caught_up, built.rows)
+                assert ticket is not None
+                ticket.journal.flush()
+            finally:
+                deletes.close()
+            fsync_dir(built.path)
+    except BaseException:  # not committed: the inputs still serve, and nothing of the attempt stays
+        shutil.rmtree(built.path, ignore_errors=True)
+        raise
     final = built.path.with_name(built.path.name[:-len(TMP_SUFFIX)])
     os.rename(built.path, final)
     fsync_dir(final.parent)

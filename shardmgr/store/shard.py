@@ -326,21 +326,31 @@ class Shard:
         journal.add_companion(vectors.fd)
         journal.add_companion(ids.fd)
         shard = cls._with_deletes(directory, shard_id, dim, journal, vectors, ids, rows, uid, flusher)
-        deletes = shard.deletes
-        for column in (vectors, ids):
-            column.truncate(rows)
-        if cut is None and not deletes.past and close_marker.read(directory) == Closed(uid, rows, journal.end):
-            _grow_by(vectors, ids, extent, dim)
-            journal.flush()  # the cut row files (its companions) are durable before the marker goes
-            close_marker.remove(directory)
-            log.info("shard %s: closed cleanly with %d rows; still growing", directory, rows)
-            return shard
-        journal.seal()  # syncs the cut row files (its companions) first
-        close_marker.remove(directory)
-        fsync_dir(directory)
-        shard._let_go()
-        log.info("shard %s: replayed and sealed with %d rows", directory, rows)
+        try:
+            shard._finish_recovery(cut is None, extent)
+        except BaseException:
+            shard.abandon()  # released, nothing more written: the next open starts over
+            raise
         return shard
+
+    def _finish_recovery(self, complete: bool, extent: int) -> None:
+        """Cut the row files to the replayed rows; then keep growing if the
+        clean-close marker vouches for them (and nothing was cut), else seal."""
+        assert self.journal is not None
+        for column in (self.vectors, self.ids):
+            column.truncate(self.rows)
+        closed = Closed(self.uuid, self.rows, self.journal.end)
+        if complete and not self.deletes.past and close_marker.read(self.directory) == closed:
+            _grow_by(self.vectors, self.ids, extent, self.dim)
+            self.journal.flush()  # the cut row files (its companions) are durable before the marker goes
+            close_marker.remove(self.directory)
+            log.info("shard %s: closed cleanly with %d rows; still growing", self.directory, self.rows)
+            return
+        self.journal.seal()  # syncs the cut row files (its companions) first
+        close_marker.remove(self.directory)
+        fsync_dir(self.directory)
+        self._let_go()
+        log.info("shard %s: replayed and sealed with %d rows", self.directory, self.rows)
 
     @classmethod
     def _replay(cls, directory: Path, shard_id: int, dim: int) -> tuple[int, int | None]:

@@ -9,10 +9,12 @@ are then all on disk). Refs returned by an append name (shard, row) and
 stay valid for the life of the data.
 
 Threads: one write lock (``_write``) serialises everything that changes
-state (create, append, seal); its holder is the owner. Searches and gets
-run on the caller's thread, concurrently with appends, on a snapshot of the
-shards (rows are never rewritten, and faiss releases the GIL while it
-computes). A maintenance thread seals shards that stay idle.
+state (create, append, delete, seal, a rewrite's plan and commit, a
+snapshot's copy); its holder is the owner. Searches and gets run on the
+caller's thread, concurrently with appends, on a published snapshot of the
+shards (rows are never rewritten in place, and faiss releases the GIL while
+it computes). A maintenance thread seals shards that stay idle and runs
+rewrites (built off the lock, one at a time); an index thread builds indexes.
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ class Store:
         """Plan, build (off the write lock) and publish one rewrite; False if none is due."""
         with self._rewriting:
             with self._write:
-                plan = collection.plan_rewrite()
+                plan = collection.plan_rewrite(self._index_failed)
             if plan is None:
                 return False
             built = rewrite.build(collection.directory, plan, collection.dim, collection.name, self.flusher)

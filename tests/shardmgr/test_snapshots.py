@@ -130,3 +130,21 @@ def test_a_snapshot_that_fails_leaves_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "snap").exists() and not (tmp_path / "snap.tmp").exists()
     report = shardmgr.verify(data, deep=True)
     assert not [p for p in report.problems if p.severity > Severity.NOTE]
+
+
+def test_an_offline_snapshot_changes_nothing_in_its_source(tmp_path: Path) -> None:
+    """No maintenance, index or owner thread runs on a directory that is only
+    copied: small sealed shards a running store would merge stay as they are."""
+    data = tmp_path / "data"
+    for session in range(3):  # each ends in a crash: three small sealed shards, merge candidates
+        store = shardmgr.open(data)
+        store.create_collection("c", DIM)
+        store.append("c", np.full((5, DIM), session, np.float32), np.arange(5))
+        store.abandon()
+    with shardmgr.open(data, merge_below_fraction=0.0):  # recovery's own changes (seals), no merges
+        pass
+    before = sorted(str(p.relative_to(data)) for p in (data / "shards").rglob("*"))
+    shardmgr.snapshot(data, tmp_path / "snap")  # (the queue's recovery creates its empty directory)
+    assert sorted(str(p.relative_to(data)) for p in (data / "shards").rglob("*")) == before
+    with shardmgr.open(tmp_path / "snap", merge_below_fraction=0.0) as store:
+        assert store.collection_info("c")["shards"] == 3

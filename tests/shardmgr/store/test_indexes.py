@@ -86,7 +86,8 @@ def test_an_index_of_another_kind_is_never_loaded(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spec, message", [
     ("IVF", "index_factory refuses"), ("bogus,Flat", "index_factory refuses"), ("", "index must be"),
-    ("x" * 300, "index must be"),
+    ("x" * 300, "index must be"), ("PQ8", "cannot skip deleted rows"), ("LSH", "cannot skip deleted rows"),
+    ("IVF16,Flat,RFlat", "cannot skip deleted rows"), ("NSG16,Flat", "cannot skip deleted rows"),
 ])
 def test_a_bad_index_string_is_refused_and_creates_nothing(tmp_path: Path, spec: str, message: str) -> None:
     with shardmgr.open(tmp_path) as store:

@@ -15,9 +15,10 @@ import pytest
 
 import shardmgr
 from common.journal.testing import PowerCut
-from shardmgr.errors import RowDeleted, UnknownRef
+from shardmgr.errors import NeedsReopen, RowDeleted, UnknownRef
 from shardmgr.store import rewrite
 from shardmgr.store.refs import ROW_BITS, split_refs
+from shardmgr.store.shard import Shard
 from shardmgr.store.store import Store
 
 DIM = 8
@@ -209,3 +210,51 @@ def power_cuts_during_rewrites(tmp_path: Path, seed: int) -> None:
         model.check(store)
     assert shardmgr.verify(data, deep=True).exit_code <= 1
     shutil.rmtree(data)
+
+
+def test_a_rewrite_committed_but_not_opened_refuses_writes_until_reopened(tmp_path: Path) -> None:
+    """If the new shard cannot be opened after its commit (too many open files),
+    a delete or a second rewrite of its inputs now would be undone by the next
+    open, which removes them: writes are refused until then."""
+    store, model, refs = filled(tmp_path)
+    model.delete(store, refs[1][:100])
+    real_open = Shard.open
+    failures = iter([OSError(24, "Too many open files")])
+
+    def fails_once(*args: Any, **kwargs: Any) -> Shard:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return real_open(*args, **kwargs)
+
+    with mock.patch.object(Shard, "open", side_effect=fails_once), pytest.raises(OSError, match="open files"):
+        store.compact()
+    with pytest.raises(NeedsReopen):
+        store.delete("c", refs[1][100:101])
+    with pytest.raises(NeedsReopen):
+        store.append("c", rows_of(1, 50), [1])
+    assert store.compact() == 0
+    model.check(store)  # reads go on
+    store.close()
+    with shardmgr.open(tmp_path, seal_bytes=SEAL) as store:
+        assert store.collection_info("c")["shards"] == 4
+        model.check(store)
+        model.delete(store, refs[1][100:110])
+        model.check(store)
+
+
+def test_a_merge_never_shrinks_to_one_shard_rewritten_again_and_again(tmp_path: Path) -> None:
+    """A run of two small shards whose second waits for its index build is not
+    merged as a run of one (which would repeat at every maintenance pass)."""
+    store = shardmgr.open(tmp_path, seal_bytes=SEAL, merge_below_fraction=0.9)
+    store.create_collection("c", DIM)
+    for seed in range(2):
+        store.append("c", rows_of(20, seed), np.arange(20))
+        store.abandon()
+        store = shardmgr.open(tmp_path, seal_bytes=SEAL, merge_below_fraction=0.9)
+    collection = store.collection("c")
+    second = max(collection.shards.values(), key=lambda s: s.id)
+    with mock.patch.object(type(collection), "unindexed", return_value=[second]):
+        assert store.compact() == 0
+    assert store.compact() == 1  # once the build is done (or failed), the two merge
+    store.close()
