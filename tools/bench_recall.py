@@ -24,7 +24,7 @@ per shard); PQ: 8 dimensions per code byte.
 
 Usage (``shardmgr serve`` imports from the CWD):
   PYTHONPATH=. python tools/bench_recall.py [--dir DIR] [--runs 3] [--sets debian,random,large]
-      [--random 100000x768] [--large 5000000x128] [--plot docs/recall.png] [--json] [--smoke]
+      [--random 100000x768] [--large 5000000x128] [--plot docs/recall.png] [--json|--markdown] [--smoke]
   PYTHONPATH=. python tools/bench_recall.py --load a.json [--load b.json] [--plot P]   (tables/plot again)
 DIR defaults to $BENCH_DIR, else the current directory. ``--smoke`` runs tiny
 sizes in well under a minute; the defaults take about 35 minutes here.
@@ -43,7 +43,7 @@ from typing import Any
 from emit import emit  # tools/emit.py, beside this file
 from recall_data import DataSet, debian_set, nlist_for, pq_m, random_set
 from recall_large import bench_large
-from recall_report import jsonable, plot, show
+from recall_report import jsonable, markdown, plot, show
 from recall_systems import EXACT, SYSTEMS, Setting, Systems
 from rounds import interleave, ratio, summarise
 
@@ -118,6 +118,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--load", type=Path, action="append", help="show (and plot) saved --json results instead")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: seconds")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     args = parser.parse_args()
     if args.smoke:
         args.runs, args.random, args.large, args.queries, args.large_queries = 1, (12_000, 64), (120_000, 32), 100, 50
@@ -140,7 +141,10 @@ def main() -> None:
         results = measure_all(args)
     if args.plot:
         plot(results, args.plot)
-    emit(jsonable(results) if args.json else results, args.json, show)
+    if args.markdown:
+        print(markdown(results))
+    else:
+        emit(jsonable(results) if args.json else results, args.json, show)
 
 
 def measure_all(args: argparse.Namespace) -> dict[str, Any]:
