@@ -179,7 +179,7 @@ def markdown(results: dict[str, Any]) -> str:
                 cells += [_qps(systems[s]["summary"][key]) if s in systems else "" for s in SYSTEMS]
                 cells += [f"{systems[s]['ratio'][key]:.2f}" if s in systems else "" for s in ("ours", "network")]
             out.append("| " + " | ".join(cells) + " |")
-        out += ["", *verdicts(data), ""]
+        out += ["", *(f"- {line}" for line in verdicts(data)), ""]
     large = results.get("large")
     if large:
         exact = large["settings"][0]["summary"]
