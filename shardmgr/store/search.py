@@ -61,33 +61,34 @@ def search_rows(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str,
 
 
 def merge(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], nq: int, k: int, metric: str) -> Hits:
-    """Global top-k from per-shard (scores, ids, refs) lists (each [nq, k_i])."""
+    """Global top-k from per-shard (scores, ids, refs) lists (each [nq, k_i]).
+
+    One partition, one sort and one gather per column (plain fancy indexing:
+    ``take_along_axis`` costs more than the search of one query on a small
+    shard)."""
     parts = [p for p in parts if p[0].shape[1]]
+    out_scores = np.full((nq, k), worst(metric), np.float32)
+    out_ids, out_refs = np.full((nq, k), -1, np.int64), np.full((nq, k), -1, np.int64)
     if not parts:
-        return Hits(np.full((nq, k), worst(metric), np.float32), np.full((nq, k), -1, np.int64),
-                    np.full((nq, k), -1, np.int64))
-    scores = np.concatenate([p[0] for p in parts], axis=1)
-    ids = np.concatenate([p[1] for p in parts], axis=1)
-    refs = np.concatenate([p[2] for p in parts], axis=1)
-    missing = refs < 0
-    key = scores if metric == "l2" else -scores
-    key = np.where(missing, np.inf, key)
-    width = scores.shape[1]
-    if width > k:
+        return Hits(out_scores, out_ids, out_refs)
+    if len(parts) == 1:
+        scores, ids, refs = parts[0]
+    else:
+        scores, ids, refs = (np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
+    key = np.where(refs < 0, np.inf, scores if metric == "l2" else -scores)
+    row = np.arange(nq)[:, None]
+    if key.shape[1] > k:
         top = np.argpartition(key, k - 1, axis=1)[:, :k]
-        key = np.take_along_axis(key, top, axis=1)
-        scores, ids, refs = (np.take_along_axis(a, top, axis=1) for a in (scores, ids, refs))
-    order = np.argsort(key, axis=1, kind="stable")
-    scores, ids, refs = (np.take_along_axis(a, order, axis=1) for a in (scores, ids, refs))
-    if width < k:
-        pad = ((0, 0), (0, k - width))
-        scores = np.pad(scores, pad, constant_values=worst(metric))
-        ids = np.pad(ids, pad, constant_values=-1)
-        refs = np.pad(refs, pad, constant_values=-1)
-    refs_missing = refs < 0
-    scores = np.where(refs_missing, np.float32(worst(metric)), scores)
-    ids = np.where(refs_missing, -1, ids)
-    return Hits(scores.astype(np.float32), ids, refs)
+        pick = top[row, np.argsort(key[row, top], axis=1, kind="stable")]
+    else:
+        pick = np.argsort(key, axis=1, kind="stable")
+    width = pick.shape[1]
+    found = refs[row, pick]
+    missing = found < 0
+    out_refs[:, :width] = found
+    out_ids[:, :width] = np.where(missing, -1, ids[row, pick])
+    out_scores[:, :width] = np.where(missing, np.float32(worst(metric)), scores[row, pick])
+    return Hits(out_scores, out_ids, out_refs)
 
 
 def shard_part(shard: int, scores: np.ndarray, rows: np.ndarray, ids_column: np.ndarray,
