@@ -122,11 +122,22 @@ def build(vectors: np.ndarray, metric: str, spec: str, m: int, train_rows: int) 
         index: faiss.Index = graph
     else:
         index = faiss.index_factory(vectors.shape[1], spec, METRICS[metric])
+        _no_polysemous_training(index)
     if not index.is_trained:
         step = max(1, len(vectors) // train_rows)
         index.train(np.ascontiguousarray(vectors[::step][:train_rows]))
     index.add(vectors)
     return index
+
+
+def _no_polysemous_training(index: faiss.Index) -> None:
+    """index_factory turns on polysemous training for IVF-PQ, which search
+    never uses here (no Hamming threshold is set) and which costs minutes
+    per shard: off."""
+    with contextlib.suppress(RuntimeError):  # RuntimeError: not an IVF index
+        ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+        if hasattr(ivf, "do_polysemous_training"):
+            ivf.do_polysemous_training = False
 
 
 def search_params(index: faiss.Index, params: Mapping[str, int], k: int, ef_default: int,
