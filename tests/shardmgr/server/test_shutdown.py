@@ -70,7 +70,7 @@ def read_results(address: str, got: dict[int, int]) -> None:
 
 def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProcess) -> None:
     rng = random.Random(5)
-    items = 3000
+    items = 1000
     with QueueClient(server.address) as producer:
         handles = []
         for start in range(0, items, 500):
@@ -80,7 +80,7 @@ def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProc
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
     got: dict[int, int] = {}
     try:
-        for _ in range(5):
+        for _ in range(3):  # (pytest -m soak stops it 60 times under mixed load: test_stop_soak.py)
             deadline = time.monotonic() + rng.uniform(0.5, 1.5)
             while time.monotonic() < deadline:
                 read_results(server.address, got)

@@ -53,6 +53,9 @@ def test_call_timeouts_grow_with_the_request_and_can_be_set_per_call(server: Ser
     not less: on a loaded machine the calls around the stalls must not time out.)"""
     def stalled_for(seconds: float) -> threading.Timer:
         server.signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{server.proc.pid}/stat")  # type: ignore[union-attr]
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":  # stopped for real: no reply can slip out
+            time.sleep(0.001)
         resume = threading.Timer(seconds, server.signal, (signal.SIGCONT,))
         resume.start()
         return resume
