@@ -60,6 +60,11 @@ def link_or_copy(source: Path, dest: Path) -> int:
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
+    return copy_file(source, dest)
+
+
+def copy_file(source: Path, dest: Path) -> int:
+    """Copy ``source`` whole to the new file ``dest`` (synced); returns the bytes copied."""
     shutil.copyfile(source, dest)
     with open(dest, "rb+") as out:
         os.fsync(out.fileno())

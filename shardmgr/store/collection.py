@@ -37,8 +37,8 @@ from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
 from shardmgr.errors import BadName, BadVectors, CollectionConflict, NeedsReopen, RowDeleted
 
-from . import deletes, lineage, metadata, rewrite
 from . import index as indexes
+from . import lineage, metadata, rewrite
 from .config import StoreConfig
 from .refs import MAX_SHARD, ref_of
 from .search import Hits, merge, search_rows, shard_part
@@ -119,10 +119,18 @@ class Collection:
             if path.is_dir() and path.name[:-len(TMP_SUFFIX)].isdigit():  # not collection.tmp, say
                 seen.append(int(path.name[:-len(TMP_SUFFIX)]))
                 shutil.rmtree(path)
-        seen += self._remove_superseded()
-        for path in sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()):
+        # newest first: a rewritten shard's id is above its inputs', so its lineage names the inputs a
+        # crash left behind (between the rewrite's commit and their removal) before they come up
+        superseded: set[int] = set()
+        for path in sorted((p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()),
+                           key=lambda p: -int(p.name)):
             shard_id = int(path.name)
             seen.append(shard_id)
+            if shard_id in superseded:
+                log.info("collection %s: removing shard %d, replaced by a rewrite", self.name, shard_id)
+                shutil.rmtree(path)
+                fsync_dir(self.directory)
+                continue
             try:
                 shard = Shard.open(path, shard_id, self.dim, self.flusher, self.config.extent_bytes)
             except ShardDamaged as exc:
@@ -132,22 +140,12 @@ class Collection:
                 self.close()
                 raise
             self.shards[shard_id] = shard
+            superseded.update(shard.lineage.inputs if shard.lineage is not None else ())
             if self.index != indexes.EXACT:
                 shard.index = indexes.load(path, shard.rows, self.index, shard.uuid)
+        self.shards = dict(sorted(self.shards.items()))
         self.next_shard = max(seen, default=0) + 1
         self._publish()
-
-    def _remove_superseded(self) -> list[int]:
-        """Remove shards a published rewrite replaced (a crash came between
-        its commit and their removal); returns their ids."""
-        dirs = {int(p.name): p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()}
-        superseded = {i for path in dirs.values() for i in rewrite.inputs_of(path)} & set(dirs)
-        for shard_id in sorted(superseded):
-            log.info("collection %s: removing shard %d, replaced by a rewrite", self.name, shard_id)
-            shutil.rmtree(dirs[shard_id])
-        if superseded:
-            fsync_dir(self.directory)
-        return sorted(superseded)
 
     def _quarantine(self, path: Path, reason: str) -> None:
         target = quarantine(path, reason)
@@ -244,12 +242,7 @@ class Collection:
         """The refs of every live row carrying one of ``ids`` (a scan of every shard's ids)."""
         found = []
         for view in self.views():
-            hit = np.isin(view.ids, ids)
-            if view.deleted is not None:
-                n = min(len(view.deleted), view.rows)
-                hit[:n] &= ~view.deleted[:n]
-            rows = np.flatnonzero(hit)
-            found.append(view.refs[rows] if view.refs is not None else ref_of(view.shard, rows))
+            found.append(view.refs_at(np.flatnonzero(np.isin(view.ids, ids) & ~view.dead())))
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def _publish(self) -> None:
@@ -315,7 +308,7 @@ class Collection:
         index, a query answered with fewer than min(k, live rows) rows (a
         graph whose neighbourhoods are mostly deleted runs dry) is searched
         again exactly: every shard returns k rows when it holds k live ones."""
-        keep = deletes.selector(view.deleted) if view.deleted is not None else None
+        keep = view.keep
         if view.index is None:
             return search_rows(queries, view.vectors, k, self.metric, keep)
         chosen = indexes.search_params(view.index, params, k, self.config.hnsw_ef_search,
@@ -357,8 +350,7 @@ class Collection:
             mine = np.flatnonzero(shards == shard_id)
             view, wanted = by_id[shard_id], rows[mine]
             if view.deleted is not None:
-                n = len(view.deleted)
-                dead = (wanted < n) & view.deleted[np.minimum(wanted, n - 1)]
+                dead = view.dead()[wanted]
                 if dead.any():
                     raise RowDeleted(f"collection {self.name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
             vectors[mine] = view.vectors[wanted]

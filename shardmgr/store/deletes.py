@@ -60,6 +60,7 @@ class DeleteLog:
         self.journal = journal
         self.mask = mask  # bool [rows known so far]; replaced, never mutated (views share it)
         self.count = int(np.count_nonzero(mask))
+        self.keep = selector(mask) if self.count else None  # made once per mask, not per search
         self.last: Ticket | None = None  # the newest record's ticket: a repeated delete waits for it too
         self.past = False  # the log names rows past the shard's (ignored; the shard must not grow again)
 
@@ -115,6 +116,7 @@ class DeleteLog:
         mask[fresh] = True
         self.mask = mask
         self.count += len(fresh)
+        self.keep = selector(mask)
         return len(fresh), ticket
 
     def _create(self) -> Journal:
@@ -142,6 +144,11 @@ def rows_of(body: bytes | memoryview, path: Path, offset: int) -> np.ndarray:
     if rows[0] < 0 or (len(rows) > 1 and not (np.diff(rows) > 0).all()):
         raise FormatError(path, offset, "a delete record's rows are not ascending, unique and non-negative")
     return rows
+
+
+def over(mask: np.ndarray, rows: int) -> np.ndarray:
+    """A deleted mask over exactly ``rows`` rows (rows past its end are live)."""
+    return mask[:rows] if len(mask) >= rows else np.concatenate([mask, np.zeros(rows - len(mask), dtype=bool)])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ leaves (the next open finishes or undoes it; tests/shardmgr/store/test_rewrite.p
 3. *publish*, under the write lock: rows deleted from the inputs since the
    snapshot are deleted in the new shard too (its delete log, made durable),
    then the directory is renamed into place and the collection directory
-   synced: the commit point. After it, the next open removes the inputs the
-   new shard names before it opens anything;
+   synced: the commit point. After it, the next open (newest shards first)
+   removes the inputs the new shard names instead of opening them;
 4. the inputs leave the shard list (readers holding their views keep reading
    their mappings) and their files are closed and removed.
 
@@ -47,16 +47,14 @@ import msgpack
 import numpy as np
 
 from common.journal import Flusher, Journal, JournalConfig
-from common.journal.errors import FormatError
 from common.journal.filesystem import fsync_dir, make_dirs
 
 from . import batch_record
 from .batch_record import JOURNAL_KIND
 from .config import StoreConfig
-from .deletes import DeleteLog
+from .deletes import DeleteLog, over
 from .lineage import FILE as REFS_FILE
 from .lineage import Lineage
-from .refs import ref_of
 from .rows import IDS, REFS, VECTORS, RowFile, RowHeader
 from .shard import TMP_SUFFIX, Shard, View
 
@@ -76,8 +74,7 @@ class Plan:
     @property
     def live(self) -> list[np.ndarray]:
         """Each input's live rows at plan time."""
-        return [np.arange(v.rows) if v.deleted is None else np.flatnonzero(~_mask(v.deleted, v.rows))
-                for v in self.inputs]
+        return [np.flatnonzero(~v.dead()) for v in self.inputs]
 
 
 def plan(shards: list[Shard], config: StoreConfig, dim: int) -> list[Shard]:
@@ -125,7 +122,7 @@ def _build(building: Path, plan_: Plan, dim: int, collection: str, flusher: Flus
     make_dirs(building)
     uid = uuidlib.uuid4().bytes
     live = plan_.live
-    refs = np.concatenate([_refs_of(v, rows) for v, rows in zip(plan_.inputs, live)] or [np.zeros(0, np.int64)])
+    refs = np.concatenate([v.refs_at(rows) for v, rows in zip(plan_.inputs, live)] or [np.zeros(0, np.int64)])
     # rows go in ref order (refs must ascend: lineage.py); a rewritten input's refs can
     # precede an older input's, so the inputs' rows interleave
     order = np.argsort(refs, kind="stable")
@@ -196,34 +193,14 @@ def remove(inputs: list[Shard]) -> None:
         fsync_dir(inputs[0].directory.parent)
 
 
-def inputs_of(directory: Path) -> tuple[int, ...]:
-    """The shards a rewritten shard replaced, from its journal's metadata
-    (none for another shard, or if that cannot be read: its open says why)."""
-    try:
-        with Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False) as journal:
-            found = Lineage.decode(msgpack.unpackb(journal.metadata), journal.path)
-    except (OSError, FormatError, ValueError, msgpack.UnpackException):
-        return ()
-    return found.inputs if found is not None else ()
-
-
 def _deleted_since(plan_: Plan, current: list[Shard]) -> np.ndarray:
     """Positions (in the inputs' live rows, concatenated) of rows deleted after the plan's snapshot."""
     found, base = [], 0
     for view, shard, live in zip(plan_.inputs, current, plan_.live):
-        now = _mask(shard.deletes.mask, view.rows)
+        now = over(shard.deletes.mask, view.rows)
         found.append(base + np.flatnonzero(now[live]))
         base += len(live)
     return np.concatenate(found) if found else np.zeros(0, np.int64)
-
-
-def _mask(mask: np.ndarray, rows: int) -> np.ndarray:
-    """A deleted mask over exactly ``rows`` rows (rows past its end are live)."""
-    return mask[:rows] if len(mask) >= rows else np.concatenate([mask, np.zeros(rows - len(mask), dtype=bool)])
-
-
-def _refs_of(view: View, rows: np.ndarray) -> np.ndarray:
-    return view.refs[rows] if view.refs is not None else ref_of(view.shard, rows)
 
 
 def _chunks(inputs: tuple[View, ...], live: list[np.ndarray], order: np.ndarray,

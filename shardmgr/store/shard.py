@@ -48,8 +48,9 @@ from common.journal.filesystem import fsync_dir, make_dirs
 from . import batch_record, close_marker, metadata
 from .batch_record import BATCH, JOURNAL_KIND, last_record
 from .close_marker import Closed
-from .deletes import DeleteLog
+from .deletes import DeleteLog, Selector, over
 from .lineage import Lineage, open_refs
+from .refs import ref_of
 from .rows import IDS, VECTORS, RowFile, RowHeader
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,19 @@ class View:
     deleted_count: int = 0
     refs: np.ndarray | None = None  # [rows] int64, the rows' refs (rewritten shards); None: shard << 40 | row
     lineage: Lineage | None = None
+    keep: Selector | None = None  # faiss's selector of the live rows; None: none deleted
 
     @property
     def live(self) -> int:
         return self.rows - self.deleted_count
+
+    def dead(self) -> np.ndarray:
+        """Deleted or not, per row: bool [rows]."""
+        return over(self.deleted, self.rows) if self.deleted is not None else np.zeros(self.rows, dtype=bool)
+
+    def refs_at(self, rows: np.ndarray) -> np.ndarray:
+        """The refs of some of this shard's rows."""
+        return self.refs[rows] if self.refs is not None else ref_of(self.shard, rows)
 
 
 class Shard:
@@ -207,7 +217,7 @@ class Shard:
         rows, deletes = self.rows, self.deletes
         return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed,
                     deletes.mask if deletes.count else None, deletes.count,
-                    self.refs.rows(rows) if self.refs is not None else None, self.lineage)
+                    self.refs.rows(rows) if self.refs is not None else None, self.lineage, deletes.keep)
 
     def close(self) -> None:
         """Flush and release the files. A growing shard then gets its

@@ -273,8 +273,7 @@ class Store:
         with self._write:
             deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
         if durable:
-            for ticket in tickets:
-                ticket.journal.wait_durable(ticket)
+            _wait_durable(tickets)
         return deleted
 
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
@@ -286,8 +285,7 @@ class Store:
             deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
                                              PARTLY)
         if durable:
-            for ticket in tickets:
-                ticket.journal.wait_durable(ticket)
+            _wait_durable(tickets)
         return deleted
 
     def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored") -> T:
@@ -345,3 +343,8 @@ def free_bytes_under(directory: Path) -> int:
     """Free bytes on ``directory``'s file system (for error messages)."""
     stat = os.statvfs(directory)
     return stat.f_bavail * stat.f_frsize
+
+
+def _wait_durable(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        ticket.journal.wait_durable(ticket)

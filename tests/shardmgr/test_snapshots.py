@@ -112,8 +112,12 @@ def test_an_offline_snapshot_links_sealed_files_and_refuses_an_existing_destinat
     shardmgr.snapshot(data, tmp_path / "snap")
     sealed = data / "shards" / "c" / "00000001" / "vectors"
     assert sealed.stat().st_ino == (tmp_path / "snap" / "shards" / "c" / "00000001" / "vectors").stat().st_ino
+    linked = sorted(p.name for p in (tmp_path / "snap").rglob("*"))
     with pytest.raises(CannotSnapshot, match="exists"):
         shardmgr.snapshot(data, tmp_path / "snap")
+    assert sorted(p.name for p in (tmp_path / "snap").rglob("*")) == linked  # the refused one touched nothing
+    with shardmgr.open(data) as store:
+        np.testing.assert_array_equal(store.get("c", refs[[0, 383]]), np.ones((2, DIM)) * [[0], [2]])
     with shardmgr.open(tmp_path / "snap") as store:
         np.testing.assert_array_equal(store.get("c", refs[[0, 200, 383]]), np.ones((3, DIM)) * [[0], [1], [2]])
     assert shardmgr.verify(tmp_path / "snap", deep=True).exit_code == 0

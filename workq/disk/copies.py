@@ -14,12 +14,11 @@ marked meanwhile, and the copy's checkpoints cover every record in it.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 from common.journal import Journal
-from common.journal.copying import copy_journal
+from common.journal.copying import copy_file, copy_journal
 from common.journal.filesystem import make_dirs
 
 LOCK_NAMES = ("LOCK",)
@@ -41,8 +40,5 @@ def copy_queue(root: Path, open_journals: Iterable[Journal], dest: Path) -> int:
             if journal is not None:
                 copied += copy_journal(journal, target / name)
             else:
-                shutil.copyfile(source, target / name)
-                with open(target / name, "rb+") as out:
-                    os.fsync(out.fileno())
-                copied += (target / name).stat().st_size
+                copied += copy_file(source, target / name)
     return copied
