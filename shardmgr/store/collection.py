@@ -42,7 +42,9 @@ from . import lineage, metadata, rewrite
 from .config import StoreConfig
 from .refs import MAX_SHARD, ref_of
 from .search import Hits, merge, search_rows, shard_part
-from .shard import TMP_SUFFIX, Shard, ShardDamaged, View
+from .shard import TMP_SUFFIX, Shard
+from .shard_files import ShardDamaged
+from .view import View
 
 log = logging.getLogger(__name__)
 

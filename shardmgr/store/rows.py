@@ -158,6 +158,10 @@ class RowFile:
             raise WriteFailed(f"{self.path}: writing {len(raw)} bytes at {start} (needing {max(0, need - self.size)} "
                               f"more bytes of disk) failed: {exc.strerror or exc}", exc.errno) from exc
 
+    def sync(self) -> None:
+        """Make every write so far durable (fdatasync)."""
+        os.fdatasync(self.fd)
+
     def rows(self, count: int) -> np.ndarray:
         """The first ``count`` rows, read-only, in place: [count, width] (ids: [count])."""
         shape = (count, self.header.width) if self.header.column == VECTORS else (count,)
