@@ -118,6 +118,8 @@ def test_bad_input_is_refused_and_changes_nothing(open_store: Callable[..., Stor
         (lambda: store.append("c", np.ones((2, 5), np.float32), [1, 2]), "shape \\[n, 4\\]"),
         (lambda: store.append("c", np.array([[1, 2, np.nan, 4]], np.float32), [1]), "row 0 has NaN"),
         (lambda: store.append("c", np.array([[1, np.inf, 3, 4]]), [1]), "NaN or infinite"),
+        (lambda: store.append("c", np.vstack([np.ones((7, 4)), [[0, 0, -np.inf, 0]], np.ones((3, 4))]).astype(
+            np.float32), np.arange(11)), "row 7 has NaN or infinite"),
         (lambda: store.append("c", np.array([[1e39, 0, 0, 0]]), [1]), "NaN or infinite"),  # overflows float32
         (lambda: store.append("c", np.ones((2, 4), np.int64), [1, 2]), "floating point"),
         (lambda: store.append("c", good, [1, 2, 3]), "shape \\[2\\]"),
