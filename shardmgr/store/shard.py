@@ -141,11 +141,15 @@ class Shard:
 
     # ---------------------------------------------------------------- writes
 
-    def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[int, Ticket]:
-        """Write one batch (float32 [n, dim] and int64 [n], already checked, n >= 1)."""
+    def append(self, vectors: np.ndarray, ids: np.ndarray, durable: bool = False) -> tuple[int, Ticket]:
+        """Write one batch (float32 [n, dim] and int64 [n], already checked,
+        n >= 1). ``durable``: its flush is waited for next, so the disk
+        starts writing the vectors while the record is made."""
         assert self.journal is not None and self.version == VERSION, "appended to a sealed or old shard"
         first = self.rows
         self.vectors.write(first, vectors)
+        if durable:
+            self.vectors.start_writeback(first, len(vectors))
         self.ids.write(first, ids)
         _, ticket = self.journal.append(batch_record.pack(first, vectors, ids))
         self.rows = first + len(ids)

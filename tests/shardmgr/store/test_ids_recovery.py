@@ -136,3 +136,28 @@ def test_verify_finds_a_sealed_ids_file_that_differs_from_the_journal_and_repair
     assert any("rewrote 100 ids of shards/c/00000001 from its journal" in a for a in repaired.repaired)
     with shardmgr.open(tmp_path, seal_bytes=4096) as store:
         np.testing.assert_array_equal(store.ids("c", refs), np.arange(100) * 3)
+
+
+def test_a_durable_append_starts_writing_its_vectors_out_at_once(tmp_path: Path) -> None:
+    """Only appends someone waits for ask for an early write-out (a hint:
+    the rows' fdatasync follows), and it covers exactly the new rows."""
+    from common.journal import filesystem
+
+    store = shardmgr.open(tmp_path)
+    store.create_collection("c", 8)
+    calls: list[tuple[str, int, int]] = []
+    real = filesystem.start_writeback
+
+    def spy(fd: int, offset: int, length: int) -> None:
+        calls.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), offset, length))
+        real(fd, offset, length)
+
+    with mock.patch.object(filesystem, "start_writeback", spy):
+        store.append("c", rows_of(5, 0)[:, :8], np.arange(5))
+        assert calls == []
+        store.append("c", rows_of(3, 1)[:, :8], np.arange(3), durable=True)
+        assert calls == [("vectors", HEADER_SIZE + 5 * 32, 3 * 32)]
+    with mock.patch.object(filesystem, "_SYNC_FILE_RANGE", None):  # no sync_file_range: nothing asked
+        refs = store.append("c", rows_of(2, 2)[:, :8], [8, 9], durable=True)
+    np.testing.assert_array_equal(store.ids("c", refs), [8, 9])
+    store.close()
