@@ -3,10 +3,9 @@
 A sync notes the newest write (its sequence number) and the state to record
 (end, count, counters, sealed), calls fdatasync on the journal's companion
 data files and on the journal at once (the journal's on a helper thread:
-two fdatasyncs in flight overlap on the device; a shard's vectors and its
-batch record synced so took 0.68-0.97 x the time of one sequential pair in
-a syscall-level test, docs/benchmarks.md), and only when all have returned
-advances the durable watermark to that write. If the
+two fdatasyncs in flight overlap on the device; docs/benchmarks.md,
+"Durable ingest", says what that saved a shard's durable appends), and
+only when all have returned advances the durable watermark to that write. If the
 state differs from the newest
 checkpoint, it writes a new checkpoint into the *other* slot; the next sync
 makes that checkpoint durable in turn. So a checkpoint never describes
