@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,7 +98,7 @@ def rebuild_ids(directory: Path, journal: Journal, uid: bytes, rows: int) -> int
     try:
         written = rewrite_ids(ids, stale_ids(journal, ids))
         ids.truncate(rows)
-        os.fdatasync(ids.fd)
+        ids.sync()
         return written
     finally:
         ids.close()

@@ -30,8 +30,9 @@ from .rows import IDS, VECTORS, RowFile
 DAMAGE = (FormatError, FileNotFoundError)
 JOURNAL_CONFIG = JournalConfig(alignment=ALIGNMENT, max_record_bytes=MAX_RECORD_BYTES, extent_bytes=1 << 20,
                                preallocate="zero")
-"""How a shard journal is laid out and grown: small, so grown by writing
-zeros (an fdatasync then has no block allocation to commit: docs/durability.md)."""
+"""How a shard journal is laid out and grown: small next to the vectors
+(8 bytes a row), so grown by writing zeros (an fdatasync then has no block
+allocation to commit: docs/durability.md)."""
 
 
 class ShardDamaged(CommonError):
