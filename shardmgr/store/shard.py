@@ -76,6 +76,7 @@ class Shard:
         self.lineage: Lineage | None = None
         self.last_append = time.monotonic()
         self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
+        self._view: View | None = None  # the last view made (view())
 
     # -------------------------------------------------------------- creation
 
@@ -179,10 +180,18 @@ class Shard:
         self._let_go()
 
     def view(self) -> View:
-        rows, deletes = self.rows, self.deletes
-        return View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed,
-                    deletes.mask if deletes.count else None, deletes.count,
-                    self.refs.rows(rows) if self.refs is not None else None, self.lineage, deletes.keep)
+        """A snapshot for readers: the last one made while rows, seal, deletes
+        and index are as they were then (a collection republishes every
+        shard's view after each write: making one is numpy work, ~10 us,
+        which 200 sealed shards turned into 2.3 ms per append)."""
+        rows, deletes, last = self.rows, self.deletes, self._view
+        if last is not None and (last.rows, last.sealed, last.deleted_count) == (rows, self.sealed, deletes.count) \
+                and last.index is self.index:
+            return last
+        self._view = View(self.id, rows, self.vectors.rows(rows), self.ids.rows(rows), self.index, self.sealed,
+                          deletes.mask if deletes.count else None, deletes.count,
+                          self.refs.rows(rows) if self.refs is not None else None, self.lineage, deletes.keep)
+        return self._view
 
     def close(self) -> None:
         """Flush and release the files. A growing shard then gets its
