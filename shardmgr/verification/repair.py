@@ -41,6 +41,8 @@ from workq.disk.catalog import FILE as CATALOG_FILE
 from workq.disk.catalog import Catalog, Entry
 from workq.disk.records import QUARANTINE_DIR, quarantine_name
 
+from . import lineage_checks
+
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +98,8 @@ class Repair:
         units: dict[Path, str] = {}
         for problem in corrupt:
             if problem.what == "check_failed":  # no rule says this unit is damaged: never moved for it
+                continue
+            if problem.what == lineage_checks.OVERLAP:  # which claimant is wrong, nothing on disk says
                 continue
             unit = self._unit(Path(problem.path))
             if unit is not None:
