@@ -116,8 +116,9 @@ def _clear_leftover(building: Path) -> None:
     if not os.path.lexists(building):
         return
     if not building.is_dir() or building.is_symlink() or not (incomplete(building) or not any(building.iterdir())):
-        raise CannotSnapshot(f"{building} exists and is not a snapshot cut short (no {INCOMPLETE_NAME} in it): "
-                             f"remove it or give another destination")
+        raise CannotSnapshot(f"{building} exists and is not a snapshot cut short (no {INCOMPLETE_NAME} in it; "
+                             f"a crash just before a snapshot's final rename leaves a whole one there): remove it "
+                             f"or give another destination")
     _discard(building)
 
 
