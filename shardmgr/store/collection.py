@@ -144,6 +144,9 @@ class Collection:
             if self.index != indexes.EXACT:
                 shard.index = indexes.load(path, shard.rows, self.index, shard.uuid)
         self.shards = dict(sorted(self.shards.items()))
+        for shard_id, (sources, others) in lineage.overlaps({i: s.lineage for i, s in self.shards.items()}).items():
+            log.error("collection %s: shard %d holds rows of shards %s that shards %s hold too: their refs are "
+                      "ambiguous (shardmgr verify: overlapping_sources)", self.name, shard_id, sources, others)
         self.next_shard = max(seen, default=0) + 1
         self._publish()
 

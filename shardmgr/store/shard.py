@@ -122,6 +122,7 @@ class Shard:
         self.lineage: Lineage | None = None
         self.last_append = time.monotonic()
         self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
+        self.marked = False  # its clean-close marker is kept until the first append (close_marker.py)
 
     # -------------------------------------------------------------- creation
 
@@ -189,7 +190,11 @@ class Shard:
     # ---------------------------------------------------------------- writes
 
     def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[int, Ticket]:
-        """Write one batch (float32 [n, dim] and int64 [n], already checked)."""
+        """Write one batch (float32 [n, dim] and int64 [n], already checked);
+        the first one of a session removes the clean-close marker first, durably."""
+        if self.marked:
+            close_marker.remove(self.directory)
+            self.marked = False
         first = self.rows
         self.vectors.write(first, vectors)
         self.ids.write(first, ids)
@@ -211,6 +216,9 @@ class Shard:
         for column in (self.vectors, self.ids):
             column.truncate(self.rows)
         self.journal.seal()  # its flush syncs the truncated companions first
+        if self.marked:
+            close_marker.remove(self.directory)
+            self.marked = False
         self._let_go()
 
     def view(self) -> View:
@@ -222,9 +230,11 @@ class Shard:
     def close(self) -> None:
         """Flush and release the files. A growing shard then gets its
         clean-close marker, so that the next open keeps it growing
-        (close_marker.py); if a flush fails it gets none (and is sealed then)."""
+        (close_marker.py; one it still has, nothing appended since it was
+        written, stays); if a flush fails it gets none (and is sealed then)."""
         journal = self.journal
-        growing = Closed(self.uuid, self.rows, journal.end) if journal and self.rows and not journal.sealed else None
+        growing = Closed(self.uuid, self.rows, journal.end) \
+            if journal and self.rows and not journal.sealed and not self.marked else None
         try:
             if journal is not None:
                 journal.close()
@@ -353,7 +363,7 @@ class Shard:
         if complete and not self.deletes.past and close_marker.read(self.directory) == closed:
             _grow_by(self.vectors, self.ids, extent, self.dim)
             self.journal.flush()  # the cut row files (its companions) are durable before the marker goes
-            close_marker.remove(self.directory)
+            self.marked = True  # removed before the first append: a session that appends nothing changes nothing
             log.info("shard %s: closed cleanly with %d rows; still growing", self.directory, self.rows)
             return
         self.journal.seal()  # syncs the cut row files (its companions) first
