@@ -33,9 +33,8 @@ def vectors(value: Any, dim: int, what: str = "vectors", max_rows: int | None = 
         raise BadVectors(f"{what}: {array.shape[0]} rows in one call; the limit is {max_rows}")
     with np.errstate(over="ignore"):
         array = np.ascontiguousarray(array, dtype=np.float32)
-    finite = np.isfinite(array).all(axis=1)
-    if not finite.all():
-        row = int(np.argmin(finite))
+    if not np.isfinite(array).all():
+        row = int(np.argmin(np.isfinite(array).all(axis=1)))
         raise BadVectors(f"{what}: row {row} has NaN or infinite values (after conversion to float32)")
     return array
 
