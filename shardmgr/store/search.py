@@ -23,6 +23,7 @@ from .deletes import Selector
 from .refs import ref_of
 
 METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
+NO_MASK = np.zeros((0, 0), bool)
 PARTITION_ABOVE = 4
 """merge partitions before sorting only past this many candidates per wanted result (a small sort is cheaper)."""
 
@@ -79,7 +80,7 @@ def merge(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], nq: int, k
         scores, ids, refs = parts[0]
     else:
         scores, ids, refs = (np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
-    missing = np.zeros((0, 0), bool) if complete else refs < 0
+    missing = NO_MASK if complete else refs < 0
     some_missing = not complete and bool(missing.any())
     key = scores if metric == "l2" else -scores
     if some_missing:
