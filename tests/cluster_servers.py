@@ -222,7 +222,7 @@ class WeedServer(Server):
     name = "weed"
     start_timeout_s = 60.0
     #: SIGTERM takes over 15 s (anchor): do not wait long for it
-    term_grace_s = 2.0
+    term_grace_s = 1.0
     PORT_NAMES = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                   "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
     SOCKETS = ("master-grpc", "volume-grpc", "filer", "filer-grpc", "s3", "s3-grpc")
