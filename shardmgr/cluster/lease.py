@@ -7,19 +7,21 @@ them all once the TTL passes, and no one has to clean up after it.
 Guarantees:
 
 - The keepalive thread renews the lease every TTL/3 (a failed renewal is
-  retried at once-per-TTL/6), each request bounded by ``etcd_timeout_s``.
+  retried every TTL/6), each request bounded by ``etcd_timeout_s``.
 - :meth:`NodeLease.alive` is False from the local deadline on: the moment a
   renewal was *sent* (not answered) plus the TTL it granted. etcd cannot
   expire the lease before that moment (its clock starts no earlier), so as
   long as the node's clock runs no slower than etcd's, a node that sees
   ``alive()`` True still holds its keys. This holds even if the keepalive
   thread is stuck or the whole process was paused: it is computed, not
-  signalled.
-- Loss is final and observable: when etcd says the lease is gone, or
-  renewals fail past the deadline, ``lost`` is set and every ``on_lost``
-  callback runs once (on the keepalive thread). A node that lost its lease
-  must stop acting on anything the lease guarded, and take a new lease to
-  join again.
+  signalled. (It was true when checked: an act that follows the check can
+  still land after the expiry, which is why shard-map changes are also
+  fenced inside etcd: shard_map.py.)
+- Loss is final and observable: when etcd says the lease is gone, or the
+  deadline passes (seen by the keepalive thread, or by any ``alive()`` or
+  ``check()``), ``lost`` is set and every ``on_lost`` callback runs once, on
+  the thread that saw it. A node that lost its lease must stop acting on
+  anything the lease guarded, and take a new lease to join again.
 """
 
 from __future__ import annotations
@@ -71,8 +73,14 @@ class NodeLease:
         callback(self)
 
     def alive(self) -> bool:
-        """True while the lease surely holds: not lost, and before the local deadline."""
-        return not self.lost.is_set() and time.monotonic() < self._deadline
+        """True while the lease surely holds: not lost, and before the local
+        deadline (once past it, the lease is marked lost)."""
+        if self.lost.is_set() or not self.id:
+            return False
+        if time.monotonic() < self._deadline:
+            return True
+        self._mark_lost("its deadline passed without a renewal")
+        return False
 
     def check(self) -> None:
         """Raise LeaseLost unless ``alive()``."""
@@ -121,6 +129,11 @@ class NodeLease:
                 continue
             if ttl <= 0:
                 self._mark_lost("etcd says it expired")
+                return
+            if time.monotonic() >= self._deadline:
+                # The answer came after the local deadline: alive() has already said False, and a
+                # node may have acted on it (stepped down). Keep loss final rather than flip back.
+                self._mark_lost("a keepalive answered after the local deadline")
                 return
             with self._lock:
                 self._deadline = max(self._deadline, sent + ttl)

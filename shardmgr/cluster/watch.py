@@ -15,6 +15,10 @@ while it is down. If etcd has compacted that revision away, events were
 lost: ``on_reset`` is called (the consumer must read the state again) and
 the watch goes on from the oldest revision etcd still has. ``stop()`` ends
 it within a bounded time.
+
+Not detected: an etcd that hangs without closing the stream (SIGSTOP) keeps
+``connected`` set and delivers nothing until it resumes; the node's lease
+(lease.py) is what notices a hung etcd.
 """
 
 from __future__ import annotations

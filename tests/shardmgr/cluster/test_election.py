@@ -64,6 +64,7 @@ def test_a_writer_paused_past_its_ttl_is_replaced_and_fenced_out(etcd_config: Cl
         assert new is not None and new.node_id == "node-b", new
         # node-a's own clock told it the lease was over no later than etcd gave the role away.
         assert not old_lease.alive()
+        assert old_lease.lost.is_set()  # and once seen, the loss is final
         assert time.monotonic() - began <= old_lease.ttl_s + 2
         assert new.revision > old.revision  # tenures are ordered: a later writer has a larger token
         shards = ShardMap(etcd_config, "docs")
