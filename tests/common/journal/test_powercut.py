@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.journal import Flusher, FlusherConfig, Journal, Marker
+from common.journal.filesystem import fsync_dir
 from common.journal.testing import PowerCut
 from common.journal.testing.powercut import PAGE
 
@@ -115,14 +116,6 @@ def test_files_in_directories_never_synced_may_vanish(tmp_path: Path) -> None:
             (root / "sub" / "f").write_bytes(b"data")
             vanished += bool(cut.crash().vanished)
     assert 0 < vanished < 20
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def test_a_directory_renamed_without_a_sync_of_its_parent_may_go_back(tmp_path: Path) -> None:
