@@ -5,8 +5,19 @@ embedded callers holding both) freezes the queue (its owner lock) and then
 the store (its write lock), flushes once, copies both (workq/disk/copies.py,
 shardmgr/store/copies.py: sealed shard files hard-linked where ``dest`` is
 on the same file system, everything that still changes copied up to its
-durable end) and lets go. The copy is built in ``<dest>.tmp``, synced, and
-renamed to ``dest`` at the end: ``dest`` exists whole or not at all.
+durable end) and lets go.
+
+Crashes: the copy is built in ``<dest>.tmp``, which holds the mark
+``SNAPSHOT_INCOMPLETE`` (made durable before anything is copied) until the
+end: then every file and directory is synced, the mark removed (its
+directory synced), the directory renamed to ``dest`` and ``dest``'s parent
+synced, and only then is the snapshot reported done. So ``dest`` exists
+whole or not at all, after a SIGKILL or a power cut at any point, and a
+snapshot reported done survives a power cut; a ``<dest>.tmp`` a crash left
+is refused as a data directory (every owner's lock refuses the mark:
+common/journal/lockfile.py; verify reports ``incomplete_snapshot``), and the
+next snapshot to ``dest`` removes it (mark last) and starts again. One
+snapshot runs at a time per process.
 
 The snapshot is a data directory: ``shardmgr verify DEST --deep`` passes and
 ``shardmgr serve --data DEST`` serves the rows, deletes and queue state of
@@ -18,8 +29,10 @@ enqueues, leases and completions wait while the files are copied; reads
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,46 +40,109 @@ from typing import Any
 from common.journal import Flusher, FlusherConfig
 from common.journal.copying import sync_tree
 from common.journal.filesystem import fsync_dir, make_dirs
+from common.journal.lockfile import INCOMPLETE_NAME, incomplete
 from shardmgr.errors import ShardmgrError
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store
 from workq.broker import Broker
 
 TMP_SUFFIX = ".tmp"
+_ONE_AT_A_TIME = threading.Lock()  # two snapshots to one dest would remove each other's <dest>.tmp
 
 
 class CannotSnapshot(ShardmgrError):
-    """The snapshot could not be taken (its destination exists, or is not writable); nothing was left behind."""
+    """The snapshot could not be taken (its destination exists, something that is not a snapshot cut short is
+    at ``<dest>.tmp``, or the copy failed: not writable, disk full); nothing was left behind."""
 
     code = "shardmgr.cannot_snapshot"
 
 
 def take(dest: str | Path, store: Store, broker: Broker | None = None, *, serving: bool = True) -> dict[str, Any]:
     """Copy ``store`` (and ``broker``'s queue) to the new directory ``dest``
-    at one durable point; returns {dest, seconds, paused_s, bytes_copied}.
-    ``serving=False``: neither runs its threads (an offline copy), so the
-    queue needs no freezing (and has no owner thread to freeze it)."""
+    at one durable point; returns {dest, seconds, paused_s, bytes_copied}
+    once ``dest`` is whole and durable. ``serving=False``: neither runs its
+    threads (an offline copy), so the queue needs no freezing (and has no
+    owner thread to freeze it). CannotSnapshot if ``dest`` exists, if a
+    ``<dest>.tmp`` is there that is not a snapshot cut short, or if the copy
+    fails (nothing is left behind then)."""
     dest = Path(dest).absolute()
     building = dest.with_name(dest.name + TMP_SUFFIX)
-    if dest.exists():
-        raise CannotSnapshot(f"snapshot destination {dest} exists: give a new path")
-    shutil.rmtree(building, ignore_errors=True)  # an attempt a crash cut short
-    started = time.monotonic()
-    try:
-        make_dirs(building)
-        paused, copied = broker.frozen(lambda: _copy(building, store, broker)) \
-            if broker is not None and serving else _copy(building, store, broker)
-        sync_tree(building)
-        os.rename(building, dest)
-        fsync_dir(dest.parent)
-    except OSError as exc:
-        shutil.rmtree(building, ignore_errors=True)
-        raise CannotSnapshot(f"snapshot to {dest} failed: {exc}") from exc
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+    with _ONE_AT_A_TIME:
+        if dest.exists():
+            raise CannotSnapshot(f"snapshot destination {dest} exists: give a new path")
+        _clear_leftover(building)
+        started = time.monotonic()
+        published = False
+        try:
+            make_dirs(building)
+            _mark_incomplete(building)
+            paused, copied = broker.frozen(lambda: _copy(building, store, broker)) \
+                if broker is not None and serving else _copy(building, store, broker)
+            _publish(building, dest)
+            published = True
+            fsync_dir(dest.parent)
+        except BaseException as exc:
+            _discard(dest if published else building)
+            if isinstance(exc, OSError):
+                raise CannotSnapshot(f"snapshot to {dest} failed: {exc}") from exc
+            raise
     return {"dest": str(dest), "seconds": round(time.monotonic() - started, 3), "paused_s": round(paused, 3),
             "bytes_copied": copied}
+
+
+def _mark_incomplete(building: Path) -> None:
+    """Create the mark in the empty ``building`` durably, before anything is copied."""
+    fd = os.open(building / INCOMPLETE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"a snapshot being built: not a data directory until renamed (shardmgr/snapshots.py)\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(building)
+
+
+def _publish(building: Path, dest: Path) -> None:
+    """Sync every directory of the whole copy (its files are synced as they
+    are copied), remove the mark durably, rename ``building`` to ``dest``."""
+    sync_tree(building)
+    (building / INCOMPLETE_NAME).unlink()
+    fsync_dir(building)
+    os.rename(building, dest)
+
+
+def _clear_leftover(building: Path) -> None:
+    """Remove ``building`` if a crash left it (it holds the mark, or nothing);
+    CannotSnapshot if something else is there."""
+    if not os.path.lexists(building):
+        return
+    if not building.is_dir() or building.is_symlink() or not (incomplete(building) or not any(building.iterdir())):
+        raise CannotSnapshot(f"{building} exists and is not a snapshot cut short (no {INCOMPLETE_NAME} in it; "
+                             f"a crash just before a snapshot's final rename leaves a whole one there): remove it "
+                             f"or give another destination")
+    _discard(building)
+
+
+def _discard(directory: Path) -> None:
+    """Remove a copy that failed: mark it first if its mark is gone (it
+    failed after the mark's removal), then everything but the mark, then the
+    mark, then the directory, so that a crash meanwhile leaves it marked."""
+    if not directory.is_dir():
+        return
+    if not incomplete(directory):
+        with contextlib.suppress(OSError):
+            _mark_incomplete(directory)
+    for entry in directory.iterdir():
+        if entry.name != INCOMPLETE_NAME:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        fsync_dir(directory)
+    (directory / INCOMPLETE_NAME).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+        fsync_dir(directory.parent)
 
 
 def _copy(building: Path, store: Store, broker: Broker | None) -> tuple[float, int]:

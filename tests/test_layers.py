@@ -26,6 +26,7 @@ FORBIDDEN = {
     "workq.worker": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
     "shardmgr.store": ("shardmgr.server", "shardmgr.verification", "workq"),
     "shardmgr.server": ("shardmgr.verification",),
+    "shardmgr.cluster": ("shardmgr.server", "shardmgr.verification", "workq"),
 }
 
 

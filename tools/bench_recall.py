@@ -17,9 +17,10 @@ Recall is deterministic per setting and system (printed once).
 Data sets: (a) ``debian``: wordllama 256-d embeddings of the Debian package
 descriptions (examples/embedtext.py; cached under DIR), 1,000 held out as
 queries, metric ip; (b) ``random``: Gaussian ``--random`` ROWSxDIM, metric
-l2; (c) ``large``: ``--large`` ROWSxDIM Gaussian rows in one store at the
+l2; (c) ``large``: ``--large`` ROWSxDIM rows in one store at the
 default seal_bytes (several shards), IVF vs exact (flat) over the same
-store (recall_large.py). IVF lists: the power of two nearest 4·sqrt(rows
+store (recall_large.py); ``--large-kind clustered`` (default: a Gaussian
+mixture in a 48-d latent space, recall_data.py) or ``gaussian``. IVF lists: the power of two nearest 4·sqrt(rows
 per shard); PQ: 8 dimensions per code byte.
 
 Usage (``shardmgr serve`` imports from the CWD):
@@ -110,6 +111,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--single-s", type=float, default=1.0, help="most seconds of one-query calls per run")
     parser.add_argument("--random", type=_sets, default=(100_000, 768))
     parser.add_argument("--large", type=_sets, default=(5_000_000, 128))
+    parser.add_argument("--large-kind", choices=("clustered", "gaussian"), default="clustered",
+                        help="the large set's rows (recall_data.py: Clustered)")
     parser.add_argument("--large-queries", type=int, default=200, help="queries per batch for (c)")
     parser.add_argument("--nprobe", default="16,64,128,256,512", help="nprobe settings for (c)")
     parser.add_argument("--train-rows", type=int, default=100_000, help="index_train_rows for (a) and (b)")
@@ -164,7 +167,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
             rows, dim = args.large
             results["large"] = bench_large(directory, rows, dim, args.large_queries,
                                            [int(n) for n in args.nprobe.split(",")], args.runs, args.single,
-                                           args.single_s)
+                                           args.single_s, args.large_kind)
     finally:
         os.rmdir(directory) if not any(directory.iterdir()) else None
     return results

@@ -5,6 +5,10 @@
 a .npy so that reruns skip the embedding; the last ``queries`` documents are
 held out as queries (never in the collection). Metric ip.
 ``random``: Gaussian float32 rows and queries drawn apart. Metric l2.
+``clustered`` (the large set's default): rows with the structure real
+embeddings have (clusters; a low intrinsic dimension), which i.i.d.
+Gaussian rows lack (their nearest neighbours are barely nearer than the
+rest, the worst case of every approximate index): see :class:`Clustered`.
 """
 
 from __future__ import annotations
@@ -58,6 +62,37 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
 
 def gaussian(rows: int, dim: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, dim), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Clustered:
+    """A Gaussian mixture in a low-dimensional latent space, mapped to ``dim``.
+
+    ``COMPONENTS`` centres drawn N(0, 1) in ``LATENT`` dimensions; a row is a
+    centre plus N(0, ``SPREAD``²) per latent coordinate, times a fixed random
+    LATENT x dim matrix (columns scaled by 1/sqrt(LATENT)), plus N(0, ``NOISE``²)
+    per output coordinate. Chosen so that IVF behaves as on SIFT-like data:
+    at 500,000 x 128, IVF2048,Flat gave recall@10 0.85 at nprobe 8, 0.97 at
+    16 and 0.99 at 32 (faiss directly). Rows come chunk by chunk from their
+    own seeds: the same rows in every run without holding them all.
+    """
+
+    dim: int
+    LATENT = 48
+    COMPONENTS = 100
+    SPREAD = 1.0
+    NOISE = 0.05
+
+    def rows(self, count: int, seed: object) -> np.ndarray:
+        shape = np.random.default_rng(7)
+        centres = shape.standard_normal((self.COMPONENTS, self.LATENT), dtype=np.float32)
+        mapping = shape.standard_normal((self.LATENT, self.dim), dtype=np.float32) / np.float32(math.sqrt(self.LATENT))
+        rng = np.random.default_rng(seed)  # type: ignore[arg-type]
+        latent = centres[rng.integers(0, self.COMPONENTS, count)]
+        latent += np.float32(self.SPREAD) * rng.standard_normal((count, self.LATENT), dtype=np.float32)
+        out = latent @ mapping
+        out += np.float32(self.NOISE) * rng.standard_normal((count, self.dim), dtype=np.float32)
+        return out
 
 
 def random_set(rows: int, dim: int, queries: int) -> DataSet:

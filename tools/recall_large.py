@@ -1,6 +1,7 @@
 """Part (c) of tools/bench_recall.py: the largest set, at the store's default seal_bytes.
 
-One store, two collections over the same Gaussian rows: ``flat`` (exact, the
+One store, two collections over the same rows (clustered, recall_data.py's
+``Clustered``, or i.i.d. Gaussian): ``flat`` (exact, the
 reference and the exact answers) and an IVF index string. The rows are
 generated chunk by chunk (never all in memory) and appended to both; the
 store's default seal_bytes (1 GiB) cuts them into several shards and a short
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from recall_data import K, gaussian, nlist_for
+from recall_data import Clustered, K, gaussian, nlist_for
 from recall_systems import Search, measure
 from rounds import interleave, summarise
 
@@ -29,11 +30,17 @@ CHUNK = 100_000
 IDLE_SEAL_S = 3.0
 
 
-def _fill(store: Any, rows: int, dim: int) -> None:
+def _rows(kind: str, count: int, dim: int, seed: object) -> np.ndarray:
+    if kind == "clustered":
+        return Clustered(dim).rows(count, seed)
+    return np.random.default_rng(seed).standard_normal((count, dim), dtype=np.float32)  # type: ignore[arg-type]
+
+
+def _fill(store: Any, kind: str, rows: int, dim: int) -> None:
     for start in range(0, rows, CHUNK):
         end = min(start + CHUNK, rows)
         # chunk by chunk from its own seed: the same rows in every run, without holding them all
-        chunk = np.random.default_rng((1, start)).standard_normal((end - start, dim), dtype=np.float32)
+        chunk = _rows(kind, end - start, dim, (1, start))
         ids = np.arange(start, end)
         store.append("flat", chunk, ids)
         store.append("ivf", chunk, ids)
@@ -51,7 +58,7 @@ def _sealed(store: Any, timeout: float) -> None:
 
 
 def bench_large(directory: Path, rows: int, dim: int, queries: int, nprobes: list[int], runs: int,
-                single: int, single_s: float) -> dict[str, Any]:
+                single: int, single_s: float, kind: str = "clustered") -> dict[str, Any]:
     """The large set's figures: per setting its recall and its summarised runs; the chosen setting."""
     rows_per_shard = StoreConfig().seal_bytes // (4 * dim)
     spec = f"IVF{nlist_for(min(rows, rows_per_shard))},Flat"
@@ -61,12 +68,12 @@ def bench_large(directory: Path, rows: int, dim: int, queries: int, nprobes: lis
     try:
         store.create_collection("flat", dim, "l2", "flat")
         store.create_collection("ivf", dim, "l2", spec)
-        _fill(store, rows, dim)
+        _fill(store, kind, rows, dim)
         filled = time.perf_counter()
         _sealed(store, 600)
         store.wait_for_indexes(timeout=7200)
         built = time.perf_counter()
-        q = gaussian(queries, dim, 2)
+        q = _rows(kind, queries, dim, 2) if kind == "clustered" else gaussian(queries, dim, 2)
         truth = store.search("flat", q, K)[1]
 
         def searcher(nprobe: int) -> Search:
@@ -82,6 +89,6 @@ def bench_large(directory: Path, rows: int, dim: int, queries: int, nprobes: lis
         shutil.rmtree(path, ignore_errors=True)
     out: list[dict[str, Any]] = [{"nprobe": n, "summary": summarise(r), "runs": r} for n, r in zip(settings, measured)]
     good = [row for row in out[1:] if row["summary"]["recall"].median >= 0.95]
-    return {"rows": rows, "dim": dim, "queries": queries, "spec": spec, "shards": info["sealed"],
+    return {"rows": rows, "dim": dim, "kind": kind, "queries": queries, "spec": spec, "shards": info["sealed"],
             "fill_s": filled - started, "build_s": built - filled, "settings": out,
             "chosen": min(good, key=lambda r: r["nprobe"])["nprobe"] if good else None}

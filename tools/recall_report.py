@@ -85,7 +85,8 @@ def verdicts(data: dict[str, Any]) -> list[str]:
 
 
 def show_large(console: Console, large: dict[str, Any]) -> None:
-    table = Table(title=f"large: {large['rows']:,} x {large['dim']} l2, {large['shards']} sealed shards of "
+    kind = large.get("kind", "gaussian")
+    table = Table(title=f"large: {large['rows']:,} x {large['dim']} {kind} l2, {large['shards']} sealed shards of "
                         f"{large['spec']} (store defaults); {large['queries']} queries; median [min–max]; "
                         "× = vs exact (flat) over the same store")
     for col in ("setting", "recall@10", "batch q/s", "×", "single q/s", "×"):
@@ -123,7 +124,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         large = results["large"]
         points = [(_spread(r["summary"]["recall"]).median, _spread(r["summary"]["batch_qps"]).median)
                   for r in large["settings"]]
-        panels.append((f"large {large['rows']:,} x {large['dim']}, {large['shards']} shards",
+        kind = large.get("kind", "gaussian")
+        panels.append((f"large {large['rows']:,} x {large['dim']} {kind}, {large['shards']} shards",
                        {("flat", "ours"): points[:1], (large["spec"], "ours"): points[1:]}))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
     for ax, (title, curves) in zip(axes[0], panels):
@@ -183,7 +185,8 @@ def markdown(results: dict[str, Any]) -> str:
     large = results.get("large")
     if large:
         exact = large["settings"][0]["summary"]
-        out += [f"**large** {large['rows']:,} × {large['dim']}, l2, {large['shards']} sealed shards, "
+        kind = large.get("kind", "gaussian")
+        out += [f"**large** {large['rows']:,} × {large['dim']} {kind}, l2, {large['shards']} sealed shards, "
                 f"{large['spec']}, {large['queries']} queries; × = vs exact (flat) over the same store", "",
                 "| setting | recall@10 | batch q/s | × | single q/s | × |", "|---|---:|---:|---:|---:|---:|"]
         for row in large["settings"]:

@@ -93,9 +93,10 @@ class Broker(WorkerSide):
     def recover(self) -> RecoverySummary:
         """Lock the directory (embedded use) and rebuild the state from disk,
         on the calling thread. Nothing is served yet."""
-        make_dirs(self._state.root)
-        if self._lock is not None:
+        make_dirs(self.data_dir)
+        if self._lock is not None:  # first: a directory it refuses (a snapshot cut short) is left as it is
             self._lock.acquire()
+        make_dirs(self._state.root)
         if self._own_flusher:
             self.flusher.start()
         self.recovery = summary = recover(self._state)

@@ -1,4 +1,11 @@
-"""An exclusive, advisory lock on a directory, held for a process's life."""
+"""An exclusive, advisory lock on a directory, held for a process's life.
+
+Taking it is how every owner of a data directory starts (the server, an
+embedded store or queue, ``verify --repair``), so it also refuses a
+directory that is not a whole data directory: one holding
+``SNAPSHOT_INCOMPLETE``, the mark of a snapshot being built or cut short
+(shardmgr/snapshots.py), whose files may be missing.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,21 @@ from pathlib import Path
 from common.errors import CommonError
 
 LOCK_NAME = "LOCK"
+INCOMPLETE_NAME = "SNAPSHOT_INCOMPLETE"
+"""Present in a copy of a data directory until the copy is whole (shardmgr/snapshots.py)."""
 
 
 class DirectoryLocked(CommonError):
     """Another process holds the directory's lock."""
+
+
+class IncompleteCopy(CommonError):
+    """The directory is a snapshot being built, or one a crash cut short: not a data directory."""
+
+
+def incomplete(directory: Path) -> bool:
+    """True if ``directory`` holds the mark of a copy that is not whole."""
+    return (Path(directory) / INCOMPLETE_NAME).exists()
 
 
 class LockFile:
@@ -27,7 +45,12 @@ class LockFile:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise DirectoryLocked naming the holder's pid."""
+        """Take the lock or raise DirectoryLocked naming the holder's pid;
+        IncompleteCopy (creating nothing) for a copy that is not whole."""
+        if incomplete(self.path.parent):
+            raise IncompleteCopy(f"{self.path.parent} is a snapshot that is not complete ({INCOMPLETE_NAME}: being "
+                                 f"built, or cut short by a crash): files may be missing, so it is not a data "
+                                 f"directory; remove it and take the snapshot again")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -10,10 +10,12 @@ writes made after the last flush, and a clean close flushed everything), so
 the shard stays growing and takes the next appends: short sessions do not
 leave a shard each. Any other outcome seals the shard, as after a crash.
 
-The marker is removed, durably, before the reopened shard takes an append,
-so a crash later in that session leaves no marker behind and the shard is
-sealed at the next open (refs handed out for appends the crash lost can
-then never name other rows).
+The marker is removed, durably, before the reopened shard takes an append
+(by that first append: a session that appends nothing, an offline snapshot
+say, leaves it, so even a crash then changes nothing), so a crash later in
+a session that appended leaves no marker behind and the shard is sealed at
+the next open (refs handed out for appends the crash lost can then never
+name other rows).
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ from . import index as indexes
 from . import lineage, metadata, rewrite
 from .config import StoreConfig
 from .refs import MAX_SHARD, ref_of
-from .search import Hits, merge, search_rows, shard_part
+from .search import Hits
+from .searcher import Searcher
 from .shard import TMP_SUFFIX, Shard
 from .shard_files import ShardDamaged
 from .view import View
@@ -82,6 +83,7 @@ class Collection:
         self._min_rows: int | None = None  # rows a shard needs for its index to be built (index.min_rows)
         self.broken: BaseException | None = None  # set for good when a committed rewrite could not be opened
         self.next_shard = 1
+        self._searcher = Searcher(metric, config.hnsw_ef_search)
         # for readers: the views and which shard now holds each rewritten one's rows;
         # replaced together (never mutated) by writers
         self._published: tuple[list[View], dict[int, int]] = ([], {})
@@ -146,6 +148,9 @@ class Collection:
             if self.index != indexes.EXACT:
                 shard.index = indexes.load(path, shard.rows, self.index, shard.uuid)
         self.shards = dict(sorted(self.shards.items()))
+        for shard_id, (sources, others) in lineage.overlaps({i: s.lineage for i, s in self.shards.items()}).items():
+            log.error("collection %s: shard %d holds rows of shards %s that shards %s hold too: their refs are "
+                      "ambiguous (shardmgr verify: overlapping_sources)", self.name, shard_id, sources, others)
         self.next_shard = max(seen, default=0) + 1
         self._publish()
 
@@ -252,6 +257,7 @@ class Collection:
         shards = list(self.shards.values())
         moved = {source: s.id for s in shards if s.lineage is not None for source in s.lineage.sources}
         self._published = ([shard.view() for shard in shards], moved)
+        self._searcher.forget()
 
     # -------------------------------------------------------------- rewrites
 
@@ -298,29 +304,7 @@ class Collection:
     def search(self, queries: np.ndarray, k: int, params: dict[str, int] | None = None) -> Hits:
         """Top-k live rows over every shard (deleted rows are skipped inside
         faiss); ``params``: per-query index parameters (index.py)."""
-        parts = []
-        for view in self.views():
-            if view.live > 0:
-                scores, rows = self._search_shard(view, queries, k, params or {})
-                parts.append(shard_part(view.shard, scores, rows, view.ids, view.refs))
-        return merge(parts, len(queries), k, self.metric)
-
-    def _search_shard(self, view: View, queries: np.ndarray, k: int,
-                      params: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, rows) of one shard's top-k live rows. With an approximate
-        index, a query answered with fewer than min(k, live rows) rows (a
-        graph whose neighbourhoods are mostly deleted runs dry) is searched
-        again exactly: every shard returns k rows when it holds k live ones."""
-        keep = view.keep
-        if view.index is None:
-            return search_rows(queries, view.vectors, k, self.metric, keep)
-        chosen = indexes.search_params(view.index, params, k, self.config.hnsw_ef_search,
-                                       keep.selector if keep is not None else None)
-        scores, rows = view.index.search(queries, min(k, view.rows), params=chosen)
-        short = np.flatnonzero((rows >= 0).sum(axis=1) < min(k, view.live))
-        if len(short):
-            scores[short], rows[short] = search_rows(queries[short], view.vectors, rows.shape[1], self.metric, keep)
-        return scores, rows
+        return self._searcher.search(self.views(), queries, k, params or {})
 
     # --------------------------------------------------------------- indexes
 

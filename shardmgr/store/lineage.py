@@ -19,6 +19,17 @@ A ref (s, r) whose shard s is gone resolves through the shard whose sources
 name s: to the row carrying that ref (a binary search of the refs column),
 else to *deleted* when r < sources[s] (the row was deleted before a rewrite
 dropped it), else to *unknown*.
+
+So the rows of an original shard must live in one shard only: itself, or
+the one rewritten shard whose sources name it. Two live shards claiming one
+(``overlaps``: e.g. a shard directory restored from a snapshot into a data
+directory whose own rewrite of the same rows went on) make its refs
+ambiguous: a ref resolves to the newest claimant, and search returns such a
+row once per claimant, deleted in one of them or not. Nothing the store
+writes makes that; the store logs it at open and ``shardmgr verify``
+reports it (``overlapping_sources``), but neither can tell which claimant
+holds the right rows and deletes, so both stay served until an operator
+moves the wrong one out.
 """
 
 from __future__ import annotations
@@ -91,6 +102,31 @@ def open_refs(directory: Path, uid: bytes, rows: int, lineage: Lineage) -> RowFi
         refs.close()
         raise
     return refs
+
+
+def overlaps(lineages: Mapping[int, Lineage | None]) -> dict[int, tuple[list[int], list[int]]]:
+    """The live shards that claim rows of an original shard another live
+    shard claims too: shard id -> (those original shards, the other
+    claimants). ``lineages``: each shard present (id -> its lineage, None
+    if never rewritten; a shard claims its sources, or itself). Shards are
+    taken newest first, as the store opens them, and one named in the inputs
+    of a newer live shard is not live (the next open removes it)."""
+    superseded: set[int] = set()
+    claims: dict[int, list[int]] = {}
+    for shard_id in sorted(lineages, reverse=True):
+        if shard_id in superseded:
+            continue
+        found = lineages[shard_id]
+        for source in found.sources if found is not None else (shard_id,):
+            claims.setdefault(source, []).append(shard_id)
+        superseded.update(found.inputs if found is not None else ())
+    twice: dict[int, tuple[set[int], set[int]]] = {}
+    for source, claimants in claims.items():
+        for shard_id in claimants if len(claimants) > 1 else ():
+            sources, others = twice.setdefault(shard_id, (set(), set()))
+            sources.add(source)
+            others.update(c for c in claimants if c != shard_id)
+    return {shard_id: (sorted(sources), sorted(others)) for shard_id, (sources, others) in sorted(twice.items())}
 
 
 class Located(Protocol):

@@ -15,7 +15,8 @@ MAX_SHARD = 2 ** (63 - ROW_BITS) - 1
 
 
 def ref_of(shard: int, rows: np.ndarray) -> np.ndarray:
-    return (np.int64(shard) << np.int64(ROW_BITS)) | rows.astype(np.int64)
+    """The refs of ``rows`` of shard ``shard`` (int64; one numpy operation: search's fixed cost)."""
+    return np.asarray(rows, dtype=np.int64) | (int(shard) << ROW_BITS)
 
 
 def split_refs(refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

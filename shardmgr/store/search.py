@@ -23,6 +23,9 @@ from .deletes import Selector
 from .refs import ref_of
 
 METRICS = {"l2": faiss.METRIC_L2, "ip": faiss.METRIC_INNER_PRODUCT}
+NO_MASK = np.zeros((0, 0), bool)
+PARTITION_ABOVE = 4
+"""merge partitions before sorting only past this many candidates per wanted result (a small sort is cheaper)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,12 +44,12 @@ def worst(metric: str) -> float:
 def search_rows(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str,
                 keep: Selector | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k over in-place rows: (scores, row numbers), [nq, min(k, rows)];
-    with ``keep``, over the rows it selects only (row -1 where fewer are left)."""
+    with ``keep``, over the rows it selects only (row -1 where fewer are left).
+    faiss's C++ entry points are called directly (``faiss.knn`` adds checks
+    that cost as much as searching a small shard for one query)."""
     k = min(k, len(vectors))
     if k == 0:
         return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-    if keep is None:
-        return faiss.knn(queries, vectors, k, metric=METRICS[metric])
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     vectors = np.ascontiguousarray(vectors)  # mapped rows are contiguous already: no copy
     nq, dim = queries.shape
@@ -54,47 +57,66 @@ def search_rows(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str,
     args = (faiss.swig_ptr(queries), faiss.swig_ptr(vectors), dim, nq, len(vectors), k, faiss.swig_ptr(scores),
             faiss.swig_ptr(rows))
     if metric == "l2":
-        faiss.knn_L2sqr(*args, None, keep.selector)  # None: no precomputed norms
+        faiss.knn_L2sqr(*args, None, keep.selector if keep else None)  # None: no precomputed norms
     else:
-        faiss.knn_inner_product(*args, keep.selector)
+        faiss.knn_inner_product(*args, keep.selector if keep else None)
     return scores, rows
 
 
-def merge(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], nq: int, k: int, metric: str) -> Hits:
+def merge(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], nq: int, k: int, metric: str,
+          complete: bool = False) -> Hits:
     """Global top-k from per-shard (scores, ids, refs) lists (each [nq, k_i]).
 
-    One partition, one sort and one gather per column (plain fancy indexing:
+    One sort and one gather per column (plain fancy indexing:
     ``take_along_axis`` costs more than the search of one query on a small
-    shard)."""
+    shard), with a partition first only when there are many more candidates
+    than k. ``complete``: the caller knows no part has a missing (-1) result,
+    so none is looked for; the padding is done only when some are missing or
+    fewer than k were found."""
     parts = [p for p in parts if p[0].shape[1]]
-    out_scores = np.full((nq, k), worst(metric), np.float32)
-    out_ids, out_refs = np.full((nq, k), -1, np.int64), np.full((nq, k), -1, np.int64)
     if not parts:
-        return Hits(out_scores, out_ids, out_refs)
+        return _padded(nq, k, metric)
     if len(parts) == 1:
         scores, ids, refs = parts[0]
     else:
         scores, ids, refs = (np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
-    key = np.where(refs < 0, np.inf, scores if metric == "l2" else -scores)
+    missing = NO_MASK if complete else refs < 0
+    some_missing = not complete and bool(missing.any())
+    key = scores if metric == "l2" else -scores
+    if some_missing:
+        key = np.where(missing, np.inf, key)
     row = np.arange(nq)[:, None]
-    if key.shape[1] > k:
+    if key.shape[1] > PARTITION_ABOVE * k:
         top = np.argpartition(key, k - 1, axis=1)[:, :k]
         pick = top[row, np.argsort(key[row, top], axis=1, kind="stable")]
     else:
-        pick = np.argsort(key, axis=1, kind="stable")
+        pick = np.argsort(key, axis=1, kind="stable")[:, :k]
+    found_scores, found_ids, found_refs = scores[row, pick], ids[row, pick], refs[row, pick]
+    if pick.shape[1] == k and not some_missing:
+        return Hits(found_scores, found_ids, found_refs)
+    out = _padded(nq, k, metric)
     width = pick.shape[1]
-    found = refs[row, pick]
-    missing = found < 0
-    out_refs[:, :width] = found
-    out_ids[:, :width] = np.where(missing, -1, ids[row, pick])
-    out_scores[:, :width] = np.where(missing, np.float32(worst(metric)), scores[row, pick])
-    return Hits(out_scores, out_ids, out_refs)
+    lost = found_refs < 0
+    out.refs[:, :width] = found_refs
+    out.ids[:, :width] = np.where(lost, -1, found_ids)
+    out.scores[:, :width] = np.where(lost, np.float32(worst(metric)), found_scores)
+    return out
+
+
+def _padded(nq: int, k: int, metric: str) -> Hits:
+    """No result yet: score worst, id -1, ref -1 everywhere."""
+    return Hits(np.full((nq, k), worst(metric), np.float32), np.full((nq, k), -1, np.int64),
+                np.full((nq, k), -1, np.int64))
 
 
 def shard_part(shard: int, scores: np.ndarray, rows: np.ndarray, ids_column: np.ndarray,
-               refs_column: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               refs_column: np.ndarray | None = None,
+               complete: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(scores, ids, refs) of one shard's hits; faiss's -1 rows stay missing.
-    ``refs_column``: the rows' refs of a rewritten shard (lineage.py)."""
+    ``refs_column``: the rows' refs of a rewritten shard (lineage.py);
+    ``complete``: the caller knows every row is found (no -1), so no masking."""
+    if complete:
+        return scores, ids_column[rows], refs_column[rows] if refs_column is not None else ref_of(shard, rows)
     found = rows >= 0
     safe = np.where(found, rows, 0)
     ids = np.where(found, ids_column[safe] if len(ids_column) else -1, -1)

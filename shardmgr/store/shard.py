@@ -77,6 +77,7 @@ class Shard:
         self.last_append = time.monotonic()
         self.index: Any = None  # set once an approximate index is built or loaded (sealed shards only)
         self._view: View | None = None  # the last view made (view())
+        self.marked = False  # its clean-close marker is kept until the first append (close_marker.py)
 
     # -------------------------------------------------------------- creation
 
@@ -144,9 +145,13 @@ class Shard:
 
     def append(self, vectors: np.ndarray, ids: np.ndarray, durable: bool = False) -> tuple[int, Ticket]:
         """Write one batch (float32 [n, dim] and int64 [n], already checked,
-        n >= 1). ``durable``: its flush is waited for next, so the disk
-        starts writing the vectors while the record is made."""
+        n >= 1); the first one of a session removes the clean-close marker
+        first, durably. ``durable``: its flush is waited for next, so the
+        disk starts writing the vectors while the record is made."""
         assert self.journal is not None and self.version == VERSION, "appended to a sealed or old shard"
+        if self.marked:
+            close_marker.remove(self.directory)
+            self.marked = False
         first = self.rows
         self.vectors.write(first, vectors)
         if durable:
@@ -177,6 +182,9 @@ class Shard:
             column.truncate(self.rows)
         self.ids.sync()
         self.journal.seal()
+        if self.marked:
+            close_marker.remove(self.directory)
+            self.marked = False
         self._let_go()
 
     def view(self) -> View:
@@ -196,9 +204,11 @@ class Shard:
     def close(self) -> None:
         """Flush and release the files. A growing shard then gets its
         clean-close marker, so that the next open keeps it growing
-        (close_marker.py); if a flush fails it gets none (and is sealed then)."""
+        (close_marker.py; one it still has, nothing appended since it was
+        written, stays); if a flush fails it gets none (and is sealed then)."""
         journal = self.journal
-        growing = Closed(self.uuid, self.rows, journal.end) if journal and self.rows and not journal.sealed else None
+        growing = Closed(self.uuid, self.rows, journal.end) \
+            if journal and self.rows and not journal.sealed and not self.marked else None
         try:
             if growing is not None:
                 self.ids.sync()  # derived data, but a clean close leaves every file durable
@@ -324,7 +334,7 @@ class Shard:
             self.ids.sync()
             _grow_by(self.vectors, self.ids, extent, self.dim)
             self.journal.flush()  # the cut vectors file (its companion) is durable before the marker goes
-            close_marker.remove(self.directory)
+            self.marked = True  # removed before the first append: a session that appends nothing changes nothing
             log.info("shard %s: closed cleanly with %d rows; still growing", self.directory, self.rows)
             return
         self._seal_flushed()

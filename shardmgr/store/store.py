@@ -81,9 +81,10 @@ class Store:
         """Lock the directory (embedded use), open every collection and
         shard (replaying and sealing mid-build ones, quarantining damaged
         ones). Nothing is served before this returns."""
-        make_dirs(self.root)
-        if self._lock_file is not None:
+        make_dirs(self.data_dir)
+        if self._lock_file is not None:  # first: a directory it refuses (a snapshot cut short) is left as it is
             self._lock_file.acquire()
+        make_dirs(self.root)
         if self._own_flusher:
             self.flusher.start()
         started = time.monotonic()

@@ -7,6 +7,13 @@ strictly ascending, each naming a row of a source shard. Any failure is
 CORRUPT: the refs are how old refs find their rows. A shard the rewrite
 replaced that is still there (a crash came between the commit and its
 removal) is a NOTE: the next start removes it.
+
+Across a collection's shards (``overlaps``): two live shards claiming rows
+of one original shard (lineage.py) are CORRUPT on each
+(``overlapping_sources``): a ref of those rows is ambiguous. ``--repair``
+leaves them (repair.py): nothing on disk says which claimant holds the
+right rows and deletes, and quarantining the wrong one could bring deleted
+rows back or hide live ones; the operator moves the wrong one out.
 """
 
 from __future__ import annotations
@@ -66,3 +73,30 @@ def _refs(path: Path, known: tuple[int, bytes], found: lineage.Lineage, findings
                      exc.detail)
     finally:
         refs.close()
+
+
+OVERLAP = "overlapping_sources"
+
+
+def overlaps(directory: Path, metas: dict[int, bytes], findings: Findings) -> None:
+    """Report each live shard of the collection ``directory`` that claims
+    rows of an original shard another live shard claims too (lineage.overlaps);
+    ``metas``: shard id -> its journal's metadata (undecodable ones are
+    reported by :func:`check` and left out here)."""
+    lineages: dict[int, lineage.Lineage | None] = {}
+    for shard_id, raw in metas.items():
+        try:
+            lineages[shard_id] = lineage.Lineage.decode(msgpack.unpackb(raw), directory / f"{shard_id:08d}")
+        except (FormatError, ValueError, msgpack.UnpackException):
+            continue
+    for shard_id, (sources, others) in lineage.overlaps(lineages).items():
+        findings.add(directory / f"{shard_id:08d}" / "journal", Severity.CORRUPT, OVERLAP,
+                     f"the only live shard holding rows of shard(s) {_ids(sources)}",
+                     f"shard(s) {_ids(others)} hold rows of them too: their refs are ambiguous (a ref finds the "
+                     f"newest holder; search returns such a row once per holder). --repair cannot tell which "
+                     f"holds the right rows and deletes and leaves all of them: move the wrong one(s) out "
+                     f"(e.g. a shard restored from an older copy)", 64)
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids)

@@ -33,7 +33,7 @@ from pathlib import Path
 from common.journal import Flusher, FlusherConfig, Marker
 from common.journal.check import Problem, Severity, zero_ranges, zero_record_padding
 from common.journal.filesystem import fsync_dir, make_dirs
-from common.journal.lockfile import DirectoryLocked, LockFile
+from common.journal.lockfile import DirectoryLocked, IncompleteCopy, LockFile
 from shardmgr.errors import CannotVerify
 from shardmgr.store.collection import quarantine
 from shardmgr.store.replay import repair_ids
@@ -42,6 +42,8 @@ from workq.broker import Broker
 from workq.disk.catalog import FILE as CATALOG_FILE
 from workq.disk.catalog import Catalog, Entry
 from workq.disk.records import QUARANTINE_DIR, quarantine_name
+
+from . import lineage_checks
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class Repair:
             self._lock.acquire()
         except DirectoryLocked as exc:
             raise CannotVerify(f"--repair needs the directory to itself: {exc}") from None
+        except IncompleteCopy as exc:  # what is missing is only in the snapshot's source
+            raise CannotVerify(f"--repair cannot complete a snapshot: {exc}") from None
         except OSError as exc:  # cannot create the lock file: read-only, no permission
             raise CannotVerify(f"--repair cannot lock {self.root}: {exc.strerror or exc}") from exc
         return self
@@ -97,6 +101,8 @@ class Repair:
         units: dict[Path, str] = {}
         for problem in corrupt:
             if problem.what == "check_failed":  # no rule says this unit is damaged: never moved for it
+                continue
+            if problem.what == lineage_checks.OVERLAP:  # which claimant is wrong, nothing on disk says
                 continue
             unit = self._unit(Path(problem.path))
             if unit is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from common.journal.check import Findings, Problem, Severity
 from common.journal.errors import CannotCheck
+from common.journal.lockfile import INCOMPLETE_NAME
 from shardmgr.errors import CannotVerify
 
 from . import queue_checks as queue_check
@@ -102,6 +103,11 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
     try:
         for entry in sorted(root.iterdir()):
             if entry.name == "LOCK" and entry.is_file():
+                continue
+            if entry.name == INCOMPLETE_NAME:
+                findings.add(entry, Severity.CORRUPT, "incomplete_snapshot", "a data directory",
+                             "a snapshot not complete (being built, or cut short by a crash): files may be missing; "
+                             "--repair cannot restore them, remove it and take the snapshot again")
                 continue
             if entry.name == "workq" and entry.is_dir():
                 queue_check.check(entry, findings, deep)

@@ -67,6 +67,7 @@ def check(root: Path, findings: Findings, deep: bool) -> None:
 
 def _collection(directory: Path, findings: Findings, deep: bool) -> None:
     dim = _collection_meta(directory, findings)
+    metas: dict[int, bytes] = {}  # shard id -> its journal's metadata, for the check across shards
     for entry in sorted(directory.iterdir()):
         if entry.name == "collection":
             continue
@@ -79,9 +80,12 @@ def _collection(directory: Path, findings: Findings, deep: bool) -> None:
                          "a creation a crash cut short (no data); removed at the next start")
         elif entry.is_dir() and entry.name.isdigit():
             with findings.guard(entry):  # checked even if the collection's metadata is not (dim None)
-                _shard(entry, int(entry.name), dim, findings, deep)
+                raw_meta = _shard(entry, int(entry.name), dim, findings, deep)
+                if raw_meta is not None:
+                    metas[int(entry.name)] = raw_meta
         else:
             findings.unknown(entry, "collection, <id>/ shard directories, quarantine/")
+    lineage_checks.overlaps(directory, metas, findings)
 
 
 def _collection_meta(directory: Path, findings: Findings) -> int | None:
@@ -105,7 +109,8 @@ def _collection_meta(directory: Path, findings: Findings) -> int | None:
         check.close()
 
 
-def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, deep: bool) -> None:
+def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, deep: bool) -> bytes | None:
+    """Check one shard; returns its journal's metadata (None if unreadable)."""
     names = {p.name for p in directory.iterdir()}
     for name in sorted(names - set(SHARD_FILES) - set(OPTIONAL_FILES)):
         findings.unknown(directory / name, "journal, vectors, ids and optionally index.faiss, index.meta, deletes, "
@@ -132,6 +137,7 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
     delete_checks.check(directory, shard_id, known, findings)
     if close_marker.FILE in names:  # at worst unusable: the shard is then sealed at its next open, losing nothing
         findings.journal(directory / close_marker.FILE, close_marker.KIND, deep=True, cap=Severity.NOTE).close()
+    return raw_meta
 
 
 Found = tuple[Batch, int]

@@ -20,7 +20,13 @@ them. The model:
   synced; a file unlinked since then comes back with its last durable
   content. Directory listings follow the directory's inode, so a synced
   directory renamed into place keeps its entries (as on POSIX file systems);
-  directory entries of directories themselves are not modelled.
+* so do a directory's entries for its subdirectories: a subdirectory
+  created (or renamed) under the root after the last sync of its parent may,
+  at random, go back to where its parent's last synced listing had it (a
+  rename undone), or, if no synced listing had it, vanish with everything
+  in it. A directory removed since is not brought back (its files'
+  structure is not recorded), nor is a rename undone whose old place is
+  taken again; the root's own entry is outside the model.
 
 Each page is restored to its last durable image or its current content;
 states in between (a page written twice since the last sync, seen after the
@@ -35,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import shutil
 import stat
 import threading
 from collections.abc import Callable
@@ -56,6 +63,7 @@ class CutReport:
     resized: list[str] = dataclasses.field(default_factory=list)
     vanished: list[str] = dataclasses.field(default_factory=list)
     revived: list[str] = dataclasses.field(default_factory=list)
+    moved_back: list[str] = dataclasses.field(default_factory=list)  # directories whose rename was undone
 
 
 class PowerCut:
@@ -68,6 +76,7 @@ class PowerCut:
         self._lock = threading.Lock()
         self._images: dict[int, bytes] = {}  # inode -> durable content
         self._listings: dict[int, dict[str, int]] = {}  # directory inode -> durable name -> inode
+        self._subdirs: dict[int, dict[str, int]] = {}  # directory inode -> durable subdirectory name -> inode
         self._saved: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None
 
     def __enter__(self) -> PowerCut:
@@ -80,7 +89,8 @@ class PowerCut:
     def install(self) -> None:
         """Record the current state as durable and start watching syncs."""
         for directory, _, names in os.walk(self.root):
-            self._listings[os.stat(directory).st_ino] = self._list(Path(directory))
+            inode = os.stat(directory).st_ino
+            self._listings[inode], self._subdirs[inode] = self._list(Path(directory)), self._list_dirs(Path(directory))
             for name in names:
                 self._images[os.stat(Path(directory) / name).st_ino] = (Path(directory) / name).read_bytes()
         self._saved = (os.fsync, os.fdatasync)
@@ -109,10 +119,11 @@ class PowerCut:
             return real(fd)
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            listing = self._list(path)
+            listing, subdirs = self._list(path), self._list_dirs(path)
             real(fd)
             with self._lock:
                 self._listings[info.st_ino] = listing  # by inode: a renamed directory keeps its entries
+                self._subdirs[info.st_ino] = subdirs
             return None
         image = path.read_bytes()  # by path: the fd may be write-only
         real(fd)
@@ -124,13 +135,53 @@ class PowerCut:
     def _list(directory: Path) -> dict[str, int]:
         return {e.name: e.inode() for e in os.scandir(directory) if e.is_file(follow_symlinks=False)}
 
+    @staticmethod
+    def _list_dirs(directory: Path) -> dict[str, int]:
+        return {e.name: e.inode() for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)}
+
     def crash(self) -> CutReport:
-        """Rewrite every file under the root as a power cut could leave it."""
+        """Rewrite every file (and directory entry) under the root as a power cut could leave it."""
         report = CutReport()
         with self._lock:
+            self._crash_subdirectories(report)
             for directory in sorted(Path(d) for d, _, _ in os.walk(self.root)):
                 self._crash_directory(directory, self._listings.get(directory.stat().st_ino, {}), report)
         return report
+
+    def _crash_subdirectories(self, report: CutReport) -> None:
+        """Undo, at random, subdirectory entries made since their parent's
+        last sync, top down (an undone entry takes its subtree with it)."""
+        places = {inode: (parent, name) for parent, names in self._subdirs.items() for name, inode in names.items()}
+        pending: list[Path] = [self.root]
+        seen: set[int] = set()
+        while pending:
+            directory = pending.pop()
+            if directory.stat().st_ino in seen:
+                continue
+            seen.add(directory.stat().st_ino)
+            durable = self._subdirs.get(directory.stat().st_ino, {})
+            for name, inode in sorted(self._list_dirs(directory).items()):
+                path = directory / name
+                if durable.get(name) == inode or self.rng.random() >= 0.5:
+                    pending.append(path)
+                elif inode in places:  # renamed since: back to its synced place, if that is free
+                    back = self._find_dir(places[inode][0])
+                    if back is None or os.path.lexists(back / places[inode][1]):
+                        pending.append(path)
+                        continue
+                    os.rename(path, back / places[inode][1])
+                    pending.append(back / places[inode][1])
+                    report.moved_back.append(str(path))
+                else:  # never in a synced listing: gone, with everything in it
+                    shutil.rmtree(path)
+                    report.vanished.append(str(path))
+
+    def _find_dir(self, inode: int) -> Path | None:
+        """The directory under the root (or the root) with this inode now."""
+        for directory, _, _ in os.walk(self.root):
+            if os.stat(directory).st_ino == inode:
+                return Path(directory)
+        return None
 
     def _crash_directory(self, directory: Path, durable: dict[str, int], report: CutReport) -> None:
         current = self._list(directory)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.journal import Flusher, FlusherConfig, Journal, Marker
+from common.journal.filesystem import fsync_dir
 from common.journal.testing import PowerCut
 from common.journal.testing.powercut import PAGE
 
@@ -114,4 +115,56 @@ def test_files_in_directories_never_synced_may_vanish(tmp_path: Path) -> None:
             (root / "sub").mkdir()
             (root / "sub" / "f").write_bytes(b"data")
             vanished += bool(cut.crash().vanished)
+    assert 0 < vanished < 20
+
+
+def test_a_directory_renamed_without_a_sync_of_its_parent_may_go_back(tmp_path: Path) -> None:
+    """The rename that publishes a directory (a snapshot, a new shard) counts
+    only once its parent is synced; its own synced entries go with it."""
+    outcomes: set[tuple[bool, bool]] = set()
+    for seed in range(20):
+        root = tmp_path / str(seed)
+        (root / "d.tmp").mkdir(parents=True)
+        with PowerCut(root, seed=seed) as cut:
+            (root / "d.tmp" / "f").write_bytes(b"data")
+            fd = os.open(root / "d.tmp" / "f", os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            fsync_dir(root / "d.tmp")
+            os.rename(root / "d.tmp", root / "d")
+            report = cut.crash()
+        place = root / "d" if (root / "d").exists() else root / "d.tmp"
+        assert (place / "f").read_bytes() == b"data"  # wherever it is, whole
+        assert (root / "d").exists() != (root / "d.tmp").exists()
+        outcomes.add(((root / "d").exists(), bool(report.moved_back)))
+    assert outcomes == {(True, False), (False, True)}
+
+
+def test_a_directory_renamed_and_its_parent_synced_stays(tmp_path: Path) -> None:
+    for seed in range(10):
+        root = tmp_path / str(seed)
+        (root / "d.tmp").mkdir(parents=True)
+        with PowerCut(root, seed=seed) as cut:
+            os.rename(root / "d.tmp", root / "d")
+            fsync_dir(root)
+            (root / "new").mkdir()  # never synced in its parent: may vanish, with what is in it
+            (root / "new" / "sub").mkdir()
+            cut.crash()
+        assert (root / "d").is_dir() and not (root / "d.tmp").exists()
+
+
+def test_a_directory_created_without_a_sync_of_its_parent_may_vanish_whole(tmp_path: Path) -> None:
+    vanished = 0
+    for seed in range(20):
+        root = tmp_path / str(seed)
+        root.mkdir()
+        with PowerCut(root, seed=seed) as cut:
+            (root / "new" / "sub").mkdir(parents=True)
+            (root / "new" / "sub" / "f").write_bytes(b"x")
+            fsync_dir(root / "new")
+            fsync_dir(root / "new" / "sub")
+            report = cut.crash()
+        if not (root / "new").exists():
+            vanished += 1
+            assert str(root / "new") in report.vanished
     assert 0 < vanished < 20

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from shardmgr.server import readiness
@@ -19,13 +20,17 @@ class ServerProcess:
     """A ``python -m shardmgr serve`` child on a free loopback port.
 
     Readiness comes from its ``--ready-file`` (a sibling of the data
-    directory); its stderr is collected in ``log``.
+    directory); its stderr is collected in ``log``. ``program``: what runs
+    after the interpreter instead of ``-m shardmgr`` (a test's wrapper of
+    the command line, e.g. tests/shardmgr/snapshot_child.py).
     """
 
-    def __init__(self, data_dir: Path, *extra: str, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, *extra: str, port: int = 0,
+                 program: Sequence[str] = ("-m", "shardmgr")) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.port = port
+        self.program = tuple(program)
         self.ready_file = data_dir.with_name(data_dir.name + ".ready")
         self.proc: subprocess.Popen[str] | None = None
         self.log: list[str] = []
@@ -35,7 +40,7 @@ class ServerProcess:
         """Start the server and return once it is ready; the port it bound is
         kept for restarts. NotReady (with the log) if it exits or hangs."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardmgr", "serve", "--data", str(self.data_dir), "--port", str(self.port),
+            [sys.executable, *self.program, "serve", "--data", str(self.data_dir), "--port", str(self.port),
              "--ready-file", str(self.ready_file), *self.extra], stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._pump_thread = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)

@@ -64,8 +64,9 @@ def test_a_crash_after_a_clean_reopen_seals_the_shard(tmp_path: Path) -> None:
         first = store.append("c", rows_of(5, 8, 1), np.arange(5))
     with PowerCut(tmp_path, seed=3) as cut:
         store = shardmgr.open(tmp_path)
-        assert not list(tmp_path.rglob(close_marker.FILE))
+        assert list(tmp_path.rglob(close_marker.FILE))  # kept until the first append
         lost = store.append("c", rows_of(5, 8, 2), np.arange(5, 10))  # not durable: the cut may take it
+        assert not list(tmp_path.rglob(close_marker.FILE))
         assert (split_refs(lost)[0] == split_refs(first)[0]).all(), "the reopened shard did not keep growing"
         store.abandon()
         cut.crash()
@@ -77,6 +78,26 @@ def test_a_crash_after_a_clean_reopen_seals_the_shard(tmp_path: Path) -> None:
         np.testing.assert_array_equal(store.get("c", first), rows_of(5, 8, 1))
         with contextlib.suppress(UnknownRef):  # kept or lost by the cut, never another vector
             np.testing.assert_array_equal(store.get("c", lost), rows_of(5, 8, 2))
+
+
+def test_a_session_that_appends_nothing_changes_nothing_even_if_it_crashes(tmp_path: Path) -> None:
+    """Opening (an offline snapshot, a search-only session) keeps the marker,
+    so a crash before any append leaves the shard growing, as it was."""
+    with shardmgr.open(tmp_path) as store:
+        store.create_collection("c", 8)
+        first = store.append("c", rows_of(5, 8, 1), np.arange(5))
+    store = shardmgr.open(tmp_path)
+    store.delete("c", first[:1], durable=True)  # deletes leave the marker true: it names the batches only
+    store.abandon()
+    files = sorted(tmp_path.rglob("*"))
+    for _ in range(2):
+        store = shardmgr.open(tmp_path)
+        np.testing.assert_array_equal(store.get("c", first[1:]), rows_of(5, 8, 1)[1:])
+        store.abandon()
+        assert sorted(tmp_path.rglob("*")) == files
+    with shardmgr.open(tmp_path) as store:
+        assert store.collection_info("c")["growing"] == 1
+        assert (split_refs(store.append("c", rows_of(1, 8, 2), [5]))[0] == split_refs(first)[0]).all()
 
 
 @pytest.mark.parametrize("damage", ["missing", "stale_rows", "unreadable"])

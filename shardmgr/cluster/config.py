@@ -1,0 +1,141 @@
+"""Cluster configuration: one frozen dataclass, defaults and units here.
+
+Built from the two URLs of ``shardmgr serve --cluster etcd://HOST:PORT/PREFIX
+--object-store s3://BUCKET/PREFIX`` by :meth:`ClusterConfig.from_urls`. S3
+credentials are not part of it: boto3's standard chain finds them
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, the shared
+credentials file, instance roles), so no secret is ever in a config file or
+a command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from urllib.parse import urlsplit
+
+from shardmgr.cluster.errors import BadClusterConfig
+
+#: etcd's smallest effective lease TTL: a 1 s lease still lives ~2.3 s (anchor)
+MIN_LEASE_TTL_S = 2
+#: key prefixes and object prefixes: path segments of these characters
+PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+#: S3 bucket names (the portable subset: no dots, so path and virtual-host styles both work)
+BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Where the cluster's etcd and bucket are, and its timings. ``validate()`` checks them."""
+
+    #: etcd's client endpoint (its HTTP/JSON gateway: the same port as gRPC)
+    etcd_host: str
+    etcd_port: int
+    #: every key of this cluster starts with this ("/prod"); clusters sharing an etcd differ here
+    key_prefix: str
+    #: the bucket holding sealed shards, and the prefix of every object key ("" for none; no slashes at the ends)
+    bucket: str
+    object_prefix: str = ""
+    #: S3 endpoint URL (SeaweedFS, MinIO, ...); None: AWS's own, from the region
+    s3_endpoint: str | None = None
+    s3_region: str = "us-east-1"
+    #: a node's etcd lease, in whole seconds (etcd's unit); keepalives every third of it
+    lease_ttl_s: int = 10
+    #: one etcd request's timeout; below the lease TTL so a hung keepalive cannot outlive the lease
+    etcd_timeout_s: float = 2.0
+    #: S3 timeouts per request, and attempts per request (botocore's "standard" retries)
+    s3_connect_timeout_s: float = 5.0
+    s3_read_timeout_s: float = 60.0
+    s3_max_attempts: int = 3
+    #: files at least this large are uploaded in parts of multipart_chunk_bytes, this many at once
+    multipart_threshold_bytes: int = 64 << 20
+    multipart_chunk_bytes: int = 16 << 20
+    transfer_concurrency: int = 4
+
+    @classmethod
+    def from_urls(cls, cluster: str, object_store: str, **fields: object) -> ClusterConfig:
+        """``cluster`` = ``etcd://HOST[:PORT]/PREFIX`` (port 2379 by default),
+        ``object_store`` = ``s3://BUCKET[/PREFIX]``; ``fields`` set the rest.
+        Raises BadClusterConfig naming what is wrong."""
+        host, port, key_prefix = parse_etcd_url(cluster)
+        bucket, object_prefix = parse_s3_url(object_store)
+        try:
+            config = cls(etcd_host=host, etcd_port=port, key_prefix=key_prefix, bucket=bucket,
+                         object_prefix=object_prefix, **fields)  # type: ignore[arg-type]
+        except TypeError as e:  # an unknown field name
+            raise BadClusterConfig(f"cluster settings: {e}") from e
+        return config.validate()
+
+    @property
+    def etcd_url(self) -> str:
+        return f"etcd://{self.etcd_host}:{self.etcd_port}{self.key_prefix}"
+
+    @property
+    def s3_url(self) -> str:
+        return f"s3://{self.bucket}/{self.object_prefix}".rstrip("/")
+
+    def key(self, *parts: str) -> str:
+        """The etcd key ``<key_prefix>/<part>/<part>...``."""
+        return "/".join((self.key_prefix, *parts))
+
+    def object_key(self, *parts: str) -> str:
+        """The object key ``<object_prefix>/<part>/<part>...`` (no leading slash)."""
+        return "/".join(p for p in (self.object_prefix, *parts) if p)
+
+    def validate(self) -> ClusterConfig:
+        """This config, if every field is sane; else BadClusterConfig naming the field."""
+        if not self.etcd_host or not 0 < self.etcd_port < 65536:
+            raise BadClusterConfig(f"etcd endpoint must be host:port, got {self.etcd_host!r}:{self.etcd_port}")
+        if not self.key_prefix.startswith("/") or not PATH.fullmatch(self.key_prefix[1:]):
+            raise BadClusterConfig(f"key_prefix must be '/' and path segments of letters, digits, '.', '_', '-', "
+                                   f"got {self.key_prefix!r}")
+        if not BUCKET.fullmatch(self.bucket):
+            raise BadClusterConfig(f"bucket must be 3-63 lowercase letters, digits or '-', got {self.bucket!r}")
+        if self.object_prefix and not PATH.fullmatch(self.object_prefix):
+            raise BadClusterConfig(f"object prefix must be path segments of letters, digits, '.', '_', '-', "
+                                   f"got {self.object_prefix!r}")
+        if not isinstance(self.lease_ttl_s, int) or self.lease_ttl_s < MIN_LEASE_TTL_S:
+            raise BadClusterConfig(f"lease_ttl_s must be a whole number of seconds >= {MIN_LEASE_TTL_S} "
+                                   f"(etcd's minimum), got {self.lease_ttl_s!r}")
+        if not 0 < self.etcd_timeout_s < self.lease_ttl_s:  # also NaN
+            raise BadClusterConfig(f"etcd_timeout_s must be > 0 and below lease_ttl_s ({self.lease_ttl_s}), "
+                                   f"got {self.etcd_timeout_s}")
+        for name in ("s3_connect_timeout_s", "s3_read_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")
+        for name in ("s3_max_attempts", "transfer_concurrency"):
+            if getattr(self, name) < 1:
+                raise BadClusterConfig(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.multipart_chunk_bytes < 5 << 20 or self.multipart_threshold_bytes < self.multipart_chunk_bytes:
+            raise BadClusterConfig("multipart_chunk_bytes must be >= 5 MiB (S3's smallest part) and "
+                                   f"multipart_threshold_bytes at least that, got {self.multipart_chunk_bytes} "
+                                   f"and {self.multipart_threshold_bytes}")
+        return self
+
+
+def parse_etcd_url(url: str) -> tuple[str, int, str]:
+    """``etcd://HOST[:PORT]/PREFIX`` -> (host, port, "/PREFIX"). The prefix is required:
+    it is what keeps two clusters on one etcd apart."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 2379
+    except ValueError as e:
+        raise BadClusterConfig(f"bad port in cluster URL {url!r}") from e
+    prefix = parts.path.rstrip("/")
+    if parts.scheme != "etcd" or not parts.hostname or parts.query or parts.fragment or not PATH.fullmatch(prefix[1:]):
+        raise BadClusterConfig(f"cluster URL must be etcd://HOST[:PORT]/PREFIX (prefix of letters, digits, '.', "
+                               f"'_', '-' and '/'), got {url!r}")
+    return parts.hostname, port, prefix
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://BUCKET[/PREFIX]`` -> (bucket, "PREFIX") with no slashes at the prefix's ends."""
+    parts = urlsplit(url)
+    prefix = parts.path.strip("/")
+    if (parts.scheme != "s3" or not BUCKET.fullmatch(parts.netloc) or parts.query or parts.fragment
+            or (prefix and not PATH.fullmatch(prefix))):
+        raise BadClusterConfig(f"object store URL must be s3://BUCKET[/PREFIX] (bucket of 3-63 lowercase letters, "
+                               f"digits or '-'), got {url!r}")
+    return parts.netloc, prefix

@@ -1,0 +1,113 @@
+"""Cluster errors: one root, :class:`ClusterError` (a ShardmgrError, so a
+handler of the store's errors catches these too).
+
+Two families: ``CoordinationError`` (etcd: membership, leases, elections,
+the shard map) and ``ObjectStoreError`` (the S3 bucket). An error caused by a
+library or transport failure keeps it as ``__cause__`` (``raise ... from``);
+messages name the endpoint and the key or object concerned. Errors a caller
+may retry (the server was unreachable, a request timed out) also inherit
+``Unavailable``.
+"""
+
+from __future__ import annotations
+
+from common.wire.errors import BadRequest, Conflict, NotFound, Unavailable
+from shardmgr.errors import ShardmgrError
+
+__all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "LeaseLost",
+           "NodeIdTaken", "NotWriter", "ShardConflict", "ObjectStoreError", "ObjectStoreUnavailable",
+           "ObjectStoreDenied", "ObjectExists", "ObjectMissing", "ChecksumMismatch"]
+
+
+class ClusterError(ShardmgrError):
+    """Root of every cluster-mode error."""
+
+    code = "shardmgr.cluster"
+
+
+class BadClusterConfig(ClusterError, BadRequest):
+    """A cluster setting is malformed (a URL, a TTL, a timeout); the message says which."""
+
+    code = "shardmgr.cluster.bad_config"
+
+
+class CoordinationError(ClusterError):
+    """etcd refused or failed a request."""
+
+    code = "shardmgr.cluster.coordination"
+
+
+class CoordinationUnavailable(CoordinationError, Unavailable):
+    """etcd could not be reached or did not answer in time. Whether a write
+    that timed out took effect is unknown: read before retrying it."""
+
+    code = "shardmgr.cluster.coordination_unavailable"
+
+
+class LeaseLost(CoordinationError):
+    """This node's etcd lease expired (or may have: its keepalives failed
+    for longer than the TTL). Every key under it is gone; the node holds no
+    membership and no writer role until it takes a new lease."""
+
+    code = "shardmgr.cluster.lease_lost"
+
+
+class NodeIdTaken(CoordinationError, Conflict):
+    """Another live member (another process, or this node's previous run whose
+    lease has not expired yet) holds this node id."""
+
+    code = "shardmgr.cluster.node_id_taken"
+
+
+class NotWriter(CoordinationError):
+    """A shard-map change was refused: the collection's writer key no longer
+    belongs to the fencing token the caller holds (its lease was lost, or it
+    resigned, and maybe another node writes now). Nothing was changed."""
+
+    code = "shardmgr.cluster.not_writer"
+
+
+class ShardConflict(CoordinationError, Conflict):
+    """A shard id is already published with different contents; a published
+    entry is never replaced."""
+
+    code = "shardmgr.cluster.shard_conflict"
+
+
+class ObjectStoreError(ClusterError):
+    """The object store refused or failed a request."""
+
+    code = "shardmgr.cluster.object_store"
+
+
+class ObjectStoreUnavailable(ObjectStoreError, Unavailable):
+    """The object store could not be reached or did not answer in time."""
+
+    code = "shardmgr.cluster.object_store_unavailable"
+
+
+class ObjectStoreDenied(ObjectStoreError):
+    """The object store rejected the credentials or the request's
+    permissions (no credentials found, a wrong key, access denied)."""
+
+    code = "shardmgr.cluster.object_store_denied"
+
+
+class ObjectExists(ObjectStoreError, Conflict):
+    """A write-once put found the key already there; the stored object was
+    not changed."""
+
+    code = "shardmgr.cluster.object_exists"
+
+
+class ObjectMissing(ObjectStoreError, NotFound):
+    """No object (or no bucket) by this name."""
+
+    code = "shardmgr.cluster.object_missing"
+
+
+class ChecksumMismatch(ObjectStoreError):
+    """An object's bytes do not match their recorded crc32c or size (damaged,
+    replaced, or truncated in transit). Nothing was left at the destination."""
+
+    code = "shardmgr.cluster.checksum_mismatch"

