@@ -152,7 +152,7 @@ def _build(building: Path, plan_: Plan, dim: int, collection: str, flusher: Flus
             columns[2].write(0, refs)
             for column in columns:
                 column.truncate(len(refs))
-            journal.seal()  # syncs the row files (its companions) first
+            journal.seal()  # syncs the row files (its companions) with it
     finally:
         for column in columns:
             column.close()

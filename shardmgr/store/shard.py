@@ -9,7 +9,7 @@
 
 An append writes the rows of both files (one pwrite each), then the batch's
 journal record, which carries the ids too. The vectors file is the
-journal's companion, synced before it in every flush, so a record a flush
+journal's companion, synced with it in every flush, so a record a flush
 confirmed (or a checkpoint declared durable) always has its vectors on
 disk, and its ids in itself. The ids file is derived data: synced when the
 shard is sealed or closed, and rewritten from the records by a replay
@@ -176,7 +176,7 @@ class Shard:
     def _seal_flushed(self) -> None:
         """Cut the row files to the rows, make the ids file durable, then seal
         the journal (its flush syncs the cut vectors file, its companion,
-        first): a sealed checkpoint never describes an ids file not on disk."""
+        with it): a sealed checkpoint never describes an ids file not on disk."""
         assert self.journal is not None
         for column in (self.vectors, self.ids):
             column.truncate(self.rows)
