@@ -5,6 +5,8 @@ and SeaweedFS (docs/cluster.md, "A node in a cluster").
   objects match the files on its disk byte for byte (crc32c). A second node
   knows the collection, refuses appends naming the writer's address, and a
   clean stop leaves membership at once.
+- An object store down for a while: appends go on, uploads are retried
+  and succeed once it is back.
 - A writer SIGKILLed between the uploads of a shard and its publish: after a
   restart the shard is published exactly once (under the new tenure) and
   the objects the first attempt left are swept.
@@ -32,6 +34,7 @@ from shardmgr.cluster.membership import Membership  # noqa: E402
 from shardmgr.cluster.objects import file_crc32c  # noqa: E402
 from shardmgr.errors import CollectionConflict  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
+from tests.cluster_servers import WeedServer  # noqa: E402
 from tests.shardmgr.cluster.nodes import (  # noqa: E402
     DIM,
     ROWS,
@@ -116,6 +119,25 @@ def test_sealed_shards_are_published_with_matching_objects_and_other_nodes_refus
     assert n1.wait() == 0
     assert members(cluster_config) == {} and Election(cluster_config, "c").current() is None
     assert sorted(published(cluster_config, "c")) == [1, 2, 3]
+
+
+def test_uploads_wait_out_an_object_store_outage_and_appends_go_on_meanwhile(
+        cluster_config: ClusterConfig, weed: WeedServer, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1 = node(tmp_path, "n1", cluster_config)
+    started.append(n1.start())
+    with StoreClient(n1.address) as client:
+        client.create_collection("c", dim=DIM)
+        weed.kill()  # S3 is gone: uploads fail, appends must not notice
+        try:
+            for vectors, ids in batches(5):  # seals shards 1 and 2
+                client.append("c", vectors, ids, durable=True)
+            n1.wait_log_count(r"uploading shard \d+ of c failed \(retried in", 2)
+            assert published(cluster_config, "c") == {}
+        finally:
+            weed.restart()
+        entries = wait_for("shards 1 and 2 published after the outage", lambda: (lambda e: e if len(e) == 2 else None)(
+            published(cluster_config, "c")))
+        assert sorted(entries) == [1, 2] and client.collection_info("c")["rows"] == 5 * ROWS
 
 
 def test_a_writer_killed_between_upload_and_publish_publishes_once_after_restart_and_the_orphans_go(
