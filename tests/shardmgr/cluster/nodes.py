@@ -32,6 +32,7 @@ SETTINGS = """
 [store]
 seal_bytes = 4096
 extent_bytes = 4096
+idle_seal_s = {idle_seal_s}
 
 [node]
 lease_ttl_s = 2
@@ -47,10 +48,11 @@ join_timeout_s = 15.0
 
 
 def node(tmp_path: Path, node_id: str, config: ClusterConfig, *, hook: str | None = None,
-         sweep_interval_s: float = 60.0) -> ServerProcess:
-    """A cluster node (not started) with data in ``tmp_path/node_id``; ``hook``: the uploader's test hook."""
+         sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0) -> ServerProcess:
+    """A cluster node (not started) with data in ``tmp_path/node_id``; ``hook``: the uploader's test hook
+    (with it, let the idle timer seal the shard, so that no client waits for a reply when the hook fires)."""
     settings = tmp_path / f"{node_id}.toml"
-    settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s))
+    settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s, idle_seal_s=idle_seal_s))
     env = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY, "AWS_CONFIG_FILE": "/dev/null",
            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
     if hook is not None:

@@ -9,7 +9,8 @@ and SeaweedFS (docs/cluster.md, "A node in a cluster").
   and succeed once it is back.
 - A writer SIGKILLed between the uploads of a shard and its publish: after a
   restart the shard is published exactly once (under the new tenure) and
-  the objects the first attempt left are swept.
+  the objects the first attempt left are swept. (In the hook tests the idle
+  timer seals the shard, so no client is waiting for a reply when it fires.)
 - A writer SIGSTOPped past its lease, just before a publish: another node
   takes the role and publishes; the old one, resumed, is refused by the
   fence, steps down, and then refuses appends naming the new writer.
@@ -142,11 +143,11 @@ def test_uploads_wait_out_an_object_store_outage_and_appends_go_on_meanwhile(
 
 def test_a_writer_killed_between_upload_and_publish_publishes_once_after_restart_and_the_orphans_go(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
-    n1 = node(tmp_path, "n1", cluster_config, hook="before_publish:kill")
+    n1 = node(tmp_path, "n1", cluster_config, hook="before_publish:kill", idle_seal_s=1.0)
     started.append(n1.start())
     with StoreClient(n1.address) as client:
         client.create_collection("c", dim=DIM)
-        for vectors, ids in batches(3):  # the third batch seals shard 1 and goes to shard 2
+        for vectors, ids in batches(2):  # shard 1, sealed by the idle timer a second later
             client.append("c", vectors, ids, durable=True)
     assert n1.wait() == -signal.SIGKILL  # the hook: shard 1's objects are up, its entry is not
     objects = bucket(cluster_config)
@@ -155,27 +156,28 @@ def test_a_writer_killed_between_upload_and_publish_publishes_once_after_restart
     assert published(cluster_config, "c") == {}
 
     del n1.env["SHARDMGR_CLUSTER_TEST_HOOK"]
-    n1.start()  # waits for its previous run's member key to expire; shard 2 was sealed by the replay
-    entries = wait_for("shards 1 and 2 published", lambda: (lambda e: e if len(e) == 2 else None)(
-        published(cluster_config, "c")))
-    assert sorted(entries) == [1, 2] and [entries[1].rows, entries[2].rows] == [2 * ROWS, ROWS]
-    named = {o.key for e in entries.values() for o in e.objects}
-    assert not named & first_try  # published under the new tenure's own path, once
-    assert len({e.writer_revision for e in entries.values()}) == 1
+    n1.start()  # waits for its previous run's member key to expire, then campaigns to publish shard 1
+    entries = wait_for("shard 1 published", lambda: published(cluster_config, "c"))
+    assert list(entries) == [1] and entries[1].rows == 2 * ROWS and entries[1].writer == "n1"
+    named = {o.key for o in entries[1].objects}
+    assert len(named) == 3 and not named & first_try  # published once, under the new tenure's own path
     wait_for("the first attempt's objects swept", lambda: objects_under(objects, cluster_config, "c") == named)
     n1.wait_log("swept orphan object")
-    with StoreClient(n1.address) as client:  # nothing acknowledged was lost
-        assert client.collection_info("c")["rows"] == 3 * ROWS
+    with StoreClient(n1.address) as client:  # nothing acknowledged was lost, and appends go on
+        assert client.collection_info("c")["rows"] == 2 * ROWS
+        vectors, ids = next(batches(1, seed=500))
+        assert len(client.append("c", vectors, ids)) == ROWS
+    assert list(published(cluster_config, "c")) == [1]
 
 
 def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
-    n1 = node(tmp_path, "n1", cluster_config, hook="before_publish:stop")
+    n1 = node(tmp_path, "n1", cluster_config, hook="before_publish:stop", idle_seal_s=1.0)
     n2 = node(tmp_path, "n2", cluster_config)
     started.extend([n1.start(), n2.start()])
     with StoreClient(n1.address) as client:
         client.create_collection("c", dim=DIM)
-        for vectors, ids in batches(3):  # seals shard 1: n1 uploads it, then stops itself before publishing
+        for vectors, ids in batches(2):  # shard 1; once idle it is sealed, uploaded, and n1 stops before publishing
             client.append("c", vectors, ids, durable=True)
     assert n1.proc is not None
     wait_for("n1 stopped by its hook", lambda: process_state(n1.proc.pid) == "T" if n1.proc else None)
@@ -186,7 +188,7 @@ def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
                 for vectors, ids in batches(3, seed=1000):  # seals a shard of n2's
                     other.append("c", vectors, ids, durable=True)
             except WriterElsewhere as e:  # n1's key lives until its lease's TTL has passed
-                assert e.address == n1.address
+                assert e.address in (n1.address, None)  # None: its member key went an instant before
                 return False
         return True
 
@@ -215,4 +217,4 @@ def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
     assert wait_for("n1 to refuse appends naming n2", refused_by_n1) == n2.address
     assert members(cluster_config) == {"n1": n1.address, "n2": n2.address}
     with StoreClient(n1.address) as client:  # its unpublished shard stays on its disk
-        assert client.collection_info("c")["rows"] == 3 * ROWS
+        assert client.collection_info("c")["rows"] == 2 * ROWS
