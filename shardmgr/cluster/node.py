@@ -72,7 +72,7 @@ from shardmgr.cluster.shard_map import ShardMap
 from shardmgr.cluster.sweep import sweep_orphans
 from shardmgr.cluster.uploader import Uploader
 from shardmgr.cluster.watch import PrefixWatch
-from shardmgr.errors import CollectionConflict, UnknownCollection
+from shardmgr.errors import CollectionConflict, ShardmgrError, UnknownCollection
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store
 
@@ -166,7 +166,7 @@ class ClusterNode:
                 members.join(self.node_id, lease, address)
                 break
             except NodeIdTaken:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self._stop.is_set():
                     raise
                 time.sleep(min(0.5, self.config.lease_ttl_s / 4))
         log.info("joined the cluster as %s at %s (lease %x)", self.node_id, address, lease.id)
@@ -238,7 +238,7 @@ class ClusterNode:
         self._known[meta.name] = meta
         try:
             self.store.create_collection(meta.name, meta.dim, meta.metric, meta.index)
-        except CollectionConflict as e:
+        except ShardmgrError as e:  # other parameters here, or an index this node's faiss refuses
             self._conflict(meta.name, str(e))
 
     def _conflict(self, name: str, why: str) -> None:
@@ -278,6 +278,9 @@ class ClusterNode:
         except BaseException:
             lease.close()
             raise
+        if self._stop.is_set():  # stop() went on without this thread: leave nothing behind
+            lease.close()
+            return
         self.lease = self.roles.lease = lease
         lease.on_lost(self._lost)
         self.counters["rejoins_total"] += 1

@@ -109,9 +109,9 @@ class WriterRoles:
 
     def _campaign(self, name: str, *, refuse: bool) -> Tenure | None:
         lease = self.lease
-        won, writer = Election(self.config, name, self._kv).try_acquire(self.node_id, lease)
-        if won:
-            assert writer is not None
+        _, writer = Election(self.config, name, self._kv).try_acquire(self.node_id, lease)
+        if writer is not None and (writer.node_id, writer.lease) == (self.node_id, lease.id):
+            # ours: just won, or won earlier by a campaign whose id reservation then failed
             try:
                 next_id = self.store.shard_ids(name)[0]
             except UnknownCollection:  # created in the cluster, not here yet: its shards come later
