@@ -155,6 +155,8 @@ class ClusterNode:
     def join(self, address: str) -> None:
         """Become a member reached at ``address`` (NodeIdTaken if a previous
         run's key does not expire within ``join_timeout_s``)."""
+        if address.rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
+            log.warning("advertising %s, which no other machine can reach: set --advertise HOST:PORT", address)
         self._join(self.lease, address, Membership(self.config, self._kv))
         self.address = address
         self._wake.set()
