@@ -15,8 +15,7 @@ Over the network (``shardmgr serve``)::
 The package: ``store/`` (the vector store, which runs embedded without any
 server), ``server/`` (``shardmgr serve``, the host of the store and the work
 queue), ``verification/`` (``shardmgr verify``), ``cluster/`` (cluster
-mode's foundations: S3 objects and etcd coordination; not used by the
-server yet), ``cli.py`` (the command),
+mode: S3 objects, etcd coordination, a node's life; ``serve --cluster``), ``cli.py`` (the command),
 ``tables.py`` (its tables, plain lines when piped), ``errors.py`` (one
 root, ShardmgrError). docs/architecture.md maps them.
 

@@ -67,6 +67,15 @@ def main() -> None:
               help="PEM private key of --tls-cert.")
 @click.option("--tls-client-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PEM CA file: require client certificates it signed.")
+@click.option("--cluster", default=None, metavar="etcd://HOST:PORT/PREFIX",
+              help="Join this cluster (docs/cluster.md); needs --object-store.", show_default="single node")
+@click.option("--object-store", default=None, metavar="s3://BUCKET/PREFIX", help="Where sealed shards go (cluster).")
+@click.option("--s3-endpoint", default=None, metavar="URL", show_default="AWS",
+              help="S3 endpoint (SeaweedFS, MinIO); credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
+@click.option("--node-id", default=None, help="This node's id in the cluster.",
+              show_default="<host name>-<hash of the data directory>")
+@click.option("--advertise", default=None, metavar="HOST:PORT", help="Where other nodes and clients reach this node.",
+              show_default="the listening address")
 def serve(config_file: Path | None, **options: object) -> None:
     """Run the service on one port until SIGTERM or SIGINT.
 

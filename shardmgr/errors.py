@@ -7,10 +7,10 @@ shared ``disk_full`` of common.wire.errors (the queue answers it too).
 
 from __future__ import annotations
 
-from common.wire.errors import BadRequest, Conflict, DiskFull, NotFound, ServiceError
+from common.wire.errors import BadRequest, Conflict, DiskFull, NotFound, ServiceError, Unavailable
 
 __all__ = ["ShardmgrError", "UnknownCollection", "CollectionConflict", "BadName", "BadVectors", "UnknownRef",
-           "RowDeleted", "NeedsReopen", "CannotVerify", "DiskFull"]
+           "RowDeleted", "NeedsReopen", "NoShardIds", "CannotVerify", "DiskFull"]
 
 
 class ShardmgrError(ServiceError):
@@ -62,6 +62,15 @@ class NeedsReopen(ShardmgrError):
     memory); the next open finishes it."""
 
     code = "shardmgr.needs_reopen"
+
+
+class NoShardIds(ShardmgrError, Unavailable):
+    """Cluster mode: an append needed a new shard, and this node holds no
+    shard id of the collection for it (it is not the collection's writer, or
+    its reserved ids ran out and more are being reserved). Nothing was
+    stored; retry (on the writer)."""
+
+    code = "shardmgr.no_shard_ids"
 
 
 class CannotVerify(ShardmgrError):

@@ -1,7 +1,9 @@
-"""Cluster configuration: one frozen dataclass, defaults and units here.
+"""Cluster configuration: frozen dataclasses, defaults and units here.
 
-Built from the two URLs of ``shardmgr serve --cluster etcd://HOST:PORT/PREFIX
---object-store s3://BUCKET/PREFIX`` by :meth:`ClusterConfig.from_urls`. S3
+:class:`ClusterConfig` (where etcd and the bucket are) is built from the two
+URLs of ``shardmgr serve --cluster etcd://HOST:PORT/PREFIX --object-store
+s3://BUCKET/PREFIX`` by :meth:`ClusterConfig.from_urls`; :class:`NodeConfig`
+(the ``[node]`` table of the server's TOML file) holds a node's timings. S3
 credentials are not part of it: boto3's standard chain finds them
 (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, the shared
 credentials file, instance roles), so no secret is ever in a config file or
@@ -21,6 +23,8 @@ from shardmgr.cluster.errors import BadClusterConfig
 MIN_LEASE_TTL_S = 2
 #: key prefixes and object prefixes: path segments of these characters
 PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+#: node ids: like collection names
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: S3 bucket names (the portable subset: no dots, so path and virtual-host styles both work)
 BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 
@@ -115,6 +119,13 @@ class ClusterConfig:
         return self
 
 
+def check_node_id(node_id: str) -> str:
+    """``node_id`` if it is 1-128 letters, digits, '.', '_' or '-' (not first); else BadClusterConfig."""
+    if not isinstance(node_id, str) or not NODE_ID.fullmatch(node_id):
+        raise BadClusterConfig(f"node id must be 1-128 letters, digits, '.', '_' or '-' (not first), got {node_id!r}")
+    return node_id
+
+
 def parse_etcd_url(url: str) -> tuple[str, int, str]:
     """``etcd://HOST[:PORT]/PREFIX`` -> (host, port, "/PREFIX"). The prefix is required:
     it is what keeps two clusters on one etcd apart."""
@@ -139,3 +150,43 @@ def parse_s3_url(url: str) -> tuple[str, str]:
         raise BadClusterConfig(f"object store URL must be s3://BUCKET[/PREFIX] (bucket of 3-63 lowercase letters, "
                                f"digits or '-'), got {url!r}")
     return parts.netloc, prefix
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """A cluster node's timings (``shardmgr serve``'s ``[node]`` table). ``validate()`` checks them."""
+
+    #: the node's etcd lease, in whole seconds: a dead node's member and writer keys go this long after it
+    lease_ttl_s: int = 10
+    #: one etcd request's timeout (below the TTL)
+    etcd_timeout_s: float = 2.0
+    #: how often the node's thread looks for work besides being woken (a seal wakes it at once)
+    scan_interval_s: float = 5.0
+    #: a failed upload or publish is retried after this, doubling up to upload_retry_max_s
+    upload_retry_min_s: float = 1.0
+    upload_retry_max_s: float = 60.0
+    #: the orphan sweep: at the start of each writer tenure and every sweep_interval_s; it removes only
+    #: objects older than sweep_grace_s (which must exceed clock skew between the nodes and S3)
+    sweep_interval_s: float = 600.0
+    sweep_grace_s: float = 3600.0
+    #: shard ids a writer reserves in etcd at a time (a new block when half is used)
+    shard_id_block: int = 64
+    #: at start, how long to wait for a previous run's member key (same node id) to expire
+    join_timeout_s: float = 30.0
+
+    def validate(self) -> NodeConfig:
+        """This config, if every field is sane; else BadClusterConfig naming the field."""
+        if not isinstance(self.lease_ttl_s, int) or self.lease_ttl_s < MIN_LEASE_TTL_S:
+            raise BadClusterConfig(f"lease_ttl_s must be a whole number of seconds >= {MIN_LEASE_TTL_S}, "
+                                   f"got {self.lease_ttl_s!r}")
+        for name in ("etcd_timeout_s", "scan_interval_s", "upload_retry_min_s", "upload_retry_max_s",
+                     "sweep_interval_s", "join_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")
+        if not 0 <= self.sweep_grace_s < math.inf or self.upload_retry_max_s < self.upload_retry_min_s:
+            raise BadClusterConfig("sweep_grace_s must be >= 0 and upload_retry_max_s >= upload_retry_min_s, got "
+                                   f"{self.sweep_grace_s} and {self.upload_retry_max_s}")
+        if not isinstance(self.shard_id_block, int) or not 2 <= self.shard_id_block <= 1 << 16:
+            raise BadClusterConfig(f"shard_id_block must be in 2..65536, got {self.shard_id_block!r}")
+        return self

@@ -23,10 +23,9 @@ import dataclasses
 import json
 import time
 
-from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.config import ClusterConfig, check_node_id
 from shardmgr.cluster.kv import Entry, Kv, delete_op, put_op, range_op, same_create, same_lease
 from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.membership import check_node_id
 from shardmgr.store.collection import check_name
 
 

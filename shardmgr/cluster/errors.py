@@ -11,11 +11,13 @@ may retry (the server was unreachable, a request timed out) also inherit
 
 from __future__ import annotations
 
+import re
+
 from common.wire.errors import BadRequest, Conflict, NotFound, Unavailable
 from shardmgr.errors import ShardmgrError
 
 __all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "LeaseLost",
-           "NodeIdTaken", "NotWriter", "ShardConflict", "ObjectStoreError", "ObjectStoreUnavailable",
+           "NodeIdTaken", "NotWriter", "WriterElsewhere", "ShardConflict", "ObjectStoreError", "ObjectStoreUnavailable",
            "ObjectStoreDenied", "ObjectExists", "ObjectMissing", "ChecksumMismatch"]
 
 
@@ -65,6 +67,22 @@ class NotWriter(CoordinationError):
     resigned, and maybe another node writes now). Nothing was changed."""
 
     code = "shardmgr.cluster.not_writer"
+
+
+class WriterElsewhere(CoordinationError):
+    """An append or delete reached a node that is not the collection's
+    writer (another node holds the role); nothing was written. The message
+    ends with ``writer_address=HOST:PORT`` (``unknown`` if the writer is not
+    a member just now): the node to send it to. Nodes do not forward writes
+    yet."""
+
+    code = "shardmgr.cluster.writer_elsewhere"
+
+    @property
+    def address(self) -> str | None:
+        """The writer's address from the message, or None if unknown."""
+        found = re.search(r"writer_address=(\S+)$", self.message)
+        return found.group(1) if found and found.group(1) != "unknown" else None
 
 
 class ShardConflict(CoordinationError, Conflict):

@@ -78,6 +78,11 @@ def same_create(key: str, revision: int) -> dict[str, Any]:
     return {"key": encode(key), "result": "EQUAL", "target": "CREATE", "create_revision": revision}
 
 
+def same_mod(key: str, revision: int) -> dict[str, Any]:
+    """Compare: the key's mod_revision is ``revision`` (it was not changed since read at that revision)."""
+    return {"key": encode(key), "result": "EQUAL", "target": "MOD", "mod_revision": revision}
+
+
 def same_value(key: str, value: bytes) -> dict[str, Any]:
     """Compare: the key's value is ``value``."""
     return {"key": encode(key), "result": "EQUAL", "target": "VALUE", "value": encode(value)}

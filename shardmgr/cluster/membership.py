@@ -16,24 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable
 from typing import Literal
 
-from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.errors import BadClusterConfig, NodeIdTaken
+from shardmgr.cluster.config import ClusterConfig, check_node_id
+from shardmgr.cluster.errors import NodeIdTaken
 from shardmgr.cluster.kv import Entry, Kv, delete_op, put_op, range_op, same_create, same_lease
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.watch import PrefixWatch, WatchEvent
-
-NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def check_node_id(node_id: str) -> str:
-    """``node_id`` if it is 1-128 letters, digits, '.', '_' or '-' (not first); else BadClusterConfig."""
-    if not isinstance(node_id, str) or not NODE_ID.fullmatch(node_id):
-        raise BadClusterConfig(f"node id must be 1-128 letters, digits, '.', '_' or '-' (not first), got {node_id!r}")
-    return node_id
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -66,12 +66,15 @@ BUSY = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "50
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """An object as the store describes it; ``crc32c`` is None where unknown (listings)."""
+    """An object as the store describes it; ``crc32c`` is None where unknown
+    (listings); ``modified``: when it was stored (seconds since the epoch, by
+    the store's clock; 0 when unknown)."""
 
     key: str
     size: int
     crc32c: int | None
     etag: str
+    modified: float = 0.0
 
 
 def file_crc32c(path: Path) -> tuple[int, int]:
@@ -174,7 +177,7 @@ class ObjectStore:
                 raise
         recorded = answer.get("Metadata", {}).get("crc32c")
         return ObjectInfo(key=key, size=int(answer["ContentLength"]), etag=str(answer.get("ETag", "")),
-                          crc32c=int(recorded, 16) if recorded else None)
+                          crc32c=int(recorded, 16) if recorded else None, modified=_epoch(answer.get("LastModified")))
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
@@ -218,8 +221,8 @@ class ObjectStore:
         found: list[ObjectInfo] = []
         with self._errors("list", prefix + "*"):
             for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-                found.extend(ObjectInfo(key=o["Key"], size=int(o["Size"]), crc32c=None, etag=str(o.get("ETag", "")))
-                             for o in page.get("Contents", []))
+                found.extend(ObjectInfo(key=o["Key"], size=int(o["Size"]), crc32c=None, etag=str(o.get("ETag", "")),
+                                        modified=_epoch(o.get("LastModified"))) for o in page.get("Contents", []))
         return found
 
     def delete(self, key: str) -> None:
@@ -254,3 +257,8 @@ def translate(e: Exception, where: str) -> ObjectStoreError:
 
 def _hex(value: int | None) -> str:
     return "none" if value is None else f"{value:08x}"
+
+
+def _epoch(when: Any) -> float:
+    """A boto datetime as seconds since the epoch (0.0 if absent)."""
+    return float(when.timestamp()) if when is not None else 0.0

@@ -23,6 +23,14 @@ Guarantees of :meth:`ShardMap.publish`, one etcd transaction:
 Publish only after every object is uploaded and checked (objects.py): a
 crash before the publish leaves unpublished objects (a sweep removes them),
 never a published shard with missing bytes.
+
+Shard ids: a collection's shards are numbered across the cluster, so two
+writers (one after the other, on different nodes) never seal two different
+shards under one id. ``<key_prefix>/shard_ids/<collection>`` holds the lowest
+id no tenure has reserved; :meth:`ShardMap.reserve_ids` takes a block of ids
+for the caller's tenure in one transaction, fenced like a publish. A node
+uses only ids it reserved, so the shards a crashed writer left unpublished
+keep ids no later writer uses.
 """
 
 from __future__ import annotations
@@ -33,9 +41,13 @@ from typing import Any
 
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.election import Writer
-from shardmgr.cluster.errors import NotWriter, ShardConflict
-from shardmgr.cluster.kv import Kv, put_op, range_op, same_create, same_lease
+from shardmgr.cluster.errors import CoordinationError, NotWriter, ShardConflict
+from shardmgr.cluster.kv import Kv, put_op, range_op, same_create, same_lease, same_mod
 from shardmgr.store.collection import check_name
+from shardmgr.store.refs import MAX_SHARD
+
+#: attempts of a reservation whose compare on the ids key failed (a lost answer of our own, re-read)
+RESERVE_ATTEMPTS = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +92,7 @@ class ShardMap:
         self.kv = kv if kv is not None else Kv(config)
         self.prefix = config.key("shards", collection, "")
         self.writer_key = config.key("writers", collection)
+        self.ids_key = config.key("shard_ids", collection)
 
     def key(self, shard_id: int) -> str:
         if not 0 <= shard_id < 10**20:
@@ -118,6 +131,33 @@ class ShardMap:
                             f"revision {token.revision} ended; now {_who(now)}): shard {entry.shard_id} not published")
         raise ShardConflict(f"shard {entry.shard_id} of {self.collection!r} is already published with other "
                             f"contents (by {ShardEntry.decode(published[0].value).writer}); not replaced")
+
+    def reserve_ids(self, token: Writer, at_least: int, count: int) -> tuple[int, int]:
+        """Reserve ``count`` shard ids for ``token``'s tenure: returns (first,
+        limit), first = max(``at_least``, the lowest id not yet reserved).
+        Fenced like :meth:`publish` (NotWriter if the tenure is over, nothing
+        reserved)."""
+        for _ in range(RESERVE_ATTEMPTS):
+            current = self.kv.get(self.ids_key)
+            first = max(int(json.loads(current.value)["next"]) if current is not None else 1, at_least, 1)
+            limit = first + count
+            if limit > MAX_SHARD + 1:
+                raise CoordinationError(f"collection {self.collection!r} has used all {MAX_SHARD} shard ids")
+            value = json.dumps({"next": limit, "writer": token.node_id, "writer_revision": token.revision}).encode()
+            result = self.kv.txn(
+                [same_create(self.writer_key, token.revision), same_lease(self.writer_key, token.lease),
+                 same_mod(self.ids_key, current.mod_revision) if current is not None
+                 else same_create(self.ids_key, 0)],
+                [put_op(self.ids_key, value)], [range_op(self.writer_key)],
+                f"reserve {count} shard ids of {self.collection}")
+            if result.succeeded:
+                return first, limit
+            writers = result.ranges[0] if result.ranges else []
+            if not writers or (writers[0].create_revision, writers[0].lease) != (token.revision, token.lease):
+                now = Writer.from_entry(self.collection, writers[0]) if writers else None
+                raise NotWriter(f"{token.node_id} is not the writer of {self.collection!r} any more (now "
+                                f"{_who(now)}): no shard ids reserved")
+        raise CoordinationError(f"reserving shard ids of {self.collection!r}: the ids key kept changing")
 
     def get(self, shard_id: int) -> ShardEntry | None:
         found = self.kv.get(self.key(shard_id))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,14 @@ from typing import Any
 from common.journal import FlusherConfig
 from common.units import GiB, MiB
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
+from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.store.config import StoreConfig
 from workq.config import WorkqConfig
 
 from . import exposure
+
+ADVERTISE = re.compile(r"[A-Za-z0-9.:\[\]_-]+:[0-9]{1,5}")
+"""``advertise``: HOST:PORT (a name, an IPv4 address, or an IPv6 one in brackets)."""
 
 DEFAULT_PORT = 7300
 SUGGESTED_METRICS_PORT = 7301
@@ -95,6 +100,22 @@ class ServerConfig:
     #: PEM CA file: when set (with ``tls_cert``), clients must present a
     #: certificate signed by it (mutual TLS).
     tls_client_ca: Path | None = None
+    #: Cluster mode (docs/cluster.md): ``etcd://HOST:PORT/PREFIX`` of the
+    #: cluster to join. None (default): a single node, as without it.
+    cluster: str | None = None
+    #: ``s3://BUCKET/PREFIX`` where sealed shards go (required with ``cluster``).
+    object_store: str | None = None
+    #: The S3 endpoint URL (SeaweedFS, MinIO, ...); None: AWS's own. Credentials
+    #: come from the environment (AWS_ACCESS_KEY_ID, ...), never from here.
+    s3_endpoint: str | None = None
+    #: This node's id in the cluster; None: ``<host name>-<hash of the data
+    #: directory's path>``, the same at every start on one directory.
+    node_id: str | None = None
+    #: ``HOST:PORT`` other nodes and clients reach this node at; None: the
+    #: address it listens on.
+    advertise: str | None = None
+    #: A cluster node's timings (TOML table ``[node]``).
+    node: NodeConfig = NodeConfig()
 
     @property
     def flusher(self) -> FlusherConfig:
@@ -145,10 +166,30 @@ class ServerConfig:
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key (client certificates are a TLS feature)")
+        self._validate_cluster()
         refusal = exposure.refusal(self.listen_addresses, self.auth_file is not None, self.insecure)
         if refusal is not None:
             raise ValueError(refusal)
         return self
+
+    def cluster_config(self) -> ClusterConfig | None:
+        """The cluster to join (``cluster``, ``object_store``, ``s3_endpoint``
+        and the ``[node]`` timings), or None without ``cluster``."""
+        if self.cluster is None and self.object_store is None:
+            return None
+        if self.cluster is None or self.object_store is None:
+            raise ValueError("cluster and object_store go together: give both (--cluster etcd://HOST:PORT/PREFIX "
+                             "--object-store s3://BUCKET/PREFIX) or neither")
+        return ClusterConfig.from_urls(self.cluster, self.object_store, s3_endpoint=self.s3_endpoint,
+                                       lease_ttl_s=self.node.lease_ttl_s, etcd_timeout_s=self.node.etcd_timeout_s)
+
+    def _validate_cluster(self) -> None:
+        self.node.validate()
+        self.cluster_config()
+        if self.node_id is not None:
+            check_node_id(self.node_id)
+        if self.advertise is not None and not ADVERTISE.fullmatch(self.advertise):
+            raise ValueError(f"advertise must be HOST:PORT, got {self.advertise!r}")
 
     @property
     def listen_addresses(self) -> dict[str, str]:
@@ -170,7 +211,7 @@ class ServerConfig:
         for name in ("data_dir", "ready_file", "auth_file", "tls_cert", "tls_key", "tls_client_ca"):
             if name in values:
                 values[name] = Path(values[name])
-        for table, kind in (("workq", WorkqConfig), ("store", StoreConfig)):
+        for table, kind in (("workq", WorkqConfig), ("store", StoreConfig), ("node", NodeConfig)):
             if isinstance(values.get(table), dict):
                 try:
                     values[table] = kind(**values[table])

@@ -84,10 +84,21 @@ class Server:
         if config.tls_cert is not None and config.tls_key is not None:
             self._tls = tls.server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
         self.flusher = Flusher(config.flusher)
+        cluster = config.cluster_config()
+        node = _cluster_module() if cluster is not None else None
         if components is None:
+            store = config.store if node is None else node.cluster_store_config(config.store)
             components = [WorkqService(config.data_dir, config.workq, self.flusher, config.max_frame_bytes),
-                          StoreService(config.data_dir, config.store, self.flusher)]
+                          StoreService(config.data_dir, store, self.flusher)]
         self.components: list[Component] = [Control(self), *components]
+        #: cluster mode's node (shardmgr/cluster/node.py), or None: start/join/stop/stats are its only hooks here
+        self.cluster: Any = None
+        if node is not None:
+            stores = [c.store for c in self.components if isinstance(c, StoreService)]
+            if not stores:
+                raise ValueError("cluster mode needs the vector store among the components")
+            self.cluster = node.ClusterNode(cluster, config.node, stores[0],
+                                            config.node_id or node.default_node_id(config.data_dir))
         self._routes: dict[str, Component] = {}
         for component in self.components:
             for cmd in component.commands():
@@ -136,8 +147,12 @@ class Server:
                 log.info("recovered %s in %.3f s", component.name, time.monotonic() - started)
             for component in self.components:
                 component.start()
+            if self.cluster is not None:
+                self.cluster.start()
             self._listen()
             host, port = self.address
+            if self.cluster is not None:
+                self.cluster.join(self.config.advertise or f"{host}:{port}")
             if self.config.ready_file is not None:
                 readiness.write(self.config.ready_file, host, port)
                 self._wrote_ready_file = True
@@ -239,6 +254,11 @@ class Server:
         for conn in connections:
             _polled(conn.wait_closed, linger)
             conn.close()  # returns once a write under way has ended and run its on_sent
+        if self.cluster is not None:  # resign, leave, revoke: before the store closes under its thread
+            try:
+                self.cluster.stop()
+            except Exception:
+                log.exception("cluster: leaving failed during the stop")
         for component in reversed(self.components):
             self._guarded(component, component.stop)
         self.flusher.stop()
@@ -382,7 +402,18 @@ class Server:
         for component in self.components:
             if component.name != "server":
                 result[component.name] = component.stats()
+        if self.cluster is not None:
+            result["cluster"] = self.cluster.stats()
         return result
+
+
+def _cluster_module() -> Any:
+    """shardmgr.cluster.node, imported only in cluster mode (it needs the cluster extra)."""
+    try:
+        from shardmgr.cluster import node
+    except ImportError as exc:
+        raise ValueError(f"cluster mode needs the cluster extra (pip install 'shardmgr[cluster]'): {exc}") from exc
+    return node
 
 
 def _polled(wait: Callable[[float], bool], deadline: float) -> bool:

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from common.journal import Flusher, Journal, Ticket
 from common.journal.check import read_regular
 from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
-from shardmgr.errors import BadName, BadVectors, CollectionConflict, NeedsReopen, RowDeleted
+from shardmgr.errors import BadName, BadVectors, CollectionConflict, NeedsReopen, NoShardIds, RowDeleted
 
 from . import index as indexes
 from . import lineage, metadata, rewrite
@@ -83,6 +84,10 @@ class Collection:
         self._min_rows: int | None = None  # rows a shard needs for its index to be built (index.min_rows)
         self.broken: BaseException | None = None  # set for good when a committed rewrite could not be opened
         self.next_shard = 1
+        #: new shards only get ids below this; None: no bound (store.py's cluster-mode seam sets it)
+        self.shard_id_limit: int | None = None
+        #: run with (name, shard id) after an append or the idle timer sealed a shard, under the write lock
+        self.on_sealed: list[Callable[[str, int], None]] = []
         self._searcher = Searcher(metric, config.hnsw_ef_search)
         # for readers: the views and which shard now holds each rewritten one's rows;
         # replaced together (never mutated) by writers
@@ -90,14 +95,20 @@ class Collection:
 
     # -------------------------------------------------------------- lifecycle
 
-    @classmethod
-    def create(cls, root: Path, name: str, dim: int, metric: str, index: str, flusher: Flusher,
-               config: StoreConfig) -> Collection:
+    @staticmethod
+    def check_params(dim: int, metric: str, index: str) -> tuple[int, str, str]:
+        """(dim, metric, index) as a new collection would store them (the index
+        string normalised), or BadVectors naming what is wrong."""
         if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 65536:
             raise BadVectors(f"dim must be an integer in 1..65536, got {dim!r}")
         if metric not in ("l2", "ip"):
             raise BadVectors(f"metric must be 'l2' or 'ip', got {metric!r}")
-        index = indexes.check_spec(index, dim, metric)
+        return dim, metric, indexes.check_spec(index, dim, metric)
+
+    @classmethod
+    def create(cls, root: Path, name: str, dim: int, metric: str, index: str, flusher: Flusher,
+               config: StoreConfig) -> Collection:
+        dim, metric, index = cls.check_params(dim, metric, index)
         directory = root / name
         make_dirs(directory)
         meta = msgpack.packb({"name": name, "dim": dim, "metric": metric, "index": index})
@@ -188,13 +199,15 @@ class Collection:
         caller holds the store's write lock."""
         self._check_writable()
         shard = self.active
-        if shard is not None and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes and shard.rows:
+        full = shard is not None and shard.rows > 0 and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes
+        if shard is None or full:
+            self._check_new_shard()
+        if shard is not None and full:
             shard.seal()
+            self._sealed(shard)
             shard = None
         created = shard is None
         if shard is None:
-            if self.next_shard > MAX_SHARD:
-                raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
             shard_id = self.next_shard
             self.next_shard += 1  # used even if the creation fails: a failed attempt never blocks the next
             shard = Shard.create(self.directory / f"{shard_id:08d}", shard_id, self.dim, self.name,
@@ -208,6 +221,18 @@ class Collection:
             raise
         self._publish()
         return ref_of(shard.id, np.arange(first, first + len(ids), dtype=np.int64)), ticket
+
+    def _check_new_shard(self) -> None:
+        """Refuse (before anything is written) if the next shard id may not be used."""
+        if self.next_shard > MAX_SHARD:
+            raise BadVectors(f"collection {self.name!r} has used all {MAX_SHARD} shard ids")
+        if self.shard_id_limit is not None and self.next_shard >= self.shard_id_limit:
+            raise NoShardIds(f"collection {self.name!r}: this node may not start shard {self.next_shard} now "
+                             f"(cluster mode: it holds no shard ids of the collection); nothing was stored")
+
+    def _sealed(self, shard: Shard) -> None:
+        for callback in self.on_sealed:
+            callback(self.name, shard.id)
 
     def _discard(self, shard: Shard) -> None:
         """Remove a shard that never held a row (its creation's first append failed)."""
@@ -226,6 +251,7 @@ class Collection:
             return False
         shard.seal()
         self._publish()
+        self._sealed(shard)
         return True
 
     def delete(self, refs: np.ndarray) -> tuple[int, list[Ticket]]:

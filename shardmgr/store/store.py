@@ -15,6 +15,14 @@ caller's thread, concurrently with appends, on a published snapshot of the
 shards (rows are never rewritten in place, and faiss releases the GIL while
 it computes). A maintenance thread seals shards that stay idle and runs
 rewrites (built off the lock, one at a time); an index thread builds indexes.
+
+Cluster mode's seam (shardmgr/cluster/node.py uses it; unused otherwise):
+``gate`` is asked before every create, append and delete (it may refuse);
+``on_sealed`` callbacks learn of shards an append or the idle timer sealed;
+``sealed_shards`` lists sealed shards with their files (sealed.py); and with
+``shard_ids_granted`` set before ``recover``, a collection starts new shards
+only under ids given by ``grant_shard_ids`` (so that two writers of one
+collection on two nodes never use one shard id).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,6 +47,7 @@ from . import batch, index, rewrite
 from .collection import Collection, check_name
 from .config import StoreConfig
 from .copies import copy_collections
+from .sealed import SealedShard, sealed_shard
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,6 +55,18 @@ MAX_REWRITES = 10_000
 """Most rewrites one compact() call runs (each removes a shard or a share of deleted rows)."""
 PARTLY = ("the rows of some shards may be deleted (not durably) and the others not: the call can be "
           "repeated once there is space (rows deleted already count 0)")
+
+
+class WriteGate(Protocol):
+    """Cluster mode's check of writes (shardmgr/cluster/node.py). Called on
+    the caller's thread before the store's write lock is taken; raising
+    refuses the call before anything is written."""
+
+    def creating(self, name: str, dim: int, metric: str, index: str) -> None:
+        """Before a create (parameters checked and normalised)."""
+
+    def writing(self, name: str) -> None:
+        """Before an append or delete of ``name``."""
 
 
 class Store:
@@ -69,6 +90,11 @@ class Store:
         self._stop = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="shardmgr-maintenance", daemon=True)
         self._indexer = threading.Thread(target=self._index, name="shardmgr-index", daemon=True)
+        #: cluster mode (module docstring): the write check, the seal callbacks (quick: they run under
+        #: the write lock, with the collection's name and the shard's id), and granted shard ids only
+        self.gate: WriteGate | None = None
+        self.on_sealed: list[Callable[[str, int], None]] = []
+        self.shard_ids_granted = False
 
     # -------------------------------------------------------------- lifecycle
 
@@ -91,7 +117,7 @@ class Store:
         try:
             for directory in sorted(p for p in self.root.iterdir() if (p / "collection").exists()):
                 collection = Collection.open(directory, self.flusher, self.config)
-                self._collections[collection.name] = collection
+                self._collections[collection.name] = self._adopt(collection)
         except BaseException:  # e.g. too many open files: release everything, so a retry can start clean
             self.close()
             raise
@@ -225,14 +251,22 @@ class Store:
         """Create a collection; idempotent for the same parameters, an error
         (CollectionConflict) for different ones."""
         check_name(name)
+        if self.gate is not None:
+            self.gate.creating(name, *Collection.check_params(dim, metric, index))
         with self._write:
             existing = self._collections.get(name)
             if existing is not None:
                 existing.matches(dim, metric, index)
                 return existing.info()
             collection = Collection.create(self.root, name, dim, metric, index, self.flusher, self.config)
-            self._collections[name] = collection
+            self._collections[name] = self._adopt(collection)
             return collection.info()
+
+    def _adopt(self, collection: Collection) -> Collection:
+        collection.on_sealed = self.on_sealed
+        if self.shard_ids_granted:
+            collection.shard_id_limit = collection.next_shard
+        return collection
 
     def collections(self) -> list[str]:
         return sorted(self._collections)
@@ -248,6 +282,8 @@ class Store:
         is durable (None for an empty batch: nothing is written).
         ``durable``: the caller waits for the ticket next (the vectors'
         write-out then starts at once: Shard.append)."""
+        if self.gate is not None:
+            self.gate.writing(name)
         collection = self.collection(name)
         checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
         checked_ids = batch.ids(ids, len(checked))
@@ -272,6 +308,8 @@ class Store:
         append: at the next flush, or before returning with ``durable``; a
         crash before that flush may undo it (each shard's part of the call
         as a whole)."""
+        if self.gate is not None:
+            self.gate.writing(name)
         collection = self.collection(name)
         checked = batch.refs(refs, self.config.max_batch_rows)
         with self._write:
@@ -283,6 +321,8 @@ class Store:
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
         """Delete every live row carrying one of ``ids`` (every shard's ids
         are scanned); returns how many rows. Otherwise as :meth:`delete`."""
+        if self.gate is not None:
+            self.gate.writing(name)
         collection = self.collection(name)
         wanted = batch.ids(ids, None, self.config.max_batch_rows)
         with self._write:
@@ -305,6 +345,34 @@ class Store:
     def flush(self) -> None:
         """Make every append so far durable now."""
         self.flusher.flush_now()
+
+    # ------------------------------------------------- cluster mode's seam
+
+    def sealed_shards(self, name: str) -> list[SealedShard]:
+        """Every sealed shard of ``name`` with its files (sealed.py), by id."""
+        collection = self.collection(name)
+        with self._write:
+            return [sealed_shard(name, s) for s in collection.shards.values() if s.sealed]
+
+    def shard_ids(self, name: str) -> tuple[int, int | None]:
+        """(the id ``name``'s next shard gets, the bound below which ids may be used; None: none)."""
+        collection = self.collection(name)
+        return collection.next_shard, collection.shard_id_limit
+
+    def grant_shard_ids(self, name: str, first: int, limit: int) -> int:
+        """Let ``name`` start new shards with ids from max(next id, ``first``)
+        up to ``limit`` (excluded); returns the next id."""
+        collection = self.collection(name)
+        with self._write:
+            collection.next_shard = max(collection.next_shard, first)
+            collection.shard_id_limit = limit
+            return collection.next_shard
+
+    def revoke_shard_ids(self, name: str) -> None:
+        """No new shard in ``name`` until the next grant (the growing one may still fill)."""
+        collection = self.collection(name)
+        with self._write:
+            collection.shard_id_limit = collection.next_shard
 
     # ------------------------------------------------------------------ reads
 

@@ -1,8 +1,10 @@
-"""ClusterConfig: the URLs of ``--cluster`` and ``--object-store``, and the checks on timings."""
+"""ClusterConfig: the URLs of ``--cluster`` and ``--object-store``, and the checks on timings; the
+cluster settings of ``shardmgr serve`` (ServerConfig, the ``[node]`` table, the command line)."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,54 @@ def test_malformed_urls_are_refused_with_the_url_named(cluster: str, store: str)
 def test_bad_settings_are_refused_naming_the_field(fields: dict[str, object], named: str) -> None:
     with pytest.raises(BadClusterConfig, match=named):
         ClusterConfig.from_urls("etcd://127.0.0.1/p", "s3://bucket", **fields)
+
+
+def test_serve_takes_the_cluster_flags_and_the_node_table(tmp_path: Path) -> None:
+    from shardmgr.server.config import ServerConfig
+
+    assert ServerConfig().cluster_config() is None  # the default: a single node, as before
+    settings = tmp_path / "serve.toml"
+    settings.write_text('cluster = "etcd://127.0.0.1:2379/prod"\nobject_store = "s3://vectors/prod"\n'
+                        '[node]\nlease_ttl_s = 3\nsweep_grace_s = 60.0\n')
+    config = ServerConfig.load(settings, s3_endpoint="http://127.0.0.1:8333", node_id="n1", advertise="h:7300")
+    cluster = config.cluster_config()
+    assert cluster is not None and (cluster.key_prefix, cluster.bucket, cluster.object_prefix) == ("/prod", "vectors",
+                                                                                                    "prod")
+    assert (cluster.lease_ttl_s, cluster.s3_endpoint, config.node.sweep_grace_s) == (3, "http://127.0.0.1:8333", 60)
+    assert (config.node_id, config.advertise) == ("n1", "h:7300")
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"cluster": "etcd://h/p"}, "go together"),
+    ({"object_store": "s3://bucket"}, "go together"),
+    ({"cluster": "etcd://h", "object_store": "s3://bucket"}, "cluster URL"),
+    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "node_id": "-x"}, "node id"),
+    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "advertise": "nohost"}, "HOST:PORT"),
+    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "node": {"lease_ttl_s": 1}}, "lease_ttl_s"),
+    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "node": {"etcd_timeout_s": 20.0}}, "below lease_ttl_s"),
+    ({"node": {"shard_id_block": 1}}, "shard_id_block"),
+    ({"node": {"upload_retry_min_s": 5.0, "upload_retry_max_s": 1.0}}, "upload_retry_max_s"),
+])
+def test_bad_cluster_settings_are_refused_at_start(fields: dict[str, object], says: str, tmp_path: Path) -> None:
+    from shardmgr.server.config import ServerConfig
+
+    settings = tmp_path / "serve.toml"
+    lines = [f'{k} = "{v}"' for k, v in fields.items() if not isinstance(v, dict)]
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            lines += [f"[{k}]", *(f"{name} = {value}" for name, value in v.items())]
+    settings.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=says):
+        ServerConfig.load(settings)
+
+
+def test_the_serve_command_line_has_the_cluster_options() -> None:
+    from click.testing import CliRunner
+
+    from shardmgr.cli import main
+
+    usage = CliRunner().invoke(main, ["serve", "--help"]).output
+    for option in ("--cluster", "--object-store", "--s3-endpoint", "--node-id", "--advertise"):
+        assert option in usage
+    refused = CliRunner().invoke(main, ["serve", "--cluster", "etcd://127.0.0.1:1/p"])
+    assert refused.exit_code == 2 and "go together" in refused.output

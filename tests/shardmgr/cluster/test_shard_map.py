@@ -16,7 +16,7 @@ import boto3  # noqa: E402
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.errors import ShardConflict  # noqa: E402
+from shardmgr.cluster.errors import NotWriter, ShardConflict  # noqa: E402
 from shardmgr.cluster.lease import NodeLease  # noqa: E402
 from shardmgr.cluster.objects import ObjectStore  # noqa: E402
 from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
@@ -60,3 +60,23 @@ def test_entries_survive_their_encoding() -> None:
     e = ShardEntry(collection="c", shard_id=3, rows=5, writer="n", writer_revision=9,
                    objects=(ShardObject("payload", "p/k", 80, 0xFFFFFFFF), ShardObject("ids", "p/i", 40, 0)))
     assert ShardEntry.decode(e.encode()) == e
+
+
+def test_shard_ids_are_reserved_in_disjoint_blocks_by_the_current_writer_only(etcd_config: ClusterConfig) -> None:
+    first_lease, second_lease = NodeLease(etcd_config, name="a").start(), NodeLease(etcd_config, name="b").start()
+    try:
+        election, shards = Election(etcd_config, "docs"), ShardMap(etcd_config, "docs")
+        a = election.campaign("a", first_lease, timeout_s=2)
+        assert a is not None
+        assert shards.reserve_ids(a, 1, 4) == (1, 5)
+        assert shards.reserve_ids(a, 1, 4) == (5, 9)  # the next block follows on
+        assert shards.reserve_ids(a, 20, 4) == (20, 24)  # local shards already up to 19: start above them
+        assert election.resign(a)
+        with pytest.raises(NotWriter):  # an ended tenure reserves nothing
+            shards.reserve_ids(a, 1, 4)
+        b = election.campaign("b", second_lease, timeout_s=2)
+        assert b is not None
+        assert shards.reserve_ids(b, 1, 4) == (24, 28)  # never an id a reserved: its unpublished shards keep theirs
+    finally:
+        first_lease.close()
+        second_lease.close()

@@ -26,9 +26,10 @@ class ServerProcess:
     """
 
     def __init__(self, data_dir: Path, *extra: str, port: int = 0,
-                 program: Sequence[str] = ("-m", "shardmgr")) -> None:
+                 program: Sequence[str] = ("-m", "shardmgr"), env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.extra = extra
+        self.env = dict(env or {})  # added to this process's environment
         self.port = port
         self.program = tuple(program)
         self.ready_file = data_dir.with_name(data_dir.name + ".ready")
@@ -42,7 +43,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, *self.program, "serve", "--data", str(self.data_dir), "--port", str(self.port),
              "--ready-file", str(self.ready_file), *self.extra], stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         self._pump_thread = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
         self._pump_thread.start()
         try:
@@ -79,6 +80,16 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
+
+    def wait_log_count(self, pattern: str, count: int, timeout: float = 10.0) -> list[str]:
+        """Wait until ``count`` log lines match ``pattern``; returns them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [line for line in list(self.log) if re.search(pattern, line)]
+            if len(found) >= count:
+                return found
+            time.sleep(0.02)
+        raise AssertionError(f"fewer than {count} log lines matching {pattern!r}:\n" + "\n".join(self.log))
 
     def restart(self) -> ServerProcess:
         self.kill()

@@ -1,0 +1,50 @@
+"""A sealed shard's files, as code outside the store sees them (cluster
+mode's uploader: shardmgr/cluster/uploader.py).
+
+A :class:`SealedShard` names the files that hold a sealed shard's data and
+its row count, read under the store's write lock (``Store.sealed_shards``).
+What stays true of them after that lock is let go:
+
+- ``vectors``, ``ids`` and ``journal`` never change again: a sealed shard is
+  never appended to, and its row files were cut to size when it was sealed.
+  Only a rewrite removes them (the whole directory, after the rewrite that
+  replaces it is committed); cluster mode turns rewrites off.
+- ``deletes`` (present after the shard's first delete) and ``refs`` (present
+  in a rewritten shard) are listed when they exist. ``deletes`` grows with
+  every later delete: a copy taken of it is the deletes up to some moment,
+  and a reader that checksums it twice may see two lengths.
+
+Index files (``index.faiss``, ``index.meta``) are not listed: they can be
+rebuilt from the rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .deletes import FILE as DELETES
+from .lineage import FILE as REFS
+from .shard import Shard
+
+#: Every sealed shard has these files ...
+ALWAYS = ("vectors", "ids", "journal")
+#: ... and these when they exist.
+SOMETIMES = (DELETES, REFS)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SealedShard:
+    """One sealed shard of a collection: its id, rows and (name, path) of each data file."""
+
+    collection: str
+    shard_id: int
+    rows: int
+    files: tuple[tuple[str, Path], ...]
+
+
+def sealed_shard(collection: str, shard: Shard) -> SealedShard:
+    """The files of ``shard`` (sealed), checked to exist now; caller holds the store's write lock."""
+    assert shard.sealed, f"shard {shard.directory} is growing"
+    names = ALWAYS + tuple(name for name in SOMETIMES if (shard.directory / name).exists())
+    return SealedShard(collection, shard.id, shard.rows, tuple((name, shard.directory / name) for name in names))

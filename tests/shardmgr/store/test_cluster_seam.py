@@ -1,0 +1,106 @@
+"""The store's seam for cluster mode (store.py's docstring): seal callbacks,
+the listing of sealed shards with their files, granted shard ids, and the
+write check. Unused, none of them changes the store's behaviour."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.wire.errors import Unavailable
+from shardmgr.errors import NoShardIds
+from shardmgr.store.config import StoreConfig
+from shardmgr.store.store import Store
+
+DIM = 8
+ROWS = 50  # 1,600 bytes of vectors: two batches fill a 4,096-byte shard, a third seals it
+
+
+def batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.random.default_rng(seed).random((ROWS, DIM), dtype=np.float32), np.arange(ROWS, dtype=np.int64) + seed
+
+
+def opened(path: Path, *, granted: bool = False, idle_seal_s: float = 300.0) -> Store:
+    store = Store(path, StoreConfig(seal_bytes=4096, extent_bytes=4096, idle_seal_s=idle_seal_s))
+    store.shard_ids_granted = granted
+    return store.open()
+
+
+def test_seals_are_announced_and_sealed_shards_listed_with_their_files(tmp_path: Path) -> None:
+    store = opened(tmp_path / "data", idle_seal_s=0.5)
+    sealed: list[tuple[str, int]] = []
+    store.on_sealed.append(lambda name, shard: sealed.append((name, shard)))
+    try:
+        store.create_collection("c", DIM)
+        for seed in range(3):  # the third batch seals shard 1
+            store.append("c", *batch(seed))
+        assert sealed == [("c", 1)]
+        deadline = time.monotonic() + 10
+        while len(sealed) < 2 and time.monotonic() < deadline:  # the idle timer seals shard 2
+            time.sleep(0.05)
+        assert sealed == [("c", 1), ("c", 2)]
+        store.delete("c", store.append("c", *batch(9))[:1])  # shard 3, growing: not listed
+        store.delete("c", np.array([1 << 40], dtype=np.int64))  # shard 1 gets a delete log
+        listed = store.sealed_shards("c")
+        assert [(s.shard_id, s.rows) for s in listed] == [(1, 2 * ROWS), (2, ROWS)]
+        assert [name for name, _ in listed[0].files] == ["vectors", "ids", "journal", "deletes"]
+        assert [name for name, _ in listed[1].files] == ["vectors", "ids", "journal"]
+        assert all(path.is_file() and path.parent.name == f"{s.shard_id:08d}" for s in listed for _, path in s.files)
+    finally:
+        store.close()
+
+
+def test_with_granted_ids_only_a_grant_lets_a_new_shard_start(tmp_path: Path) -> None:
+    store = opened(tmp_path / "data", granted=True)
+    try:
+        store.create_collection("c", DIM)
+        with pytest.raises(NoShardIds) as refused:
+            store.append("c", *batch(0))
+        assert isinstance(refused.value, Unavailable) and store.collection_info("c")["rows"] == 0
+        assert store.grant_shard_ids("c", 5, 7) == 5
+        for seed in range(4):  # shards 5 and 6
+            store.append("c", *batch(seed))
+        assert store.shard_ids("c") == (7, 7)
+        with pytest.raises(NoShardIds):  # shard 6 is full and no id is left: nothing is written, 6 stays growing
+            store.append("c", *batch(4))
+        assert store.collection_info("c")["rows"] == 4 * ROWS and [s.shard_id for s in store.sealed_shards("c")] == [5]
+        store.grant_shard_ids("c", 0, 9)
+        store.append("c", *batch(5))  # shard 7: the grant kept the next id
+        store.revoke_shard_ids("c")
+        store.append("c", *batch(6))  # the growing shard still fills ...
+        with pytest.raises(NoShardIds):
+            store.append("c", *batch(7))  # ... but no new one starts
+    finally:
+        store.close()
+
+
+def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_path: Path) -> None:
+    asked: list[tuple[str, ...]] = []
+
+    class Gate:
+        def creating(self, name: str, dim: int, metric: str, index: str) -> None:
+            asked.append(("creating", name, str(dim), metric, index))
+
+        def writing(self, name: str) -> None:
+            asked.append(("writing", name))
+            if name == "closed":
+                raise Unavailable("not here")
+
+    store = opened(tmp_path / "data")
+    store.gate = Gate()
+    try:
+        store.create_collection("c", DIM, "ip")
+        store.create_collection("closed", DIM)
+        refs = store.append("c", *batch(0))
+        store.delete("c", refs[:1])
+        store.delete_ids("c", np.array([3], dtype=np.int64))
+        with pytest.raises(Unavailable):
+            store.append("closed", *batch(1))
+        assert store.collection_info("closed")["rows"] == 0
+        assert asked == [("creating", "c", "8", "ip", "flat"), ("creating", "closed", "8", "l2", "flat"),
+                         ("writing", "c"), ("writing", "c"), ("writing", "c"), ("writing", "closed")]
+    finally:
+        store.close()
