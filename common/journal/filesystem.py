@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from common.units import MiB
@@ -119,3 +122,32 @@ def grow(fd: int, old_size: int, new_size: int, mode: Preallocate, *, at_least: 
         while pos < new_size:
             pos += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), new_size - pos)], pos)
     return new_size
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range (Linux), or None where there is none."""
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    sync: Callable[[int, int, int, int], int] = function
+    return sync
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+"""Linux's flag: start writing out the range's dirty pages, do not wait."""
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes at ``offset`` to the
+    disk now, without waiting (sync_file_range(SYNC_FILE_RANGE_WRITE)). A
+    hint for bytes an fdatasync will soon be asked for: the write is then
+    already under way while the caller does other work. It makes nothing
+    durable (no metadata, no cache flush); errors are left to that
+    fdatasync, which reports any the write-out met. No-op where the call
+    does not exist."""
+    if _SYNC_FILE_RANGE is not None and length > 0:
+        _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)

@@ -291,15 +291,19 @@ class Journal(MarkerWriter):
         return self._syncer.lock
 
     def add_companion(self, fd: int) -> None:
-        """Sync the data file ``fd`` with this journal, before it, in every flush.
+        """Sync the data file ``fd`` with this journal, in every flush.
 
         An owner that keeps bulk data beside the journal (a shard's vectors)
         writes the data first and the journal record that describes it
-        second; each flush notes the journal's newest write, syncs the
-        companions, then the journal. So when a journal write's ticket is
-        durable, every companion write made before it is durable too, and a
-        checkpointed record never describes data that is not on disk. The
-        owner keeps ``fd`` open while the journal is.
+        second; each flush notes the journal's newest write and syncs the
+        companions and the journal at once (syncer.py), confirming nothing
+        and writing no checkpoint before all are durable. So when a journal
+        write's ticket is durable, every companion write made before it is
+        durable too, and a checkpointed record never describes data that is
+        not on disk. A record past the checkpoint may reach the disk without
+        its data (a crash during the sync, or the kernel's own writeback):
+        the owner's recovery checks those against their data. The owner
+        keeps ``fd`` open while the journal is.
         """
         self._check_writable()
         with self._syncer.lock:

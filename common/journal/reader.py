@@ -88,6 +88,18 @@ class RecordReader:
             mm, end = self._file.mm, self._end
             return [self._body(mm, int(off), end) for off in offs]
 
+    def peek(self, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) of the records, as they are: no
+        record or checksum check. For an owner that finds a record from its
+        own layout (e.g. a trailer that ends the journal) and then reads it
+        with :meth:`bodies`, which checks it. ValueError outside the records."""
+        self._check_open()
+        with self._lock:
+            if not HEADER_SIZE <= offset <= offset + size <= self._end:
+                raise ValueError(f"{self.path}: bytes {offset}..{offset + size} are not within the records "
+                                 f"({HEADER_SIZE}..{self._end})")
+            return bytes(self._file.mm[offset:offset + size])
+
     def bodies(self, chunk: RecordChunk, skip: int = 0) -> list[memoryview]:
         """Bodies of the records of a chunk from this journal's scan(),
         checksum verified (no chain proof needed: the walk found them),

@@ -2,8 +2,11 @@
 
 A sync notes the newest write (its sequence number) and the state to record
 (end, count, counters, sealed), calls fdatasync on the journal's companion
-data files and then on the journal, and only then advances the durable
-watermark to that write. If the state differs from the newest
+data files and on the journal at once (the journal's on a helper thread:
+two fdatasyncs in flight overlap on the device; docs/benchmarks.md,
+"Durable ingest", says what that saved a shard's durable appends), and
+only when all have returned advances the durable watermark to that write. If the
+state differs from the newest
 checkpoint, it writes a new checkpoint into the *other* slot; the next sync
 makes that checkpoint durable in turn. So a checkpoint never describes
 anything that is not already durable, and a torn checkpoint write always
@@ -17,6 +20,13 @@ second fdatasync per write just for its checkpoint. Nothing waits for a
 checkpoint: it describes only durable writes, whenever it becomes durable
 itself, and an older durable one stays valid meanwhile (recovery walks the
 records after it). Explicit syncs (seal, close, recovery) are never lazy.
+
+Companion data and the journal reach the disk in either order, so a crash
+during a sync may leave a record on disk without its data (as the kernel's
+own writeback always could): such a record is past the checkpoint and was
+never confirmed, and its owner's recovery checks it against its data
+(shards: batch checksums). No write is confirmed, and no checkpoint
+written, before every file of the sync is durable.
 
 An OSError from fdatasync or from the checkpoint write is fatal: ``failed``
 is set, never cleared, and no later write is ever confirmed (see "fsyncgate":
@@ -35,6 +45,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import FlushFailed
@@ -45,6 +56,33 @@ log = logging.getLogger(__name__)
 CHECKPOINT_LAG_S = 0.5
 """How long a flusher round leaves a written checkpoint unsynced when no
 write came after it (see the module docstring)."""
+HELPERS = 4
+"""Threads that fdatasync journals beside their companions (shared by every journal)."""
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def sync_together(fd: int, companions: list[int]) -> None:
+    """fdatasync ``fd`` and every file of ``companions`` at once: the
+    companions on this thread, ``fd`` on a helper thread; returns when all
+    are durable. OSError if any fdatasync fails (after all have returned)."""
+    if not companions:
+        os.fdatasync(fd)
+        return
+    helper = _pool().submit(os.fdatasync, fd)  # os.fdatasync looked up now: a power-cut simulator sees it
+    try:
+        for companion in companions:
+            os.fdatasync(companion)
+    finally:
+        helper.result()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(HELPERS, thread_name_prefix="journal-sync")
+        return _helpers
 
 
 class Syncer:
@@ -89,9 +127,7 @@ class Syncer:
         if seq == self.durable_seq and not changed and not self._pending(lazy):
             return False
         try:
-            for fd in self.companions:
-                os.fdatasync(fd)
-            os.fdatasync(self._fd)
+            sync_together(self._fd, self.companions)
         except OSError as exc:
             self.fail(exc, "fdatasync")
             return False

@@ -44,7 +44,9 @@ from .config import StoreConfig
 from .refs import MAX_SHARD, ref_of
 from .search import Hits
 from .searcher import Searcher
-from .shard import TMP_SUFFIX, Shard, ShardDamaged, View
+from .shard import TMP_SUFFIX, Shard
+from .shard_files import ShardDamaged
+from .view import View
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +193,10 @@ class Collection:
             raise NeedsReopen(f"collection {self.name!r}: a rewrite was committed but could not be opened "
                               f"({self.broken}); reopen the store (restart the server) before writing") from None
 
-    def append(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, Ticket]:
-        """Append a checked batch; returns its refs and the ticket to wait for.
-        The caller holds the store's write lock."""
+    def append(self, vectors: np.ndarray, ids: np.ndarray, durable: bool = False) -> tuple[np.ndarray, Ticket]:
+        """Append a checked batch; returns its refs and the ticket to wait for
+        (``durable``: the caller waits for it next; Shard.append). The
+        caller holds the store's write lock."""
         self._check_writable()
         shard = self.active
         full = shard is not None and shard.rows > 0 and shard.vector_bytes + vectors.nbytes > self.config.seal_bytes
@@ -211,7 +214,7 @@ class Collection:
                                  self.flusher, self.config.extent_bytes)
             self.shards[shard.id] = shard
         try:
-            first, ticket = shard.append(vectors, ids)
+            first, ticket = shard.append(vectors, ids, durable)
         except BaseException:
             if created:  # e.g. a full disk: leave no empty shard behind (no ref ever named it)
                 self._discard(shard)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .batch_record import MAX_ROWS
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StoreConfig:
@@ -24,7 +26,7 @@ class StoreConfig:
     max_k: int = 10_000
     #: Largest number of queries in one search call.
     max_queries: int = 100_000
-    #: Largest batch one append may carry, in rows.
+    #: Largest batch one append may carry, in rows (at most batch_record.MAX_ROWS: a batch is one record).
     max_batch_rows: int = 1_000_000
     #: HNSW build parameter M and search breadth efSearch (index = "hnsw").
     hnsw_m: int = 32
@@ -49,6 +51,8 @@ class StoreConfig:
         for name in ("rewrite_live_fraction", "merge_below_fraction"):
             if not 0 <= getattr(self, name) <= 1:  # also NaN
                 raise ValueError(f"{name} must be a fraction in 0..1, got {getattr(self, name)}")
+        if self.max_batch_rows > MAX_ROWS:  # its ids are one journal record
+            raise ValueError(f"max_batch_rows must be at most {MAX_ROWS}, got {self.max_batch_rows}")
         for name in ("max_k", "max_queries", "max_batch_rows", "hnsw_m", "hnsw_ef_search", "index_train_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

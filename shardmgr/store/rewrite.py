@@ -46,17 +46,19 @@ import crc32c
 import msgpack
 import numpy as np
 
-from common.journal import Flusher, Journal, JournalConfig
+from common.journal import Flusher, Journal
 from common.journal.filesystem import fsync_dir, make_dirs
 
 from . import batch_record
-from .batch_record import JOURNAL_KIND
+from .batch_record import JOURNAL_KIND, VERSION, VERSION_KEY
 from .config import StoreConfig
 from .deletes import DeleteLog, over
 from .lineage import FILE as REFS_FILE
 from .lineage import Lineage
 from .rows import IDS, REFS, VECTORS, RowFile, RowHeader
-from .shard import TMP_SUFFIX, Shard, View
+from .shard import TMP_SUFFIX, Shard
+from .shard_files import JOURNAL_CONFIG
+from .view import View
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +134,13 @@ def _build(building: Path, plan_: Plan, dim: int, collection: str, flusher: Flus
         sources.update(view.lineage.sources if view.lineage is not None else {view.shard: view.rows})
     lineage = Lineage(sources, tuple(v.shard for v in plan_.inputs), crc32c.crc32c(refs.data.cast("B")))
     meta = msgpack.packb({"collection": collection, "shard": plan_.shard_id, "dim": dim, "uuid": uid,
-                          **lineage.encode()})
+                          VERSION_KEY: VERSION, **lineage.encode()})
     columns = [RowFile.create(building / name, RowHeader(column, dtype, width, uid))
                for name, column, dtype, width in (("vectors", VECTORS, "<f4", dim), ("ids", IDS, "<i8", 1),
                                                   (REFS_FILE, REFS, "<i8", 1))]
     try:
-        Journal.write_empty(building / "journal", kind=JOURNAL_KIND, metadata=meta)
-        with Journal.open(building / "journal", kind=JOURNAL_KIND, flusher=flusher,
-                          config=JournalConfig(extent_bytes=1 << 20, preallocate="zero")) as journal:
+        Journal.write_empty(building / "journal", kind=JOURNAL_KIND, metadata=meta, config=JOURNAL_CONFIG)
+        with Journal.open(building / "journal", kind=JOURNAL_KIND, flusher=flusher, config=JOURNAL_CONFIG) as journal:
             for column in columns:
                 journal.add_companion(column.fd)
             first = 0
@@ -151,7 +152,7 @@ def _build(building: Path, plan_: Plan, dim: int, collection: str, flusher: Flus
             columns[2].write(0, refs)
             for column in columns:
                 column.truncate(len(refs))
-            journal.seal()  # syncs the row files (its companions) first
+            journal.seal()  # syncs the row files (its companions) with it
     finally:
         for column in columns:
             column.close()

@@ -158,6 +158,16 @@ class RowFile:
             raise WriteFailed(f"{self.path}: writing {len(raw)} bytes at {start} (needing {max(0, need - self.size)} "
                               f"more bytes of disk) failed: {exc.strerror or exc}", exc.errno) from exc
 
+    def start_writeback(self, first_row: int, count: int) -> None:
+        """Start writing rows to the disk now, without waiting (a hint
+        before an fdatasync: common.journal.filesystem.start_writeback)."""
+        row_bytes = self.header.row_bytes
+        filesystem.start_writeback(self.fd, HEADER_SIZE + first_row * row_bytes, count * row_bytes)
+
+    def sync(self) -> None:
+        """Make every write so far durable (fdatasync)."""
+        os.fdatasync(self.fd)
+
     def rows(self, count: int) -> np.ndarray:
         """The first ``count`` rows, read-only, in place: [count, width] (ids: [count])."""
         shape = (count, self.header.width) if self.header.column == VECTORS else (count,)

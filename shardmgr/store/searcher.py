@@ -23,7 +23,7 @@ import numpy as np
 
 from . import index as indexes
 from .search import Hits, merge, search_rows, shard_part
-from .shard import View
+from .view import View
 
 MAX_CACHED = 1024
 """Search parameter objects kept per collection (shards x distinct params x k); the cache starts over past it."""

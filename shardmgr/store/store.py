@@ -276,9 +276,12 @@ class Store:
 
     # ----------------------------------------------------------------- writes
 
-    def append_async(self, name: str, vectors: Any, ids: Any) -> tuple[np.ndarray, Ticket | None]:
+    def append_async(self, name: str, vectors: Any, ids: Any, *,
+                     durable: bool = False) -> tuple[np.ndarray, Ticket | None]:
         """Append a batch; returns its refs and the ticket that says when it
-        is durable (None for an empty batch: nothing is written)."""
+        is durable (None for an empty batch: nothing is written).
+        ``durable``: the caller waits for the ticket next (the vectors'
+        write-out then starts at once: Shard.append)."""
         if self.gate is not None:
             self.gate.writing(name)
         collection = self.collection(name)
@@ -287,12 +290,12 @@ class Store:
         if not len(checked):
             return np.zeros(0, dtype=np.int64), None
         with self._write:
-            return self._writing(name, lambda: collection.append(checked, checked_ids))
+            return self._writing(name, lambda: collection.append(checked, checked_ids, durable))
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
         (an empty batch answers no refs at once and writes nothing)."""
-        refs, ticket = self.append_async(name, vectors, ids)
+        refs, ticket = self.append_async(name, vectors, ids, durable=durable)
         if durable and ticket is not None:
             ticket.journal.wait_durable(ticket)
         return refs

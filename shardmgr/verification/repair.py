@@ -13,7 +13,8 @@ data. In order:
    catalog: the loss is acknowledged, not forgotten;
 3. bytes outside every checksum that must be zero are zeroed (padding,
    damaged checkpoint slots), and bytes past what recovery keeps are cut
-   (sealed and torn tails);
+   (sealed and torn tails); a sealed shard's ids file that differs from the
+   ids its batch records carry is rewritten from them (version 2 shards);
 4. the queue's and the store's own recovery runs (counters recounted,
    interrupted completions and collections finished, mid-build shards
    sealed, a lost catalog rebuilt, damaged indexes rebuilt).
@@ -35,6 +36,7 @@ from common.journal.filesystem import fsync_dir, make_dirs
 from common.journal.lockfile import DirectoryLocked, IncompleteCopy, LockFile
 from shardmgr.errors import CannotVerify
 from shardmgr.store.collection import quarantine
+from shardmgr.store.replay import repair_ids
 from shardmgr.store.store import Store
 from workq.broker import Broker
 from workq.disk.catalog import FILE as CATALOG_FILE
@@ -75,6 +77,7 @@ class Repair:
         repairable = [p for p in problems if p.severity == Severity.REPAIRABLE and Path(p.path).exists()]
         actions += self._zero(repairable)
         actions += self._cut_tails([p for p in repairable if p.what in ("rows_tail", "sealed_tail", "torn_tail")])
+        actions += self._rewrite_ids([p for p in repairable if p.what == "ids_mismatch"])
         actions += self._recover()
         return actions
 
@@ -167,6 +170,17 @@ class Repair:
                 with open(path, "rb+") as f:
                     os.fsync(f.fileno())
                 actions.append(f"cut {path.relative_to(self.root)} to its {problem.offset} sealed bytes")
+        return actions
+
+    def _rewrite_ids(self, problems: list[Problem]) -> list[str]:
+        """Sealed shards whose ids file differs from the ids in their batch
+        records (version 2: the records are authoritative): rewrite it from
+        them. Growing shards are left to the store's recovery, which does it."""
+        actions = []
+        for shard in sorted({Path(p.path).parent for p in problems}):
+            rows = repair_ids(shard)
+            if rows is not None:
+                actions.append(f"rewrote {rows} ids of {shard.relative_to(self.root)} from its journal")
         return actions
 
     def _recover(self) -> list[str]:

@@ -5,8 +5,9 @@ metadata journal; per shard: the batch journal (common/journal/check.py), the sh
 metadata, both row files' headers (checksum, column, dtype, width, and the
 shard's uuid, so a file swapped in from another shard is caught), their
 sizes against the rows the journal holds, and, with ``deep``, every batch's
-crc32c of its vector and id bytes; the HNSW index files against the shard's
-row count, their recorded size and checksum; the delete log
+crc32c of its vector bytes and its ids (the ids in a version 2 record, or the
+crc32c of the id bytes in version 1); the HNSW index files against the
+shard's row count, their recorded size and checksum; the delete log
 (delete_checks.py). Leftover ``<id>.tmp``
 directories (a creation a crash cut short) are REPAIRABLE; quarantined
 shards and unknown files are NOTEs.
@@ -14,13 +15,16 @@ shards and unknown files are NOTEs.
 Severity of row damage follows durability: rows of a batch a flush confirmed
 (or of a sealed shard) are CORRUPT when wrong or missing; rows of a batch
 past the last checkpoint are REPAIRABLE (recovery drops that batch: it was
-never confirmed).
+never confirmed). A version 2 shard's ids file is derived from its journal
+(batch_record.py): ids missing or different there are REPAIRABLE (a
+growing shard's replay, the open of a sealed one whose file is short, and
+``--repair`` rewrite them from the records).
 """
 
 from __future__ import annotations
 
 import os
-import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import crc32c
@@ -30,7 +34,7 @@ import numpy as np
 from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
 from shardmgr.store import close_marker, deletes, index, lineage
-from shardmgr.store.batch_record import BATCH, JOURNAL_KIND, last_record
+from shardmgr.store.batch_record import ID, JOURNAL_KIND, V1, Batch, last_batch, unpack, version_of
 from shardmgr.store.collection import META_KIND, quarantine_reason
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
 from shardmgr.store.shard import TMP_SUFFIX
@@ -136,73 +140,83 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
     return raw_meta
 
 
+Found = tuple[Batch, int]
+"""A batch record and its offset in the journal."""
+
+
 def _rows(directory: Path, shard_id: int, dim: int | None, check: JournalCheck, headers: dict[str, RowHeader | None],
           findings: Findings, deep: bool) -> tuple[int, bytes] | None:
     """Check the row files against the journal; returns the shard's row
     count and uuid (None if the journal cannot say)."""
     assert check.journal is not None
     meta = _shard_meta(directory, shard_id, dim, check, findings)
-    batches = _batches(check, deep, findings)
-    if meta is None or batches is None:
+    if meta is None:
         return None
-    uid, dim = meta
-    rows = batches[-1][0] + batches[-1][1] if batches else 0
+    uid, dim, version = meta
+    batches = _batches(check, version, deep, findings)
+    if batches is None:
+        return None
+    rows = batches[-1][0].end if batches else 0
     if len(headers) < 2 or not _headers_match(directory, headers, uid, dim, findings):
         return rows, uid
     sealed = check.journal.sealed
     durable_rows = rows if sealed else _rows_below(check, batches)
     for column, header in headers.items():
         assert header is not None
-        _row_sizes(directory / column, header, rows, durable_rows, sealed, findings)
+        derived = column == "ids" and version != V1  # the journal holds its ids: none is missing for good
+        _row_sizes(directory / column, header, rows, 0 if derived else durable_rows, derived, sealed, findings)
         if deep and not sealed:
             _zero_tail(directory / column, HEADER_SIZE + rows * header.row_bytes, findings)
     if deep:
-        _batch_checksums(directory, headers, batches, check, sealed, findings)
+        _batch_chain(directory, batches, findings)
+        _vector_checksums(directory, headers, batches, check, sealed, findings)
+        _ids(directory, headers, batches, check, sealed, findings)
     return rows, uid
 
 
 def _shard_meta(directory: Path, shard_id: int, dim: int | None, check: JournalCheck,
-                findings: Findings) -> tuple[bytes, int] | None:
-    """The shard's uuid and dimension, from its journal's metadata (checked
-    against its path and, when known, the collection's dimension)."""
+                findings: Findings) -> tuple[bytes, int, int] | None:
+    """The shard's uuid, dimension and batch record version, from its
+    journal's metadata (checked against its path and, when known, the
+    collection's dimension)."""
     assert check.journal is not None
     try:
         meta = msgpack.unpackb(check.journal.metadata)
         if meta["shard"] != shard_id or dim not in (None, meta["dim"]) or meta["collection"] != directory.parent.name:
             raise ValueError(f"shard {meta['shard']} of dim {meta['dim']} in {meta['collection']!r}")
-        return bytes(meta["uuid"]), int(meta["dim"])
-    except (ValueError, KeyError, TypeError) as exc:
+        return bytes(meta["uuid"]), int(meta["dim"]), version_of(meta, check.journal.path)
+    except (ValueError, KeyError, TypeError) as exc:  # FormatError (a version not known) is a ValueError
         findings.add(directory / "journal", Severity.CORRUPT, "metadata",
                      f"shard {shard_id} of dim {dim} in {directory.parent.name!r}", str(exc), 64)
         return None
 
 
-def _batches(check: JournalCheck, deep: bool, findings: Findings) -> list[tuple[int, int, int, int, int]] | None:
-    """(first row, count, vectors crc, ids crc, journal offset) per batch;
-    only the last one of a sealed journal unless ``deep`` (O(1)). None if
-    a batch record is damaged (reported: by the journal's deep check, or here)."""
+def _batches(check: JournalCheck, version: int, deep: bool, findings: Findings) -> list[Found] | None:
+    """Each batch record and its offset; only the last one of a sealed
+    journal unless ``deep`` (O(1)). None if a batch record is damaged
+    (reported: by the journal's deep check, or here)."""
     journal = check.journal
     assert journal is not None
     try:
         if journal.sealed and not deep:
-            if not journal.count:
-                return []
-            return [(*BATCH.unpack(last_record(journal)), journal.end)]
-        return [(*BATCH.unpack(r.body), r.offset) for r in journal.records()]
+            last = last_batch(journal, version)
+            return [] if last is None else [(last, journal.end)]
+        return [(unpack(r.body, version, journal.path, r.offset), r.offset) for r in journal.records()]
     except CorruptJournal as exc:
         if not deep:
             findings.add(journal.path, Severity.CORRUPT, "checksum", "the last batch record's crc32c", exc.detail,
                          exc.offset)
         return None
-    except struct.error as exc:
-        findings.add(journal.path, Severity.CORRUPT, "batch_record", f"{BATCH.size}-byte batch records", str(exc))
+    except FormatError as exc:
+        findings.add(journal.path, Severity.CORRUPT, "batch_record", f"version {version} batch records", exc.detail,
+                     exc.offset)
         return None
 
 
-def _rows_below(check: JournalCheck, batches: list[tuple[int, int, int, int, int]]) -> int:
+def _rows_below(check: JournalCheck, batches: list[Found]) -> int:
     """Rows of the batches the newest checkpoint declared durable."""
-    durable = [b for b in batches if b[4] < check.durable_end]
-    return durable[-1][0] + durable[-1][1] if durable else 0
+    durable = [batch for batch, offset in batches if offset < check.durable_end]
+    return durable[-1].end if durable else 0
 
 
 def _row_header(path: Path, findings: Findings) -> RowHeader | None:
@@ -237,8 +251,10 @@ def _headers_match(directory: Path, headers: dict[str, RowHeader | None], uid: b
     return ok
 
 
-def _row_sizes(path: Path, header: RowHeader, rows: int, durable_rows: int, sealed: bool,
+def _row_sizes(path: Path, header: RowHeader, rows: int, durable_rows: int, derived: bool, sealed: bool,
                findings: Findings) -> None:
+    """The file's size against the rows: ``durable_rows`` of them must be
+    there; ``derived``: a version 2 ids file, rewritten from the journal."""
     size = os.path.getsize(path)
     need, need_durable = HEADER_SIZE + rows * header.row_bytes, HEADER_SIZE + durable_rows * header.row_bytes
     findings.done(path, HEADER_SIZE)
@@ -246,8 +262,10 @@ def _row_sizes(path: Path, header: RowHeader, rows: int, durable_rows: int, seal
         findings.add(path, Severity.CORRUPT, "rows_missing", f"at least {need_durable} bytes ({durable_rows} "
                      f"confirmed rows)", f"{size} bytes", size)
     elif size < need:
+        repairs = ("the next open rewrites the ids from the journal" if derived
+                   else "recovery drops the unconfirmed batches")
         findings.add(path, Severity.REPAIRABLE, "rows_missing", f"{need} bytes ({rows} rows)",
-                     f"{size} bytes; recovery drops the unconfirmed batches", size)
+                     f"{size} bytes; {repairs}", size)
     elif sealed and size > need:
         findings.add(path, Severity.REPAIRABLE, "rows_tail", f"{need} bytes (sealing trims the file)",
                      f"{size - need} more bytes", need)
@@ -270,28 +288,54 @@ def _zero_tail(path: Path, end: int, findings: Findings) -> None:
             at += len(block)
 
 
-def _batch_checksums(directory: Path, headers: dict[str, RowHeader | None],
-                     batches: list[tuple[int, int, int, int, int]], check: JournalCheck, sealed: bool,
-                     findings: Findings) -> None:
+def _batch_chain(directory: Path, batches: list[Found], findings: Findings) -> None:
+    """Each batch starts where the one before it ended."""
     expected = 0
-    for first, count, _, _, offset in batches:
-        if first != expected:
+    for batch, offset in batches:
+        if batch.first != expected:
             findings.add(directory / "journal", Severity.CORRUPT, "batch_chain", f"a batch starting at row "
-                         f"{expected}", f"one starting at row {first}", offset)
-        expected = first + count
-    for column, at in (("vectors", 2), ("ids", 3)):
+                         f"{expected}", f"one starting at row {batch.first}", offset)
+        expected = batch.end
+
+
+def _vector_checksums(directory: Path, headers: dict[str, RowHeader | None], batches: list[Found],
+                      check: JournalCheck, sealed: bool, findings: Findings) -> None:
+    """Each batch's vector bytes (and a version 1 batch's id bytes) against the crc32c in its record."""
+    columns: list[tuple[str, Callable[[Batch], int | None]]] = [("vectors", lambda b: b.vectors_crc)]
+    if batches and batches[0][0].ids is None:
+        columns.append(("ids", lambda b: b.ids_crc))
+    for column, stored in columns:
         header = headers[column]
         assert header is not None
         path, width = directory / column, header.row_bytes
-        spans = [(HEADER_SIZE + b[0] * width, b[1] * width) for b in batches]
+        spans = [(HEADER_SIZE + batch.first * width, batch.count * width) for batch, _ in batches]
         crcs = batch_crcs(path, spans, sealed)
         findings.read(sum(n for (_, n), crc in zip(spans, crcs) if crc is not None))
-        for batch, (start, _), crc in zip(batches, spans, crcs):
-            if crc is not None and crc != batch[at]:  # a short file is reported by _row_sizes
-                first, count, offset = batch[0], batch[1], batch[4]
+        for (batch, offset), (start, _), crc in zip(batches, spans, crcs):
+            if crc is not None and crc != stored(batch):  # a short file is reported by _row_sizes
                 severity = Severity.CORRUPT if sealed or offset < check.durable_end else Severity.REPAIRABLE
-                findings.add(path, severity, "rows_checksum", f"rows {first}..{first + count} matching the "
+                findings.add(path, severity, "rows_checksum", f"rows {batch.first}..{batch.end} matching the "
                              "batch's crc32c", "different bytes", start)
+
+
+def _ids(directory: Path, headers: dict[str, RowHeader | None], batches: list[Found], check: JournalCheck,
+         sealed: bool, findings: Findings) -> None:
+    """A version 2 shard's ids file against the ids in its batch records
+    (the records are authoritative: a difference is REPAIRABLE)."""
+    if not batches or batches[0][0].ids is None:
+        return
+    path = directory / "ids"
+    repair = "--repair rewrites them from the journal" if sealed else "recovery rewrites them from the journal"
+    with open(path, "rb") as f:  # pread, not a mapping: a live server may trim a growing shard's file
+        for batch, offset in batches:
+            assert batch.ids is not None
+            start = HEADER_SIZE + batch.first * ID.itemsize
+            stored = os.pread(f.fileno(), batch.count * ID.itemsize, start)
+            findings.read(len(stored))
+            if len(stored) == batch.count * ID.itemsize and stored != batch.ids.tobytes():  # short: _row_sizes
+                findings.add(path, Severity.REPAIRABLE, "ids_mismatch", f"the ids of rows {batch.first}.."
+                             f"{batch.end} in the batch record at journal offset {offset}",
+                             f"different ids; {repair}", start)
 
 
 def _index(directory: Path, known: tuple[int, bytes] | None, findings: Findings, deep: bool) -> None:

@@ -5,6 +5,7 @@ import hashlib
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -439,23 +440,52 @@ def test_open_with_a_limit_drops_unconfirmed_tail_records_only(tmp_path: Path) -
     flusher.stop()
 
 
-def test_companion_files_are_synced_before_the_journal(tmp_path: Path, flusher: Flusher) -> None:
+def test_companion_files_are_synced_with_the_journal_before_anything_is_confirmed(tmp_path: Path,
+                                                                                 flusher: Flusher) -> None:
+    """The companion and the journal are synced at once (the journal on a
+    helper thread); the write is confirmed only once both have returned."""
     j = Journal.create(tmp_path / "j2", kind=b"TEST", flusher=flusher)
     data_fd = os.open(tmp_path / "data", os.O_RDWR | os.O_CREAT, 0o644)
     j.add_companion(data_fd)
-    order: list[str] = []
+    spans: dict[str, tuple[float, float, str]] = {}
     real = os.fdatasync
 
-    def spy(fd: int) -> None:
-        order.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+    def slow(fd: int) -> None:
+        name, started = os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), time.monotonic()
+        time.sleep(0.05 if name == "data" else 0.2)  # a round that does not wait for the journal fails below
+        assert not ticket.durable, "confirmed before every file of its sync was durable"
         real(fd)
+        spans[name] = (started, time.monotonic(), threading.current_thread().name)
 
     os.pwrite(data_fd, b"payload", 0)
     _, ticket = j.append(b"describes the payload")
-    with mock.patch("os.fdatasync", spy):
+    with mock.patch("os.fdatasync", slow):
         j.wait_durable(ticket, timeout=5)
-    assert order[:2] == ["data", "j2"]
+    assert ticket.durable and set(spans) == {"data", "j2"}
+    (data_start, data_end, data_thread), (j_start, j_end, j_thread) = spans["data"], spans["j2"]
+    assert data_thread != j_thread and j_start < data_end and data_start < j_end  # at once
     j.close()
+    os.close(data_fd)
+
+
+@pytest.mark.parametrize("failing_file", ["data", "j3"])
+def test_a_failed_companion_or_journal_sync_confirms_nothing(tmp_path: Path, flusher: Flusher,
+                                                             failing_file: str) -> None:
+    j = Journal.create(tmp_path / "j3", kind=b"TEST", flusher=flusher)
+    data_fd = os.open(tmp_path / "data", os.O_RDWR | os.O_CREAT, 0o644)
+    j.add_companion(data_fd)
+    real = os.fdatasync
+
+    def failing(fd: int) -> None:
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) == failing_file:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    _, ticket = j.append(b"x")
+    with mock.patch("os.fdatasync", failing), pytest.raises(FlushFailed, match="fdatasync failed"):
+        j.wait_durable(ticket, timeout=5)
+    assert not ticket.durable
+    j.abandon()
     os.close(data_fd)
 
 

@@ -20,7 +20,7 @@ from common.journal import Flusher, FormatError, Journal, JournalConfig
 from common.journal.header import HEADER_SIZE, METADATA_END, Identity
 from common.journal.testing import PowerCut
 from shardmgr.errors import DiskFull, UnknownRef
-from shardmgr.store.batch_record import BATCH, last_record
+from shardmgr.store.batch_record import V1, V1_RECORD, V2, last_batch, pack
 from shardmgr.store.shard import Shard
 
 
@@ -80,10 +80,10 @@ def test_a_damaged_sealed_shard_is_quarantined_and_the_rest_served(tmp_path: Pat
     first = store.append("c", rows_of(200, 8, 1), np.arange(200), durable=True)  # fills shard 1
     second = store.append("c", rows_of(20, 8, 2), np.arange(200, 220), durable=True)  # seals it, shard 2
     store.close()
-    os.truncate(shard_dir(data, shard=1) / "ids", 4096 + 199 * 8)  # a sealed shard lost its last id
+    os.truncate(shard_dir(data, shard=1) / "vectors", 4096 + 199 * 32)  # a sealed shard lost its last vector
     store = shardmgr.open(data, seal_bytes=4096)
     info = store.collection_info("c")
-    assert len(info["quarantined"]) == 1 and "ids has" in info["quarantined"][0]
+    assert len(info["quarantined"]) == 1 and "vectors has" in info["quarantined"][0]
     assert info["rows"] == 20 and store.stats()["quarantined_shards"] == 1
     assert list((data / "shards" / "c" / "quarantine").iterdir())  # moved aside, not deleted
     np.testing.assert_array_equal(store.ids("c", second), np.arange(200, 220))
@@ -97,6 +97,27 @@ def test_a_damaged_sealed_shard_is_quarantined_and_the_rest_served(tmp_path: Pat
     assert store.collection_info("c")["quarantined"] == info["quarantined"]
     assert store.stats()["quarantined_shards"] == 1
     store.close()
+
+
+@pytest.mark.parametrize("lost", [1, 100, 128], ids=["last_id", "a_batch_and_part_of_another", "every_id"])
+def test_a_sealed_shard_that_lost_ids_gets_them_back_from_its_journal(tmp_path: Path, lost: int) -> None:
+    """The ids file is derived data (the batch records carry the ids): a
+    short one is rewritten from the journal at the open, not quarantined."""
+    data = tmp_path / "data"
+    store = shardmgr.open(data, seal_bytes=4096)
+    store.create_collection("c", 8)
+    first = store.append("c", rows_of(50, 8, 1), np.arange(50) * 7, durable=True)
+    first = np.concatenate([first, store.append("c", rows_of(78, 8, 2), np.arange(50, 128) * 7, durable=True)])
+    store.append("c", rows_of(20, 8, 3), np.arange(200, 220), durable=True)  # seals shard 1 (128 rows)
+    store.close()
+    ids_file = shard_dir(data, shard=1) / "ids"
+    os.truncate(ids_file, 4096 + (128 - lost) * 8)
+    store = shardmgr.open(data, seal_bytes=4096)
+    assert store.collection_info("c")["quarantined"] == []
+    np.testing.assert_array_equal(store.ids("c", first), np.arange(128) * 7)
+    store.close()
+    assert os.path.getsize(ids_file) == 4096 + 128 * 8
+    assert shardmgr.verify(data, deep=True).exit_code == 0
 
 
 def test_errors_of_the_moment_never_quarantine_a_healthy_shard(tmp_path: Path) -> None:
@@ -215,9 +236,10 @@ def two_shards(data: Path) -> None:
 
 
 @pytest.mark.parametrize("target, error", [
-    ("shardmgr.store.shard._check_meta", TypeError("a bug, not damage")),
-    ("shardmgr.store.shard.RowFile.open", KeyError("a bug, not damage")),
-    ("shardmgr.store.batch_record.intact", ValueError("a bug, not damage")),
+    ("shardmgr.store.shard.check_meta", TypeError("a bug, not damage")),
+    ("shardmgr.store.shard_files.RowFile.open", KeyError("a bug, not damage")),
+    ("shardmgr.store.replay.vectors_intact", ValueError("a bug, not damage")),
+    ("shardmgr.store.replay.ids_intact", ValueError("a bug, not damage")),
 ])
 def test_a_bug_during_open_propagates_and_quarantines_nothing(tmp_path: Path, target: str,
                                                              error: Exception) -> None:
@@ -267,7 +289,7 @@ def test_a_record_that_is_not_a_batch_quarantines_a_mid_build_shard(tmp_path: Pa
             journal.append(b"not a batch")
     with shardmgr.open(data, seal_bytes=4096) as store:
         [quarantined] = store.collection_info("c")["quarantined"]
-        assert quarantined.startswith("00000002-") and "is not a 24-byte batch record" in quarantined
+        assert quarantined.startswith("00000002-") and "is not a version 2 batch record" in quarantined
 
 
 def test_damaged_collection_and_index_metadata_are_format_errors(tmp_path: Path) -> None:
@@ -291,8 +313,8 @@ def test_damaged_collection_and_index_metadata_are_format_errors(tmp_path: Path)
 
 
 @pytest.mark.parametrize("alignment", [8, 64, 4096])
-def test_last_record_of_a_sealed_journal_at_any_alignment(tmp_path: Path, alignment: int) -> None:
-    batches = [BATCH.pack(first, 10, first * 3, first * 5) for first in range(0, 50, 10)]
+def test_last_version_1_record_of_a_sealed_journal_at_any_alignment(tmp_path: Path, alignment: int) -> None:
+    batches = [V1_RECORD.pack(first, 10, first * 3, first * 5) for first in range(0, 50, 10)]
     with Flusher() as flusher:
         journal = Journal.create(tmp_path / "j", kind=b"SMSJ", flusher=flusher,
                                  config=JournalConfig(alignment=alignment))
@@ -300,4 +322,27 @@ def test_last_record_of_a_sealed_journal_at_any_alignment(tmp_path: Path, alignm
         journal.seal()
         journal.close()
     with Journal.open(tmp_path / "j", writable=False, recount=False) as journal:
-        assert last_record(journal) == batches[-1]
+        last = last_batch(journal, V1)
+        assert last is not None and (last.first, last.count, last.vectors_crc, last.ids_crc) == (40, 10, 120, 200)
+
+
+@pytest.mark.parametrize("sizes", [[1], [3, 1], [1, 1000, 7], [5000, 2]])
+def test_last_version_2_record_is_found_from_the_journal_end(tmp_path: Path, sizes: list[int]) -> None:
+    """Records of any length: the last one's trailer, which ends the journal, says where it starts."""
+    firsts = np.cumsum([0, *sizes])
+    with Flusher() as flusher:
+        journal = Journal.create(tmp_path / "j", kind=b"SMSJ", flusher=flusher)
+        for first, n in zip(firsts.tolist(), sizes):
+            journal.append(pack(first, rows_of(n, 4, first), np.arange(first, first + n) * 3))
+        journal.seal()
+        journal.close()
+    with Journal.open(tmp_path / "j", writable=False, recount=False) as journal:
+        last = last_batch(journal, V2)
+        assert last is not None and (last.first, last.count) == (int(firsts[-2]), sizes[-1])
+        assert last.ids is not None and last.ids.tolist() == (np.arange(firsts[-2], firsts[-1]) * 3).tolist()
+    with open(tmp_path / "j", "r+b") as f:  # a count in the last trailer that the journal cannot hold
+        f.seek(os.path.getsize(tmp_path / "j") - 16)
+        f.write((10**9).to_bytes(8, "little"))
+    with Journal.open(tmp_path / "j", writable=False, recount=False) as journal, \
+            pytest.raises(FormatError, match="more than the journal holds"):
+        last_batch(journal, V2)

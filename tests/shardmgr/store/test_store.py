@@ -118,6 +118,8 @@ def test_bad_input_is_refused_and_changes_nothing(open_store: Callable[..., Stor
         (lambda: store.append("c", np.ones((2, 5), np.float32), [1, 2]), "shape \\[n, 4\\]"),
         (lambda: store.append("c", np.array([[1, 2, np.nan, 4]], np.float32), [1]), "row 0 has NaN"),
         (lambda: store.append("c", np.array([[1, np.inf, 3, 4]]), [1]), "NaN or infinite"),
+        (lambda: store.append("c", np.vstack([np.ones((7, 4)), [[0, 0, -np.inf, 0]], np.ones((3, 4))]).astype(
+            np.float32), np.arange(11)), "row 7 has NaN or infinite"),
         (lambda: store.append("c", np.array([[1e39, 0, 0, 0]]), [1]), "NaN or infinite"),  # overflows float32
         (lambda: store.append("c", np.ones((2, 4), np.int64), [1, 2]), "floating point"),
         (lambda: store.append("c", good, [1, 2, 3]), "shape \\[2\\]"),
@@ -192,3 +194,27 @@ def test_embedded_open_takes_the_typed_configuration_of_serve(tmp_path: Path) ->
         store.flush()  # ... but an explicit one still works
     with shardmgr.open(config.data_dir, flusher=FlusherConfig(interval=0.01)) as store:
         assert durable_within(store, 10.0)
+
+
+def test_an_append_makes_a_new_view_of_its_shard_only(open_store: Callable[..., Store]) -> None:
+    """Readers' views of unchanged shards are reused (a view costs numpy
+    work per shard per write); any change to a shard gives it a new one."""
+    store = open_store(seal_bytes=4096)
+    store.create_collection("c", 8)
+    rows = np.random.default_rng(1).standard_normal((300, 8)).astype(np.float32)
+    refs = np.concatenate([store.append("c", rows[i:i + 100], np.arange(i, i + 100)) for i in range(0, 300, 100)])
+    collection = store._collections["c"]
+    before = collection.views()
+    extra = store.append("c", np.ones((1, 8), np.float32), [999])  # the growing shard 3 only
+    after = collection.views()
+    assert [a is b for a, b in zip(before, after)] == [True, True, False]
+    assert store.delete("c", refs[5:6]) == 1  # a sealed shard's deletes: its view changes, the others' do not
+    deleted = collection.views()
+    assert [a is b for a, b in zip(after, deleted)] == [False, True, True]
+    _, _, found = store.search("c", rows[5:6], k=1)
+    assert found[0, 0] != refs[5] and store.collection_info("c")["deleted"] == 1
+    store.append("c", np.ones((200, 8), np.float32), np.arange(200))  # seals shard 3: new views of 3 and 4
+    sealed = collection.views()
+    assert [a is b for a, b in zip(deleted, sealed)] == [True, True, False] and len(sealed) == 4
+    assert sealed[2].sealed and sealed[2].rows == 101
+    np.testing.assert_array_equal(store.ids("c", extra), [999])

@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from common.journal.check import Severity
 from common.journal.header import HEADER_SIZE, METADATA_END
 from common.journal.journal import Journal
-from shardmgr.store.batch_record import BATCH
+from shardmgr.store.batch_record import V1, unpack, version_of
 from shardmgr.store.rows import HEADER_USED
 from shardmgr.verification.runner import verify
 from tests.shardmgr.workload import build, file_kinds
@@ -63,22 +64,32 @@ def journal_model(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
     return flip, loss, durable
 
 
-def rows_model(path: Path, row_bytes: int, durable_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def rows_model(path: Path, row_bytes: int, rows: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``rows``: (all rows, the rows no recovery can bring back if lost)."""
     size = path.stat().st_size
     flip = np.full(size, REPAIRABLE, dtype=np.uint8)  # header padding, tail past the rows
     flip[:HEADER_USED] = CORRUPT
-    end = HEADER_SIZE + durable_rows * row_bytes
+    end = HEADER_SIZE + rows[1] * row_bytes
     flip[HEADER_SIZE:end] = CORRUPT
     loss = np.zeros(size, dtype=np.uint8)
+    loss[:HEADER_SIZE + rows[0] * row_bytes] = REPAIRABLE
     loss[:end] = CORRUPT
     return flip, loss
 
 
-def durable_rows(shard: Path) -> int:
+def shard_rows(shard: Path, column: str) -> tuple[int, int]:
+    """The shard's rows, and those of ``column`` that no recovery can bring
+    back if lost: of the batches a checkpoint declared durable; none of a
+    version 2 ids file (its ids are in the batch records)."""
     with Journal.open(shard / "journal", writable=False, recount=True) as journal:
         assert journal.recovery is not None
-        rows = [BATCH.unpack(r.body)[:2] for r in journal.records() if r.offset < journal.recovery.checkpoint.end]
-    return rows[-1][0] + rows[-1][1] if rows else 0
+        version = version_of(msgpack.unpackb(journal.metadata), journal.path)
+        batches = [(unpack(r.body, version, journal.path, r.offset), r.offset) for r in journal.records()]
+        durable = [b for b, offset in batches if offset < journal.recovery.checkpoint.end]
+    rows = batches[-1][0].end if batches else 0
+    if column == "ids" and version != V1:
+        return rows, 0
+    return rows, durable[-1].end if durable else 0
 
 
 class Models(dict[Path, Model]):
@@ -94,7 +105,7 @@ def build_models(root: Path) -> Models:
                 flip, loss, _ = journal_model(path)
             elif kind in ROWS:
                 row_bytes = 8 if kind == "ids" else 8 * 4
-                flip, loss = rows_model(path, row_bytes, durable_rows(path.parent))
+                flip, loss = rows_model(path, row_bytes, shard_rows(path.parent, kind))
             else:
                 size = path.stat().st_size
                 flip, loss = np.full(size, REPAIRABLE, np.uint8), np.full(size, REPAIRABLE, np.uint8)
