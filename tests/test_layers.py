@@ -4,6 +4,7 @@ module, read statically, against the rules the packages' docstrings state."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,10 @@ FORBIDDEN = {
 }
 
 
+@functools.cache
 def modules() -> dict[str, set[str]]:
-    """Each project module and the project modules it imports (absolute names)."""
+    """Each project module and the project modules it imports (absolute names);
+    read once per run (every layer's case reads the same files)."""
     found: dict[str, set[str]] = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
