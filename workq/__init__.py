@@ -12,7 +12,8 @@ Over the network (``shardmgr serve`` hosts it)::
 
 The package: ``protocol`` (what crosses the wire, shared by both sides),
 ``broker`` (the one API of every queue operation, under its owner lock:
-``loop``; results in flight: ``delivery``), ``state/`` (the in-memory state
+``loop``; calls parked until they can be answered: ``waiters``; results in
+flight: ``delivery``), ``state/`` (the in-memory state
 machine), ``disk/`` (the files), ``service`` (the server component),
 ``client`` and ``worker`` (network clients), ``config``, ``errors``,
 ``testing`` (crash a broker in tests).

@@ -19,8 +19,9 @@ import numpy as np
 from common.wire.errors import BadRequest, Unavailable
 
 from .answer import Promise
-from .loop import OwnerLoop, Wants, settle
+from .loop import OwnerLoop, settle
 from .state.queue import QueueState
+from .waiters import Wants
 
 T = TypeVar("T")
 Alive = Callable[[], bool]

@@ -17,9 +17,8 @@ Work that must wait never blocks the owner:
   flusher thread if the owner lock is free, else wakes the owner thread;
 * a *waiter* (:meth:`OwnerLoop.park`) is a call with a deadline (a lease or
   results call with ``wait``) that is tried again whenever what it waits
-  for may have changed, and answered at its deadline at the latest; results
-  waiters are retried ``linger`` seconds after results changed, so results
-  that complete one at a time leave in shared responses;
+  for may have changed, and answered at its deadline at the latest
+  (waiters.py);
 * timers run every TICK_S; at each tick, waiters whose caller went away
   (``alive``) end at once;
 * the replies made while one batch of messages runs leave together at its
@@ -48,13 +47,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from common.journal import Flusher, Ticket
 from common.wire.errors import DurabilityLost, Unavailable
 from common.wire.reply_batch import batched_replies
 
 from .answer import Promise
+from .waiters import Waiters, Wants
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ P = TypeVar("P", bound=Promise[Any])
 TICK_S = 0.25
 #: Messages run per batch before continuations, timers and waiters run.
 BATCH = 1024
-Wants = Literal["items", "results"]
 
 _STOP = object()
 _ABANDON = object()
@@ -113,24 +112,6 @@ class _Continuation:
     quick: bool  # may run on the flusher thread (it never waits for a flush)
 
 
-@dataclasses.dataclass(slots=True)
-class _Waiter:
-    deadline: float
-    attempt: Callable[[bool], bool]  # (final) -> answered?
-    wants: Wants  # which changes are worth a retry
-    fail: Callable[[Exception], None]  # answers the call if an attempt raises
-    alive: Callable[[], bool] | None  # False once nobody is left to answer
-
-    def run(self, final: bool) -> bool:
-        """One attempt; True once the call is answered (by it or by fail)."""
-        try:
-            return self.attempt(final)
-        except Exception as exc:
-            log.exception("workq: a waiting call failed")
-            self.fail(exc)
-            return True
-
-
 class OwnerLoop:
     """Runs messages, continuations, waiters and timers, one at a time, under one lock.
 
@@ -143,20 +124,15 @@ class OwnerLoop:
                  stop: Callable[[], None], linger: float = 0.0) -> None:
         self.flusher = flusher
         self._tick = tick
-        self._changes = changes
         self._on_stop = stop
         self._inbox: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()  # the owner lock: held while anything of the loop runs
         self._wake = threading.Event()  # the owner thread has something to do (or a sooner deadline)
         self._sleep_until = 0.0  # when the sleeping owner thread wakes by itself
         self._continuations: list[_Continuation] = []
-        self._waiters: list[_Waiter] = []
+        self._waiters = Waiters(changes, linger, self._due)
         self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
         self._next_tick = 0.0
-        self._seen = (-1, -1)  # changes() at the last retry of waiters
-        self._linger = linger
-        self._results_due: float | None = None  # when results waiters are retried after a change
-        self._quiesced = False  # a stop is coming: waiting calls are answered at once
         self._submit_lock = threading.Lock()
         self.closed = False
 
@@ -180,10 +156,7 @@ class OwnerLoop:
     def quiesce(self) -> None:
         """Owner lock: answer every waiting call now (its final attempt),
         and from now on answer calls that would wait at once."""
-        self._quiesced = True
-        waiting, self._waiters = self._waiters, []
-        for waiter in waiting:
-            waiter.run(True)
+        self._waiters.quiesce()
 
     # ------------------------------------------------------------- submitting
 
@@ -250,11 +223,8 @@ class OwnerLoop:
         ``wants`` may have changed, until it answers; at ``deadline`` call
         ``attempt(True)``, which must answer. If an attempt raises, ``fail``
         answers the call with the error. Once ``alive()`` is false (checked
-        at every tick), ``fail`` answers it with Unavailable."""
-        waiter = _Waiter(deadline, attempt, wants, fail, alive)
-        if not waiter.run(self._quiesced or deadline <= time.monotonic()):
-            self._waiters.append(waiter)
-            self._due(deadline)
+        at every tick), ``fail`` answers it with Unavailable (waiters.py)."""
+        self._waiters.park(deadline, attempt, wants, fail, alive)
 
     def _due(self, when: float) -> None:
         """Owner lock: something is due at ``when``; wake the owner thread
@@ -277,7 +247,7 @@ class OwnerLoop:
         try:
             with batched_replies():  # nothing that may wait for a flush round here: it is this thread's
                 others = self.run_continuations(quick_only=True)
-                self._serve_waiters(time.monotonic())
+                self._waiters.serve(time.monotonic())
         finally:
             self._lock.release()
         if others or self._inbox:  # the owner thread runs the rest, and what arrived meanwhile
@@ -288,8 +258,7 @@ class OwnerLoop:
         the inbox (or at least the timers and waiters) under the lock."""
         while True:
             with self._lock:
-                due = self._results_due if self._results_due is not None else float("inf")
-                self._sleep_until = min(self._next_tick, self._next_waiter(), due, time.monotonic() + TICK_S)
+                self._sleep_until = min(self._next_tick, self._waiters.next_due(), time.monotonic() + TICK_S)
             if not self._inbox:  # a submitter that found the lock held left its message to this thread
                 self._wake.wait(max(0.0, self._sleep_until - time.monotonic()))
             self._wake.clear()
@@ -337,17 +306,8 @@ class OwnerLoop:
         if now >= self._next_tick:
             self.guarded(lambda: self._tick(now))
             self._next_tick = now + TICK_S
-            self._end_orphans()
-        self._serve_waiters(now)
-
-    def _end_orphans(self) -> None:
-        """End the waiting calls whose caller went away (a closed connection),
-        so they hold nothing until their deadline."""
-        orphans = [w for w in self._waiters if w.alive is not None and not w.alive()]
-        if orphans:
-            self._waiters = [w for w in self._waiters if w.alive is None or w.alive()]
-            for waiter in orphans:
-                waiter.fail(Unavailable("the caller went away before an answer"))
+            self._waiters.end_orphans()
+        self._waiters.serve(now)
 
     def run_continuations(self, *, quick_only: bool = False) -> bool:
         """Owner lock: run the continuations whose tickets are durable (or
@@ -372,39 +332,10 @@ class OwnerLoop:
                 self.guarded(cont.done)
         return left
 
-    def _next_waiter(self) -> float:
-        return min((w.deadline for w in self._waiters), default=float("inf"))
-
-    def _serve_waiters(self, now: float) -> None:
-        """Retry waiting calls when what they want changed since the last
-        try (results waiters: ``linger`` seconds after), and answer those
-        whose deadline passed."""
-        if not self._waiters:
-            self._results_due = None
-            return
-        seen = self._changes()
-        if seen[1] != self._seen[1] and self._results_due is None:
-            self._results_due = now + self._linger
-            self._due(self._results_due)
-        changed = {"items": seen[0] != self._seen[0],
-                   "results": self._results_due is not None and now >= self._results_due}
-        if changed["results"]:
-            self._results_due = None
-        self._seen = seen
-        waiting = self._waiters
-        self._waiters = []
-        for waiter in waiting:
-            final = now >= waiter.deadline
-            if not (changed[waiter.wants] or final):
-                self._waiters.append(waiter)
-                continue
-            if not waiter.run(final):
-                self._waiters.append(waiter)
-
     def _stop(self) -> None:
-        for waiter in self._waiters:
-            waiter.run(True)
-        self._waiters = []
+        """Owner thread, at a clean stop: answer the waiters, flush, run the
+        continuations, then ``stop``; continuations still not durable fail."""
+        self._waiters.finish()
         self.flusher.flush_now()
         self.run_continuations()
         self.guarded(self._on_stop)

@@ -2,7 +2,8 @@
 in-place write is a record's 4-byte state marker.
 
 Owns the file format (``header``, ``record``, ``marker``), writing and
-reading (``journal``, ``reader``, ``mapping``, ``filesystem``), group
+reading (``journal``, with its sides ``appending``, ``reader`` and
+``marking``; ``mapping``, ``filesystem``), group
 commit (``flusher``, ``syncer``), recovery (``scan``, ``anchors``,
 ``recovery``), the offline check (``check``), the directory ``lockfile``,
 and the power-cut simulator (``testing``). docs/format.md and
@@ -12,6 +13,7 @@ May import: ``common.errors``, ``common.units``; never ``common.wire``,
 ``workq`` or ``shardmgr``.
 """
 
+from .appending import Appended
 from .config import FlusherConfig, JournalConfig
 from .errors import (
     CorruptJournal,
@@ -27,7 +29,7 @@ from .errors import (
     WriteFailed,
 )
 from .flusher import Flusher, Ticket
-from .journal import Appended, Journal
+from .journal import Journal
 from .marker import Marker
 from .reader import Record
 from .recovery import RecoveryReport

@@ -9,6 +9,11 @@ Durability: every write (append, marker change) returns a
 the shared :class:`~common.flusher.Flusher` covering it completes;
 :meth:`Journal.wait_durable` blocks until then. Nothing is durable earlier.
 
+The journal is its lifecycle (create, open and recover, seal, close) and
+its durability (tickets, flusher steps); its three sides are mixins over
+its state: appends (appending.py), reads (reader.py), marker changes
+(marking.py).
+
 I/O: appends are one ``pwrite`` per batch (measured faster than copying into
 the mapping; see docs/benchmarks.md). Reads, scans and marker changes go
 through a shared memory mapping of the file, so numpy reads records in place
@@ -28,45 +33,27 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
-
-import numpy as np
 
 from . import filesystem
 from .anchors import Anchors
+from .appending import Appended, RecordAppender
 from .config import JournalConfig
-from .errors import (
-    CorruptJournal,
-    FlushFailed,
-    FormatError,
-    JournalClosed,
-    JournalError,
-    JournalFull,
-    JournalSealed,
-    WriteFailed,
-)
+from .errors import CorruptJournal, FlushFailed, FormatError, JournalClosed, JournalError
 from .flusher import Flusher, Ticket
 from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, read_checkpoints
 from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker
 from .marking import MarkerWriter
-from .record import Body, encode_batch
 from .recovery import RecoveryReport, recover
 from .syncer import Syncer
 
 log = logging.getLogger(__name__)
 
-
-class Appended(NamedTuple):
-    """Where a batch went (absolute offsets, one per record) and its ticket."""
-
-    offsets: np.ndarray
-    ticket: Ticket
+__all__ = ["Appended", "Journal"]
 
 
-class Journal(MarkerWriter):
+class Journal(RecordAppender, MarkerWriter):
     """One journal file. Build it with :meth:`create` or :meth:`open`."""
 
     def __init__(self, path: Path, fd: int, header: bytes, *, writable: bool,
@@ -229,62 +216,6 @@ class Journal(MarkerWriter):
 
     # ------------------------------------------------------------------ writes
 
-    def append(self, body: Body, marker: Marker = Marker.LIVE) -> tuple[int, Ticket]:
-        """Append one record; return its offset and ticket."""
-        offsets, ticket = self.append_batch([body], marker)
-        return int(offsets[0]), ticket
-
-    def append_batch(self, bodies: Sequence[Body] | np.ndarray, marker: Marker = Marker.LIVE,
-                     prefix: np.ndarray | None = None) -> Appended:
-        """Append records with one write; all of them survive a crash or none.
-
-        ``bodies`` is a sequence of bytes-like objects or a 2-D uint8 array
-        of equal-length bodies; ``prefix`` (uint8 [n, width]) is prepended to
-        each body. Raises RecordTooLarge, JournalSealed, JournalFull or
-        WriteFailed; in each case nothing was appended.
-        """
-        marker = marker if type(marker) is Marker else Marker(marker)
-        self._check_writable()
-        with self._lock:
-            if self._sealed:
-                raise JournalSealed(f"{self.path} is sealed: appends are refused")
-            batch = encode_batch(bodies, first_seq=self._count, alignment=self.alignment,
-                                 max_record_bytes=self.identity.max_record_bytes, marker=marker, prefix=prefix)
-            self._check_capacity(len(batch.data))
-            start = self._end
-            self._write(batch.data, start)
-            offsets = batch.offsets + start
-            self._ensure_anchors().extend(offsets, self._count)
-            self._end = start + len(batch.data)
-            self._count += len(offsets)
-            self._counters[MARKER_INDEX[marker]] += len(offsets)
-            self._seq += 1
-            return Appended(offsets, self._ticket())
-
-    def _check_capacity(self, total: int) -> None:
-        cap = self.config.capacity_bytes
-        if cap is not None and self._end + total > cap:
-            raise JournalFull(f"{self.path}: appending {total} bytes at {self._end} would pass "
-                              f"the capacity of {cap} bytes")
-
-    def _write(self, data: bytearray, start: int) -> None:
-        """pwrite ``data`` at ``start``, growing the file; roll back on error."""
-        try:
-            self._file.grow_to(start + len(data), extent=self.config.extent_bytes,
-                               mode=self.config.preallocate, capacity=self.config.capacity_bytes)
-            view, pos = memoryview(data), start
-            while view:
-                written = os.pwrite(self._file.fd, view, pos)
-                view, pos = view[written:], pos + written
-        except OSError as exc:
-            try:  # drop partly written bytes, durably: a flush may already have synced some of them
-                self._file.truncate(start)
-                os.fdatasync(self._file.fd)
-            except OSError as again:
-                self._fail(again, "rolling back a failed append")
-            raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
-                              f"{exc.strerror or exc}", exc.errno) from exc
-
     def syncs_paused(self) -> threading.Lock:
         """A lock that, held, keeps the flusher from syncing, checkpointing or
         closing this journal (a consistent copy: copying.py)."""
@@ -322,8 +253,6 @@ class Journal(MarkerWriter):
                     self._seq += 1
             self._sync_fully(locked=True)
         self.raise_if_failed()
-
-    # ------------------------------------------------------------------- reads
 
     # -------------------------------------------------------------- durability
 

@@ -2,7 +2,8 @@
 
 Owns the binary framing (``framing``: preamble, frames of a msgpack header
 and raw array parts), the client base with reconnects and pipelining
-(``client``), the contract between the server and the components it hosts
+(``client``; opening a connection, TLS and token included: ``dialer``),
+the contract between the server and the components it hosts
 (``component``), the byte budget that bounds what frames still arriving
 may hold (``budget``) and their deadlines (``deadlines``), the errors that cross the wire with a stable code
 (``errors``) and TLS contexts for both ends (``tls``). docs/protocol.md

@@ -9,6 +9,9 @@ and ``poll`` reads replies already there without waiting.
 
 Threads: a RpcClient is not thread-safe; use one per thread (they are cheap).
 
+Connecting (TCP, TLS, the preamble, the token) is the dialer's
+(:mod:`common.wire.dialer`).
+
 Failures: while the server is down or still recovering (it listens only
 once recovery is done) connecting is retried with exponential backoff for
 ``retry_for`` seconds, then :class:`~common.wire.errors.Unavailable` is
@@ -46,12 +49,13 @@ from typing import Any
 import numpy as np
 
 from . import framing
-from .errors import BadFrame, ServiceError, Unavailable, UnsupportedVersion
+from .dialer import TOKEN_ENV, Dialer, TlsFailed, parse_address
+from .errors import BadFrame, ServiceError, Unavailable
 from .frame_reader import FrameReader
 from .tls import client_context
 
-TOKEN_ENV = "SHARDMGR_TOKEN"
-"""Environment variable a client takes its token from when given none."""
+__all__ = ["IDLE_CHECK_S", "MAX_CLIENT_SECONDS", "TOKEN_ENV", "ConnectionLost", "Reply", "RpcClient", "TimedOut",
+           "TlsFailed", "parse_address"]
 
 IDLE_CHECK_S = 0.5
 """A connection idle this long is checked (one select) before a request is
@@ -73,33 +77,12 @@ class TimedOut(ConnectionLost):
     closed, and the requests in flight may still run (or have run) on the server."""
 
 
-class TlsFailed(ServiceError):
-    """TLS could not be set up (certificate not trusted, wrong host name,
-    client certificate missing or refused); retrying would not help."""
-
-    code = "tls_failed"
-
-
-#: TLS errors that mean the peer went away (retried like a reset), not a refusal.
-_TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
-
-
 @dataclasses.dataclass(slots=True)
 class Reply:
     """A successful response: its result map and its binary parts."""
 
     result: dict[str, Any]
     parts: dict[str, np.ndarray]
-
-
-def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
-    """``"host:port"`` (or a tuple) to a (host, port) pair."""
-    if isinstance(address, tuple):
-        return address
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address must be 'host:port', got {address!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class RpcClient:
@@ -143,70 +126,19 @@ class RpcClient:
     # ------------------------------------------------------------- connection
 
     def connect(self) -> None:
-        """Connect now (retrying while the server is unreachable)."""
+        """Connect now (retrying while the server is unreachable: dialer.py)."""
         if self._sock is not None:
             return
-        deadline = time.monotonic() + self.retry_for
-        delay = 0.05
-        while True:
-            try:
-                self._open()
-                break
-            except ssl.SSLError as exc:
-                if not isinstance(exc, _TRANSIENT_TLS):
-                    raise TlsFailed(f"TLS with {self._where()} failed: {exc}") from exc
-                if time.monotonic() + delay > deadline:
-                    raise Unavailable(f"cannot reach {self._where()} after {self.retry_for:g} s: {exc} "
-                                      f"(is it a TLS server?)") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except (ConnectionRefusedError, ConnectionResetError, TimeoutError, OSError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise Unavailable(f"cannot reach {self._where()} after {self.retry_for:g} s: {exc}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        dialer = Dialer(self.address, self.tls, self.token, self.connect_timeout, self.retry_for,
+                        self.max_frame_bytes)
+        # a reconnect inside a call keeps that call's timeout
+        self._sock, self._reader = dialer.dial(lambda: next(self._ids), self._timeout_now())
         if self.on_connect is not None and not self._connecting:
             self._connecting = True
             try:
                 self.on_connect(self)
             finally:
                 self._connecting = False
-
-    def _open(self) -> None:
-        sock = socket.create_connection(self.address, timeout=self.connect_timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:  # the TLS handshake runs here, under connect_timeout
-                sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
-            sock.sendall(framing.preamble())
-            reader = FrameReader(sock, self.max_frame_bytes)
-            data = reader.read_exact(framing.PREAMBLE.size)
-            if data is None:
-                hint = "" if self.tls is not None else " (a TLS server does that to plain clients: tls=True?)"
-                raise ConnectionResetError(f"server closed the connection during the handshake{hint}")
-            version = framing.parse_preamble(data)
-            if version != framing.PROTOCOL_VERSION:
-                raise UnsupportedVersion(f"server speaks protocol {version}, this client {framing.PROTOCOL_VERSION}")
-            if self.token is not None:
-                self._authenticate(sock, reader)
-            sock.settimeout(self._timeout_now())  # a reconnect inside a call keeps that call's timeout
-        except BaseException:
-            sock.close()
-            raise
-        self._sock, self._reader = sock, reader
-
-    def _authenticate(self, sock: socket.socket, reader: FrameReader) -> None:
-        """Send ``auth`` with the token and wait for its answer (still under connect_timeout)."""
-        request_id = next(self._ids)
-        framing.send_buffers(sock, framing.encode({"id": request_id, "cmd": "auth", "args": {"token": self.token}}))
-        frame = reader.read()
-        if frame is None:
-            raise ConnectionResetError("server closed the connection during authentication")
-        if "error" in frame.header:
-            error = frame.header["error"]
-            raise ServiceError.from_wire(str(error.get("code")), str(error.get("message")))
-        if frame.header.get("id") != request_id:
-            raise BadFrame(f"expected the answer to auth (id {request_id}), got {frame.header!r}")
 
     def close(self) -> None:
         """Close the connection; requests in flight are forgotten."""

@@ -2,7 +2,8 @@
 port: ``shardmgr serve``.
 
 Owns the server's configuration (``config``), the server and its start-up
-and stop order (``server``), one connection's reader and writer threads
+and stop order (``server``), the listening socket and the connections it
+admits (``acceptor``), one connection's reader and writer threads
 (``connection``), the server's own commands (``control``), Prometheus
 metrics (``metrics``), the readiness file (``readiness``), tokens and the
 command-to-role table (``auth``) and protected mode (``exposure``).

@@ -20,15 +20,14 @@ exits at once with status 1, as a SIGKILL would, after one bounded attempt
 to flush what was written (a help against a power cut soon after, not a
 promise: only acknowledged durable writes are promised).
 
-Threads: an acceptor thread; a send watchdog; per connection a reader and a writer thread
+Threads: an acceptor thread and a send watchdog (acceptor.py, which keeps
+the set of connections); per connection a reader and a writer thread
 (connection.py); per component its own owner threads; the flusher. The
-server's own state (the set of connections, counters) is guarded by
-``_lock``.
+server's own counters and the stop flags are guarded by ``_lock``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import resource
@@ -50,9 +49,10 @@ from shardmgr.store.service import StoreService
 from workq.service import WorkqService
 
 from . import exposure, readiness
+from .acceptor import Acceptor
 from .auth import COMMAND_ROLES, OPEN, Authenticator, Principal
 from .config import ServerConfig
-from .connection import Connection, refuse
+from .connection import Connection
 from .control import Control
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,6 @@ LINGER_S = 1.0
 """At a stop, how long connections that got their goaway have to close
 before the server closes them (closing first could reset, and so lose,
 a goaway still in flight)."""
-
-WATCHDOG_S = 1.0
-"""How often the send watchdog looks for blocked sends."""
 
 EXIT_INTERRUPTED = 1
 """Exit status after a second signal cut a stop short."""
@@ -108,28 +105,23 @@ class Server:
         self.budget = ByteBudget(config.inflight_budget_bytes)  # shared by every connection's reader
         self.outbox_budget = ByteBudget(config.outbox_budget_bytes, "outbox")  # ... and by their outboxes
         self._lock = threading.Lock()
-        self._connections: set[Connection] = set()
-        self._listener: socket.socket | None = None
-        self._acceptor: threading.Thread | None = None
         self._lockfile = LockFile(config.data_dir)
         self._stopping = threading.Event()
         self._stopped = threading.Event()  # a stop has begun
+        self._acceptor = Acceptor(config, self._tls, self._connection, self._stopping, self._stopped)
         self._finished = threading.Event()  # ... and ended
         self._metrics: Any = None
         self._wrote_ready_file = False
         self.started_at = time.time()
-        self.counters = {"connections_total": 0, "connections_refused_total": 0, "requests_total": 0,
-                         "errors_total": 0, "errors_unauthenticated_total": 0, "errors_forbidden_total": 0,
-                         "errors_tls_handshake_total": 0}
+        self.counters = {"requests_total": 0, "errors_total": 0, "errors_unauthenticated_total": 0,
+                         "errors_forbidden_total": 0, "errors_tls_handshake_total": 0}
 
     # ------------------------------------------------------------------ life
 
     @property
     def address(self) -> tuple[str, int]:
         """The bound (host, port); valid after start()."""
-        assert self._listener is not None, "the server is not listening"
-        host, port = self._listener.getsockname()[:2]
-        return host, port
+        return self._acceptor.address
 
     def start(self) -> None:
         """Lock, recover, listen, accept in the background. Returns when ready."""
@@ -174,15 +166,11 @@ class Server:
                         "reaches it", self.config.metrics_host, self.config.metrics_port)
 
     def _listen(self) -> None:
-        listener = socket.create_server((self.config.host, self.config.port), backlog=512, reuse_port=False)
-        self._listener = listener
+        self._acceptor.listen()
         if self.config.metrics_port is not None:
             from .metrics import serve_metrics
 
             self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port)
-        self._acceptor = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
-        self._acceptor.start()
-        threading.Thread(target=self._watch_sends, name="send-watchdog", daemon=True).start()
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A
@@ -240,8 +228,7 @@ class Server:
 
     def _stop_in_order(self, deadline: float) -> None:
         self._stop_accepting()
-        with self._lock:
-            connections = list(self._connections)
+        connections = self._acceptor.connections()
         for conn in connections:
             conn.drain()
         for component in self.components:
@@ -271,12 +258,7 @@ class Server:
                 readiness.remove(self.config.ready_file)
             except OSError as exc:  # the stop goes on: the data matters more than the marker
                 log.warning("could not remove the ready file %s: %s", self.config.ready_file, exc)
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the acceptor (a close alone may not)
-            self._listener.close()
-        if self._acceptor is not None:
-            self._acceptor.join(SIGNAL_POLL_S)
+        self._acceptor.stop(SIGNAL_POLL_S)
         if self._metrics is not None:
             self._metrics.shutdown()
 
@@ -289,61 +271,14 @@ class Server:
 
     # --------------------------------------------------------------- serving
 
-    def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while not self._stopping.is_set():
-            try:
-                sock, peer = listener.accept()
-            except OSError:
-                break  # the listener was closed: stopping
-            name = f"{peer[0]}:{peer[1]}"
-            if self._tls is not None:  # the TLS handshake runs on the connection's thread, under its timeout
-                try:
-                    sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                except OSError as exc:  # the peer is already gone; the acceptor must live on
-                    log.info("closing %s before its TLS handshake: %s", name, exc)
-                    sock.close()
-                    continue
-            conn = Connection(sock, name, self.config, self.dispatch, self._forget, self._count_error, self.auth,
-                              budget=self.budget, outbox_budget=self.outbox_budget)
-            with self._lock:
-                refused = len(self._connections) >= self.config.max_connections or self._stopping.is_set()
-                started = False
-                if not refused:
-                    self._connections.add(conn)
-                    self.counters["connections_total"] += 1
-                    try:
-                        conn.start()  # under the lock: a stop never finds a connection whose threads are not running
-                        started = True
-                    except RuntimeError as exc:  # out of threads: this one is lost, the acceptor lives on
-                        log.error("closing %s: cannot start its threads: %s", name, exc)
-                        self._connections.discard(conn)
-                else:
-                    self.counters["connections_refused_total"] += 1
-            if not refused and not started:
-                conn.close()
-            if refused:
-                log.warning("refusing %s: %s", name, "stopping" if self._stopping.is_set()
-                            else f"{self.config.max_connections} connections open")
-                refuse(sock, "the server is stopping" if self._stopping.is_set() else
-                       f"the server has max_connections ({self.config.max_connections}) connections open; retry")
-
-    def _watch_sends(self) -> None:
-        """Close connections whose send has been blocked past ``send_timeout_s``
-        (the kernel's send timeout covers plain sockets, not TLS ones)."""
-        while not self._stopped.wait(WATCHDOG_S):
-            now = time.monotonic()
-            with self._lock:
-                connections = list(self._connections)
-            for conn in connections:
-                if conn.write_blocked_for(now) > self.config.send_timeout_s + WATCHDOG_S:
-                    log.warning("closing %s: a send blocked for over %.0f s", conn.peer, self.config.send_timeout_s)
-                    conn.close()
+    def _connection(self, sock: socket.socket, peer: str) -> Connection:
+        """A connection, not started, for the acceptor to admit."""
+        return Connection(sock, peer, self.config, self.dispatch, self._forget, self._count_error, self.auth,
+                          budget=self.budget, outbox_budget=self.outbox_budget)
 
     def _forget(self, conn: Connection) -> None:
-        with self._lock:
-            self._connections.discard(conn)
+        """``conn`` closed: the acceptor and every component forget it."""
+        self._acceptor.forget(conn)
         for component in self.components:
             try:
                 component.connection_closed(id(conn))
@@ -387,11 +322,12 @@ class Server:
     def stats(self) -> dict[str, dict[str, float | int]]:
         """Per-component counters, plus the server's and the flusher's."""
         with self._lock:
-            open_connections = len(self._connections)
             counters = dict(self.counters)
+        accepted = self._acceptor.stats()
+        open_connections = accepted.pop("connections_open")
         flusher = self.flusher.stats
         result: dict[str, dict[str, float | int]] = {
-            "server": {**counters, **self.budget.stats(), **self.outbox_budget.stats(),
+            "server": {**accepted, **counters, **self.budget.stats(), **self.outbox_budget.stats(),
                        "connections_open": open_connections,
                        "uptime_seconds": round(time.time() - self.started_at, 3)},
             "flusher": {"rounds_total": flusher.rounds, "syncs_total": flusher.syncs,

@@ -66,20 +66,24 @@ def run_faults(tmp_path: Path, items: int, rounds: int, seed: int) -> None:
         for i in range(3):
             workers[f"w{i}"] = start_worker(server.address, f"w{i}", seed * 100 + i)
         got: dict[int, bytes] = {}
+        kills = {"server": 0, "worker": 0}
         for _ in range(rounds):
             deadline = time.monotonic() + rng.uniform(0.2, 1.2)
             while time.monotonic() < deadline:
                 collect(client, "job", got)
             if rng.random() < 0.35:
+                kills["server"] += 1
                 server.signal(signal.SIGKILL)
                 server.wait()
                 time.sleep(rng.uniform(0, 0.5))
                 server.start()
             else:
+                kills["worker"] += 1
                 name = rng.choice(sorted(workers))
                 workers[name].send_signal(signal.SIGKILL)
                 workers[name].wait()
                 workers[name] = start_worker(server.address, name, rng.randrange(1 << 30))
+        assert kills["server"] and kills["worker"], kills  # both kinds of kill -9 happened
         deadline = time.monotonic() + 180
         while len(got) < items and time.monotonic() < deadline:
             collect(client, "job", got)
@@ -103,7 +107,7 @@ def run_faults(tmp_path: Path, items: int, rounds: int, seed: int) -> None:
 
 
 def test_exactly_once_under_sigkill(tmp_path: Path) -> None:
-    run_faults(tmp_path, items=3000, rounds=12, seed=7)
+    run_faults(tmp_path, items=1500, rounds=6, seed=7)  # 2 server kills, 4 worker kills (the soak: 120 kills)
 
 
 @pytest.mark.soak

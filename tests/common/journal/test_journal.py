@@ -22,25 +22,14 @@ from common.journal import (
     JournalFull,
     JournalSealed,
     Marker,
-    MarkerConflict,
-    RecordNotFound,
     RecordTooLarge,
     WriteFailed,
-    reader,
 )
 from common.journal.header import HEADER_SIZE, SLOT_OFFSETS
-from common.journal.scan import RecordChunk
 
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def journal(tmp_path: Path, flusher: Flusher) -> Journal:
-    j = Journal.create(tmp_path / "j", kind=b"TEST", flusher=flusher, metadata=b"meta")
-    yield j
-    j.close()
 
 
 def test_append_read_and_reopen(tmp_path: Path, flusher: Flusher, journal: Journal) -> None:
@@ -67,38 +56,6 @@ def test_array_batch_and_marker_counters(journal: Journal) -> None:
     assert journal.markers(offsets[:3]).tolist() == [Marker.RETIRED] * 3
     scanned = np.concatenate([c.markers for c in journal.scan()])
     assert (scanned == Marker.RETIRED).sum() == 10
-
-
-def test_marker_change_writes_exactly_four_bytes(tmp_path: Path, journal: Journal) -> None:
-    offsets, _ = journal.append_batch([b"a" * 50, b"b" * 50])
-    journal.flush(timeout=5)
-    before = (tmp_path / "j").read_bytes()
-    journal.set_markers([offsets[1]], Marker.RETIRED)
-    after = (tmp_path / "j").read_bytes()
-    diff = [i for i in range(HEADER_SIZE, len(before)) if before[i] != after[i]]
-    assert diff and min(diff) >= offsets[1] and max(diff) < offsets[1] + 4
-
-
-def test_conditional_marker_change_is_all_or_nothing(journal: Journal) -> None:
-    offsets, _ = journal.append_batch([b"x"] * 4)
-    journal.set_markers(offsets[2:3], Marker.RETIRED)
-    with pytest.raises(MarkerConflict, match="1 of 4 records are not LIVE") as info:
-        journal.set_markers(offsets, Marker.DELIVERED, expect=Marker.LIVE)
-    assert info.value.offsets == [int(offsets[2])]
-    assert journal.markers(offsets).tolist() == [Marker.LIVE, Marker.LIVE, Marker.RETIRED, Marker.LIVE]
-
-
-def test_bad_offsets_are_refused_and_change_nothing(tmp_path: Path, journal: Journal) -> None:
-    offsets, _ = journal.append_batch([b"\xb7" * 64])
-    journal.flush(timeout=5)
-    before = digest(tmp_path / "j")
-    for bad in (0, 12, int(offsets[0]) + 4, int(offsets[0]) + 16, journal.end, 10**9, -8):
-        with pytest.raises(RecordNotFound):
-            journal.set_markers([int(offsets[0]), bad], Marker.RETIRED)
-        with pytest.raises(RecordNotFound):
-            journal.read(bad)
-    assert digest(tmp_path / "j") == before
-    assert journal.counters[Marker.LIVE] == 1
 
 
 def test_too_large_record_changes_nothing(tmp_path: Path, flusher: Flusher) -> None:
@@ -299,22 +256,6 @@ def test_durable_wait_after_close_and_on_stopped_flusher(tmp_path: Path) -> None
         Journal.open(tmp_path / "k", flusher=f)
 
 
-def test_offsets_inside_bodies_are_refused_even_with_a_forged_header(tmp_path: Path, journal: Journal) -> None:
-    from common.journal.record import encode_batch
-
-    forged = bytes(encode_batch([b"forged body"], first_seq=1, alignment=8).data)
-    offsets, _ = journal.append_batch([b"x" * 40, b"p" * 8 + forged * 3, b"tail"])
-    journal.flush(timeout=5)
-    inner = int(offsets[1]) + 16 + 8  # where a forged record image starts (8-aligned)
-    assert (tmp_path / "j").read_bytes()[inner:inner + 16] == forged[:16]
-    before = digest(tmp_path / "j")
-    with pytest.raises(RecordNotFound, match="inside another record"):
-        journal.read(inner)
-    with pytest.raises(RecordNotFound, match="inside another record"):
-        journal.set_markers([int(offsets[0]), inner], Marker.RETIRED)
-    assert digest(tmp_path / "j") == before and journal.counters[Marker.LIVE] == 3
-
-
 def test_failed_append_never_resurfaces_after_a_power_cut(tmp_path: Path) -> None:
     from common.journal import FlusherConfig
     from common.journal.testing import PowerCut
@@ -361,29 +302,6 @@ def test_writable_reopen_of_a_sealed_journal_recounts(tmp_path: Path) -> None:
     assert again.counters[Marker.BURIED] == 4 and again.counters[Marker.RETIRED] == 0
     again.close()
     flusher.stop()
-
-
-def test_concurrent_readers_never_see_short_bodies(tmp_path: Path, flusher: Flusher) -> None:
-    j = Journal.create(tmp_path / "race", kind=b"TEST", flusher=flusher, config=JournalConfig(extent_bytes=4096))
-    stop = threading.Event()
-    problems: list[str] = []
-
-    def reader() -> None:
-        while not stop.is_set():
-            for rec in j.records():
-                if rec.body != bytes([rec.body[0]]) * 3000 if rec.body else True:
-                    problems.append(f"bad body at {rec.offset}: {len(rec.body)} bytes")
-
-    threads = [threading.Thread(target=reader) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for i in range(300):
-        j.append_batch([bytes([i % 256]) * 3000])
-    stop.set()
-    for t in threads:
-        t.join()
-    j.close()
-    assert not problems, problems[:3]
 
 
 def test_fdatasync_failure_during_open_is_reported(tmp_path: Path, flusher: Flusher, journal: Journal) -> None:
@@ -488,49 +406,3 @@ def test_a_failed_companion_or_journal_sync_confirms_nothing(tmp_path: Path, flu
     j.abandon()
     os.close(data_fd)
 
-
-def whole_chunk(journal: Journal, count: int) -> RecordChunk:
-    """Every record as one chunk (a scan's first step stops after SMALL_BATCH records)."""
-    parts = list(journal.scan())
-    chunk = RecordChunk(*(np.concatenate([getattr(c, f) for c in parts])
-                          for f in ("offsets", "markers", "lengths", "continues")), 0)
-    assert len(chunk) == count
-    return chunk
-
-
-@pytest.mark.parametrize("dtype", ["<u8", "<u4", "<i8", "|u1", "<u2"])
-def test_fields_of_a_few_records_agree_with_the_vectorised_gather(journal: Journal, dtype: str) -> None:
-    rng = np.random.default_rng(7)
-    bodies = [rng.bytes(int(n)) for n in rng.integers(0, 40, size=12)]
-    journal.append_batch(bodies)
-    chunk = whole_chunk(journal, 12)
-    for at in (0, 3, 8, 17, 30):
-        for part in (slice(0, 1), slice(2, 7), slice(4, 12)):
-            few = journal.fields(chunk[part], at, dtype)
-            with mock.patch.object(reader, "SMALL_BATCH", 0):
-                many = journal.fields(chunk[part], at, dtype)
-            assert few.dtype == many.dtype and few.tolist() == many.tolist(), (at, part)
-
-
-def test_bodies_of_a_few_records_agree_with_the_vectorised_read(tmp_path: Path, journal: Journal) -> None:
-    rng = np.random.default_rng(11)
-    bodies = [rng.bytes(int(n)) for n in rng.integers(0, 90, size=12)]
-    offsets = journal.append_batch(bodies).offsets.tolist()
-    chunk = whole_chunk(journal, 12)
-    for skip in (0, 3, 40):
-        for part in (slice(0, 1), slice(2, 7), slice(4, 12)):
-            few = [bytes(b) for b in journal.bodies(chunk[part], skip)]
-            with mock.patch.object(reader, "SMALL_BATCH", 0):
-                many = [bytes(b) for b in journal.bodies(chunk[part], skip)]
-            assert few == many == [b[skip:] for b in bodies[part]], (skip, part)
-    with open(journal.path, "r+b") as f:  # one body byte flipped: both paths name that record
-        f.seek(offsets[5] + 16)
-        byte = f.read(1)
-        f.seek(offsets[5] + 16)
-        f.write(bytes([byte[0] ^ 0x40]))
-    errors = []
-    for small in (8, 0):
-        with mock.patch.object(reader, "SMALL_BATCH", small), pytest.raises(CorruptJournal) as caught:
-            journal.bodies(chunk[4:9])
-        errors.append(str(caught.value))
-    assert errors[0] == errors[1] and str(offsets[5]) in errors[0]

@@ -47,13 +47,24 @@ def tokens(tmp_path: Path) -> Tokens:
     return made
 
 
-@pytest.fixture
-def server(tmp_path: Path, tokens: Tokens) -> Iterator[Server]:
+def serving(tmp_path: Path, metrics: bool) -> Iterator[Server]:
     server = Server(ServerConfig(data_dir=tmp_path / "data", port=0, auth_file=tmp_path / "tokens",
-                                 handshake_timeout_s=2.0, metrics_port=0))
+                                 handshake_timeout_s=2.0, metrics_port=0 if metrics else None))
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path, tokens: Tokens) -> Iterator[Server]:
+    """A server that requires tokens (no metrics endpoint: stopping one waits up to 0.5 s for its HTTP thread)."""
+    yield from serving(tmp_path, metrics=False)
+
+
+@pytest.fixture
+def metered(tmp_path: Path, tokens: Tokens) -> Iterator[Server]:
+    """The same with its metrics endpoint."""
+    yield from serving(tmp_path, metrics=True)
 
 
 def client(server: Server, token: str | None) -> RpcClient:
@@ -103,7 +114,8 @@ def test_unknown_commands_stay_unknown_for_any_role(server: Server, tokens: Toke
         rpc.call("no.such.command")
 
 
-def test_missing_token_is_unauthenticated_and_counted(server: Server) -> None:
+def test_missing_token_is_unauthenticated_and_counted(metered: Server) -> None:
+    server = metered
     with client(server, None) as rpc:
         with pytest.raises(Unauthenticated, match="requires a token"):
             rpc.call("ping")

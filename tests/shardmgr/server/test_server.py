@@ -27,7 +27,17 @@ from .serverproc import ServerProcess
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the test's own: for tests that stop, kill or restart it."""
     proc = ServerProcess(tmp_path / "data").start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the tests that only talk to it (bad bytes included) and
+    then check that it still answers: a start costs about a second each."""
+    proc = ServerProcess(tmp_path_factory.mktemp("shared") / "data").start()
     yield proc
     proc.kill()
 
@@ -66,8 +76,8 @@ def raw_frame(header: dict, body: bytes) -> bytes:
     return struct.pack("<II", len(head) + len(body), len(head)) + head + body
 
 
-def test_ping_info_and_echo_with_binary_parts(server: ServerProcess) -> None:
-    with RpcClient(server.address) as client:
+def test_ping_info_and_echo_with_binary_parts(shared: ServerProcess) -> None:
+    with RpcClient(shared.address) as client:
         assert client.call("ping").result == {}
         info = client.call("info").result
         assert info["protocol"] == framing.PROTOCOL_VERSION and "stats" in info["commands"]
@@ -80,17 +90,17 @@ def test_ping_info_and_echo_with_binary_parts(server: ServerProcess) -> None:
         assert np.array_equal(reply.parts["ids"], ids) and reply.parts["raw"].tobytes() == b"abc"
 
 
-def test_pipelined_requests_all_answered(server: ServerProcess) -> None:
-    with RpcClient(server.address) as client:
+def test_pipelined_requests_all_answered(shared: ServerProcess) -> None:
+    with RpcClient(shared.address) as client:
         ids = [client.send("echo", {"i": i}) for i in range(2000)]
         assert [client.receive(i).result["i"] for i in reversed(ids)] == list(reversed(range(2000)))
 
 
-def test_unknown_command_and_bad_arguments_keep_the_connection(server: ServerProcess) -> None:
-    with RpcClient(server.address) as client:
+def test_unknown_command_and_bad_arguments_keep_the_connection(shared: ServerProcess) -> None:
+    with RpcClient(shared.address) as client:
         with pytest.raises(UnknownCommand, match="unknown command 'frobnicate'"):
             client.call("frobnicate")
-        sock = raw_connection(server.address)
+        sock = raw_connection(shared.address)
         framing.send_buffers(sock, framing.encode({"id": 7, "cmd": "ping", "args": [1, 2]}))
         reply = read_frame(sock)
         assert reply == {"id": 7, "error": {"code": "bad_request",
@@ -116,18 +126,18 @@ def test_unknown_command_and_bad_arguments_keep_the_connection(server: ServerPro
     (raw_frame({"id": 1, "cmd": "echo", "parts": [["x", "<u8", [1]], ["x", "<u8", [1]]]}, bytes(16)),
      "bad_frame"),  # a part name twice
 ])
-def test_bad_frames_get_an_error_and_a_closed_connection(server: ServerProcess, garbage: bytes, code: str) -> None:
-    sock = raw_connection(server.address)
+def test_bad_frames_get_an_error_and_a_closed_connection(shared: ServerProcess, garbage: bytes, code: str) -> None:
+    sock = raw_connection(shared.address)
     sock.sendall(garbage)
     reply = read_frame(sock)
     assert reply is not None and reply["id"] == 0 and reply["error"]["code"] == code, reply
     assert read_frame(sock) is None  # then closed
-    with RpcClient(server.address) as client:
+    with RpcClient(shared.address) as client:
         assert client.call("ping").result == {}
 
 
-def test_wrong_preamble_and_wrong_version(server: ServerProcess) -> None:
-    host, port = server.address.split(":")
+def test_wrong_preamble_and_wrong_version(shared: ServerProcess) -> None:
+    host, port = shared.address.split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
     assert sock.recv(100) == b""  # not our protocol: closed without a word
@@ -136,17 +146,17 @@ def test_wrong_preamble_and_wrong_version(server: ServerProcess) -> None:
     assert framing.parse_preamble(_recv_exact(sock, 8)) == framing.PROTOCOL_VERSION
     reply = read_frame(sock)
     assert reply is not None and reply["error"]["code"] == "unsupported_version"
-    with RpcClient(server.address) as client:
+    with RpcClient(shared.address) as client:
         assert client.call("ping").result == {}
 
 
-def test_disconnect_mid_frame_and_silent_clients(server: ServerProcess) -> None:
+def test_disconnect_mid_frame_and_silent_clients(shared: ServerProcess) -> None:
     for cut in (1, 8, 20):
-        sock = raw_connection(server.address)
+        sock = raw_connection(shared.address)
         sock.sendall(framing.encode({"id": 1, "cmd": "echo", "args": {"x": "y" * 100}})[0][:cut])
         sock.close()
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]  # never send a preamble
-    with RpcClient(server.address) as client:
+    idle = [socket.create_connection(("127.0.0.1", shared.port)) for _ in range(5)]  # never send a preamble
+    with RpcClient(shared.address) as client:
         assert client.call("ping").result == {}
     for sock in idle:
         sock.close()
@@ -254,11 +264,11 @@ def test_sigkill_then_restart_and_client_reconnects(server: ServerProcess) -> No
         client.close()
 
 
-def test_second_server_on_the_same_directory_is_refused(server: ServerProcess) -> None:
-    out = subprocess.run([sys.executable, "-m", "shardmgr", "serve", "--data", str(server.data_dir), "--port", "0"],
+def test_second_server_on_the_same_directory_is_refused(shared: ServerProcess) -> None:
+    out = subprocess.run([sys.executable, "-m", "shardmgr", "serve", "--data", str(shared.data_dir), "--port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "in use by another process" in out.stderr
-    with RpcClient(server.address) as client:
+    with RpcClient(shared.address) as client:
         assert client.call("ping").result == {}
 
 

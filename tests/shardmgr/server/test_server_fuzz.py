@@ -1,4 +1,5 @@
-"""Thousands of malformed frames against a real server process.
+"""Hundreds of malformed frames against a real server process (thousands under
+the soak profile or FUZZ_EXAMPLES: README).
 
 After each one the connection must end cleanly (or answer correctly), and a
 separate, long-lived client must still get correct answers. At the end the
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from common.wire import framing
 from common.wire.client import RpcClient
+from tests.profiles import examples
 
 from .serverproc import ServerProcess
 
@@ -69,7 +71,7 @@ def tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != "LOCK"}
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "800")), deadline=None,
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", examples(300))), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(payload=st.lists(malformed, min_size=1, max_size=3))
 # one of each error class the last test counts, whatever the random draw reaches

@@ -70,26 +70,38 @@ def read_results(address: str, got: dict[int, int]) -> None:
 
 def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProcess) -> None:
     rng = random.Random(5)
-    items = 1000
+    items = 600
     with QueueClient(server.address) as producer:
         handles = []
-        for start in range(0, items, 500):
-            batch = [f"task-{i:06d}".encode() * 2000 for i in range(start, start + 500)]  # 22 kB: slow replies
+        for start in range(0, items, 300):
+            batch = [f"task-{i:06d}".encode() * 2000 for i in range(start, start + 300)]  # 22 kB: slow replies
             handles += producer.enqueue("job", "m", "s", 1, batch, durable=True)
     workers = [subprocess.Popen([sys.executable, str(WORKER), server.address, f"w{i}", str(i)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
     got: dict[int, int] = {}
+
+    def consume(stopped: threading.Event) -> None:
+        """Up to 20 results calls, until the server has stopped (calls after that could only fail)."""
+        for _ in range(20):
+            if stopped.is_set():
+                return
+            read_results(server.address, got)
+
     try:
-        for _ in range(3):  # (pytest -m soak stops it 60 times under mixed load: test_stop_soak.py)
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:  # the workers are up: every stop below has results to cut
+            read_results(server.address, got)
+        for _ in range(2):  # (pytest -m soak stops it 60 times under mixed load: test_stop_soak.py)
             deadline = time.monotonic() + rng.uniform(0.5, 1.5)
             while time.monotonic() < deadline:
                 read_results(server.address, got)
-            consumers = [threading.Thread(target=lambda: [read_results(server.address, got) for _ in range(20)])
-                         for _ in range(4)]
+            stopped = threading.Event()
+            consumers = [threading.Thread(target=consume, args=(stopped,)) for _ in range(4)]
             for consumer in consumers:
                 consumer.start()  # consumers still calling while the server stops
             time.sleep(rng.uniform(0, 0.2))
             stop(server)
+            stopped.set()
             for consumer in consumers:
                 consumer.join(60)
             server.start()
@@ -160,8 +172,9 @@ def churn(address: tuple[str, int], until: threading.Event) -> None:
             time.sleep(0.01)
 
 
-def test_sigterm_stops_the_server_under_connection_churn(tmp_path: Path) -> None:
-    for round_ in range(5):
+def stop_under_churn(tmp_path: Path, rounds: int) -> None:
+    """Start a server, churn connections at it, SIGTERM it: ``rounds`` times."""
+    for round_ in range(rounds):
         server = ServerProcess(tmp_path / f"data{round_}", *SHUTDOWN_5S).start()
         until = threading.Event()
         threads = [threading.Thread(target=churn, args=(("127.0.0.1", server.port), until)) for _ in range(6)]
@@ -176,6 +189,15 @@ def test_sigterm_stops_the_server_under_connection_churn(tmp_path: Path) -> None
             for thread in threads:
                 thread.join(10)
             server.kill()
+
+
+def test_sigterm_stops_the_server_under_connection_churn(tmp_path: Path) -> None:
+    stop_under_churn(tmp_path, rounds=3)
+
+
+@pytest.mark.soak
+def test_sigterm_stops_the_server_under_connection_churn_soak(tmp_path: Path) -> None:
+    stop_under_churn(tmp_path, rounds=40)
 
 
 def test_a_second_signal_exits_at_once(server: ServerProcess) -> None:

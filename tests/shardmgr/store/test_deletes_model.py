@@ -33,6 +33,7 @@ from common.journal import FlusherConfig
 from shardmgr.errors import RowDeleted, UnknownRef
 from shardmgr.store.refs import ROW_BITS
 from shardmgr.store.store import Store
+from tests.profiles import examples
 
 DIM = 4
 SEAL_BYTES = 4096  # 256 rows of dimension 4
@@ -234,11 +235,11 @@ class DeletesMachine(RuleBasedStateMachine):
                 assert set(found) == set(live)
 
 
-# A step costs a few store calls and a reopen a few shard opens: 20 examples of 30 steps take
-# about 10 s. The soak profile (HYPOTHESIS_PROFILE=soak) asks for more. Failures are shrunk, not explained.
-PROFILE_EXAMPLES = settings().max_examples
+# A step costs a few store calls and a reopen a few shard opens: 12 examples of 30 steps in the
+# default run, the soak profile's 2,000 under HYPOTHESIS_PROFILE=soak (tests/profiles.py).
+# Failures are shrunk, not explained.
 TestDeletesModel = DeletesMachine.TestCase
 TestDeletesModel.settings = settings(
     stateful_step_count=30, deadline=None, report_multiple_bugs=False,
     phases=[p for p in Phase if p is not Phase.explain],
-    max_examples=PROFILE_EXAMPLES if PROFILE_EXAMPLES > 100 else min(PROFILE_EXAMPLES, 20))
+    max_examples=examples(12))

@@ -26,10 +26,11 @@ from common.journal.check import Severity
 from common.journal.lockfile import LockFile
 from shardmgr.cli import main
 from shardmgr.errors import CannotVerify, UnknownRef
+from tests.profiles import examples
 from tests.shardmgr.store.test_store import digest
 from tests.shardmgr.workload import Workload, build
 
-from .test_verify_faults import Model, build_models, damage
+from .test_verify_faults import FAULTS, Model, build_models, damage
 from .unprivileged import NOBODY, reachable_by_others, run_unprivileged
 
 
@@ -167,15 +168,17 @@ def served_rows(root: Path, workload: Workload) -> None:
 
 
 @pytest.mark.timeout(900)
-@settings(max_examples=28, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@pytest.mark.parametrize("fault", FAULTS)  # every kind of fault in every run; the file and byte are drawn
+@settings(max_examples=examples(2, soak=70),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_repair_leaves_a_clean_directory_that_serves_every_undamaged_row(
-        pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path, data: st.DataObject) -> None:
+        pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path, fault: str, data: st.DataObject) -> None:
     source, workload, models = pristine
     root = tmp_path / "case"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(source, root)
-    damage(root, models, data)
+    damage(root, models, data, fault)
     report = shardmgr.verify(root, deep=True, repair=True)
     assert all(p.severity == Severity.NOTE for p in report.problems), (report.repaired, report.problems)
     assert all(p.what in ("quarantined", "lost") for p in report.problems), report.problems
@@ -295,11 +298,10 @@ def damage_for_repair(root: Path) -> None:
         f.write(b"\x00\x01\x02")
 
 
-@pytest.mark.timeout(600)
-def test_a_repair_killed_at_any_point_loses_nothing(pristine: tuple[Path, Workload, dict[Path, Model]],
-                                                    tmp_path: Path) -> None:
-    """SIGKILL a real ``verify --repair`` process at random points; a second repair
-    then finishes the work, and every undamaged row is still served."""
+def kill_repairs(pristine: tuple[Path, Workload, dict[Path, Model]], tmp_path: Path, lives: int) -> None:
+    """SIGKILL a real ``verify --repair`` process at random points, ``lives``
+    times; a second repair then finishes the work, and every undamaged row is
+    still served."""
     import random
     import signal
     import time
@@ -315,7 +317,7 @@ def test_a_repair_killed_at_any_point_loses_nothing(pristine: tuple[Path, Worklo
     whole = time.monotonic() - started  # a cold first run can take longer than the runs below: kill early enough
     rng = random.Random(5)
     killed = 0
-    for life in range(8):
+    for life in range(lives):
         root = tmp_path / f"life{life}"
         shutil.copytree(source, root)
         damage_for_repair(root)
@@ -327,4 +329,18 @@ def test_a_repair_killed_at_any_point_loses_nothing(pristine: tuple[Path, Worklo
         assert all(p.severity == Severity.NOTE for p in report.problems), (life, report.repaired, report.problems)
         served_rows(root, workload)
         assert shardmgr.verify(root, deep=True).exit_code == 0
-    assert killed >= 4  # most kills landed in the middle of a repair
+        shutil.rmtree(root)
+    assert killed >= lives // 2  # most kills landed in the middle of a repair
+
+
+@pytest.mark.timeout(600)
+def test_a_repair_killed_at_any_point_loses_nothing(pristine: tuple[Path, Workload, dict[Path, Model]],
+                                                    tmp_path: Path) -> None:
+    kill_repairs(pristine, tmp_path, lives=4)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_a_repair_killed_at_any_point_loses_nothing_soak(pristine: tuple[Path, Workload, dict[Path, Model]],
+                                                         tmp_path: Path) -> None:
+    kill_repairs(pristine, tmp_path, lives=60)

@@ -7,6 +7,11 @@ through the journal API alone (not from the checker): per byte of each
 file, how bad a change there is (``flip``) and how bad losing it is
 (``loss``), from the header layout, the record layout and what the newest
 checkpoint declared durable.
+
+Every kind of fault meets every kind of file in every run (one test case
+per pair); Hypothesis picks the file of that kind and the byte, a few times
+per pair in the default run and many more under the soak profile
+(tests/profiles.py).
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ from common.journal.journal import Journal
 from shardmgr.store.batch_record import V1, unpack, version_of
 from shardmgr.store.rows import HEADER_USED
 from shardmgr.verification.runner import verify
+from tests.profiles import examples
 from tests.shardmgr.workload import build, file_kinds
 
 NOTE, REPAIRABLE, CORRUPT = Severity.NOTE, Severity.REPAIRABLE, Severity.CORRUPT
 JOURNALS = ("segment", "completion_log", "catalog", "shard_journal", "collection_meta", "index_meta")
 ROWS = ("vectors", "ids")
 DERIVED = ("index_faiss", "index_meta")  # rebuilt from the rows: damage is at most REPAIRABLE
+KINDS = ("segment", "completion_log", "catalog", "shard_journal", "collection_meta", *ROWS, *DERIVED)  # file_kinds()
+FAULTS = ("flip", "truncate", "garbage", "zero_page", "delete", "swap")
 
 
 @dataclasses.dataclass
@@ -124,18 +132,22 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
     yield root, build_models(root)
 
 
-def damage(root: Path, models: dict[Path, Model], data: st.DataObject) -> dict[Path, Severity]:
-    """Apply one random fault; returns the expected severity per damaged file
-    (NOTE: the fault changed nothing that matters)."""
+def damage(root: Path, models: dict[Path, Model], data: st.DataObject, fault: str | None = None,
+           kind: str | None = None) -> dict[Path, Severity]:
+    """Apply one fault (``fault``, else a random one) to a random file (of
+    ``kind``, if given; a swap's second file is any other); returns the
+    expected severity per damaged file (NOTE: the fault changed nothing that
+    matters)."""
     files = sorted(models)
-    fault = data.draw(st.sampled_from(["flip", "truncate", "garbage", "zero_page", "delete", "swap"]))
+    if fault is None:
+        fault = data.draw(st.sampled_from(FAULTS))
+    rel = data.draw(st.sampled_from([f for f in files if kind is None or models[f].kind == kind]))
     if fault == "swap":
-        a, b = data.draw(st.lists(st.sampled_from(files), min_size=2, max_size=2, unique=True))
+        a, b = rel, data.draw(st.sampled_from([f for f in files if f != rel]))
         os.rename(root / a, root / "swap.tmp")
         os.rename(root / b, root / a)
         os.rename(root / "swap.tmp", root / b)
         return {a: swapped_in(models[a]), b: swapped_in(models[b])}
-    rel = data.draw(st.sampled_from(files))
     path, model = root / rel, models[rel]
     size = len(model.flip)
     if fault == "delete":
@@ -171,16 +183,24 @@ def swapped_in(model: Model) -> Severity:
     return REPAIRABLE if model.kind in DERIVED else CORRUPT
 
 
+def test_the_cases_cover_every_kind_of_file(pristine: tuple[Path, dict[Path, Model]]) -> None:
+    assert {model.kind for model in pristine[1].values()} == set(KINDS)
+
+
 @pytest.mark.timeout(900)
-@settings(max_examples=320, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fault", FAULTS)
+@settings(max_examples=examples(2, soak=40),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_fault_is_found_on_its_file_with_its_severity(pristine: tuple[Path, dict[Path, Model]],
-                                                            tmp_path: Path, data: st.DataObject) -> None:
+                                                            tmp_path: Path, fault: str, kind: str,
+                                                            data: st.DataObject) -> None:
     source, models = pristine
     root = tmp_path / "case"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(source, root)
-    expected = damage(root, models, data)
+    expected = damage(root, models, data, fault, kind)
     report = verify(root, deep=True)
     worst = max(expected.values())
     assert report.exit_code == int(worst), (expected, report.problems)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from common.journal import Marker
 from common.journal.scan import RecordChunk
+from tests.profiles import examples
 from workq.disk import picks
 from workq.disk.records import LEDGER
 
@@ -41,7 +42,7 @@ def both_forms(pick: Callable[..., T], *args: Any) -> tuple[T, T]:
         return few, pick(*args)
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(200))
 @given(chunk=chunks([1, 2, 3, 4, 5, 6, int(LEDGER)]), skip_at=st.sets(st.integers(0, 7)),
        completing=st.sets(st.integers(1, 6), max_size=2), limit=st.integers(1, 9), budget=st.integers(0, 3000),
        first=st.booleans())
@@ -56,7 +57,7 @@ def test_results_picks_of_few_records_equal_the_vectorised_ones(
         assert few[2] == many[2]
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(200))
 @given(chunk=chunks([1, 2, 3]), held_at=st.sets(st.integers(0, 7)), job=st.integers(1, 3),
        limit=st.integers(1, 9), budget=st.integers(0, 3000), first=st.booleans())
 def test_dispatch_picks_of_few_records_equal_the_vectorised_ones(

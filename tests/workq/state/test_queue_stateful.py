@@ -35,6 +35,7 @@ import workq
 from common.journal import FlusherConfig
 from common.journal.record import RECORD_HEADER_SIZE
 from common.wire.errors import BadRequest
+from tests.profiles import examples
 from workq import Broker, Handle, Item, Key, NotLeased, Result, UnknownHandle, WorkqConfig
 from workq.config import REPLY_BATCH_BYTES, REPLY_ITEM_BYTES
 from workq.disk.records import HEAD_BYTES, SEGMENTS_DIR, segment_file
@@ -455,12 +456,11 @@ class QueueMachine(RuleBasedStateMachine):
         assert all(m.state == COMPLETED for m in self.items.values() if m.key not in shown), "a key went missing"
 
 
-# A step costs a few broker calls: at most 50 examples, unless the loaded profile asks for more
-# than the default 100 (a soak). One failure is shrunk, and not explained: every replay runs
-# brokers, and the explain phase took minutes.
-PROFILE_EXAMPLES = settings().max_examples
+# A step costs a few broker calls: 20 examples of 30 steps in the default run, the soak
+# profile's 2,000 under HYPOTHESIS_PROFILE=soak (tests/profiles.py). One failure is shrunk, and
+# not explained: every replay runs brokers, and the explain phase took minutes.
 TestQueueModel = QueueMachine.TestCase
 TestQueueModel.settings = settings(
     stateful_step_count=30, deadline=None, report_multiple_bugs=False,
     phases=[p for p in Phase if p is not Phase.explain],
-    max_examples=PROFILE_EXAMPLES if PROFILE_EXAMPLES > 100 else min(PROFILE_EXAMPLES, 35))
+    max_examples=examples(20))
