@@ -13,7 +13,6 @@ Threads: the journal's owner (the thread that writes), under ``_lock``.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -23,8 +22,8 @@ from .config import JournalConfig
 from .errors import JournalFull, JournalSealed, WriteFailed
 from .flusher import Ticket
 from .marker import MARKER_INDEX, Marker
-from .reader import RecordReader
 from .record import Body, encode_batch
+from .writing import WritingSide
 
 
 class Appended(NamedTuple):
@@ -34,22 +33,12 @@ class Appended(NamedTuple):
     ticket: Ticket
 
 
-class RecordAppender(RecordReader):
+class RecordAppender(WritingSide):
     """The appending side of :class:`~common.journal.Journal` (a mixin over its state)."""
 
     config: JournalConfig
-    _lock: threading.Lock
     _sealed: bool
     _count: int
-    _counters: list[int]
-    _seq: int
-
-    def _check_writable(self) -> None:
-        raise NotImplementedError
-
-    def _ticket(self) -> Ticket:
-        """A ticket for the journal's latest write (``_seq``)."""
-        raise NotImplementedError
 
     def _fail(self, exc: OSError, during: str) -> None:
         """Durability is lost for good (syncer.py)."""

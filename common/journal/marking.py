@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,28 +20,18 @@ from .errors import MarkerConflict
 from .flusher import Ticket
 from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker, marker_index
-from .reader import RecordReader
 from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, align_up
+from .writing import WritingSide
 
 _MARKER_BYTES = {m: int(m).to_bytes(4, "little") for m in Marker}
 _LENGTH_WORD = struct.Struct("<I")
 
 
-class MarkerWriter(RecordReader):
+class MarkerWriter(WritingSide):
     """The marker-changing side of :class:`~common.journal.Journal` (a mixin over its state)."""
 
     path: Path
-    _lock: threading.Lock
     _file: MappedFile
-    _counters: list[int]
-    _seq: int
-
-    def _check_writable(self) -> None:
-        raise NotImplementedError
-
-    def _ticket(self) -> Ticket:
-        """A ticket for the journal's latest write (``_seq``)."""
-        raise NotImplementedError
 
     def set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
                     expect: Marker | None = None, proven: bool = False) -> Ticket:
