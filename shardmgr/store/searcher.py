@@ -53,28 +53,32 @@ class Searcher:
         parts, complete = [], True
         for view in views:
             if view.live > 0:
-                scores, rows = self._search_shard(view, queries, k, knobs, cache)
-                found = rows.size == 0 or rows.min() >= 0  # the common case: no masking anywhere
+                scores, rows, found = self._search_shard(view, queries, k, knobs, cache)
                 complete = complete and found
                 parts.append(shard_part(view.shard, scores, rows, view.ids, view.refs, found))
         return merge(parts, len(queries), k, self.metric, complete)
 
     def _search_shard(self, view: View, queries: np.ndarray, k: int, knobs: Knobs,
-                      cache: dict[tuple[int, Knobs, int], Any]) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, rows) of one shard's top-k live rows. With an approximate
+                      cache: dict[tuple[int, Knobs, int], Any]) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(scores, rows, whether every row was found) of one shard's top-k
+        live rows (one ``min()`` decides the last: the common case needs no
+        masking anywhere). With an approximate
         index, a query answered with fewer than min(k, live rows) rows (a
         graph whose neighbourhoods are mostly deleted runs dry) is searched
         again exactly: every shard returns k rows when it holds k live ones."""
         keep = view.keep
         if view.index is None:
-            return search_rows(queries, view.vectors, k, self.metric, keep)
+            scores, rows = search_rows(queries, view.vectors, k, self.metric, keep)
+            return scores, rows, bool(rows.min() >= 0)
         scores, rows = view.index.search(queries, min(k, view.rows), params=self._chosen(view, knobs, k, cache))
-        if view.live < view.rows or rows.min() < 0:  # a shard with deletes, or a short answer: look closer
+        found = bool(rows.min() >= 0)
+        if view.live < view.rows or not found:  # a shard with deletes, or a short answer: look closer
             short = np.flatnonzero((rows >= 0).sum(axis=1) < min(k, view.live))
             if len(short):
                 scores[short], rows[short] = search_rows(queries[short], view.vectors, rows.shape[1], self.metric,
                                                          keep)
-        return scores, rows
+                found = bool(rows.min() >= 0)
+        return scores, rows, found
 
     def _chosen(self, view: View, knobs: Knobs, k: int, cache: dict[tuple[int, Knobs, int], Any]) -> Any:
         """The faiss search parameters for ``view``'s index (made once per published view list, then reused)."""
