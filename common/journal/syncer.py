@@ -85,6 +85,17 @@ def _pool() -> ThreadPoolExecutor:
         return _helpers
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's helper threads do not exist there, and
+    a pool that believes it has them would never run a sync (a flush would
+    hang). The child makes its own pool when it first needs one."""
+    global _helpers, _helpers_lock
+    _helpers, _helpers_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 class Syncer:
     """The durability state of one journal file."""
 

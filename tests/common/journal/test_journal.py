@@ -15,6 +15,7 @@ import pytest
 from common.journal import (
     CorruptJournal,
     Flusher,
+    FlusherConfig,
     FlushFailed,
     FormatError,
     Journal,
@@ -406,3 +407,36 @@ def test_a_failed_companion_or_journal_sync_confirms_nothing(tmp_path: Path, flu
     j.abandon()
     os.close(data_fd)
 
+
+
+def test_a_forked_child_syncs_companions_on_threads_of_its_own(tmp_path: Path, flusher: Flusher) -> None:
+    """The helper threads that sync a journal beside its companions are not
+    inherited by fork: a child that appends and waits for durability must
+    not wait forever on the parent's pool (it gets its own)."""
+    parent = Journal.create(tmp_path / "parent", kind=b"TEST", flusher=flusher)
+    data_fd = os.open(tmp_path / "parent-data", os.O_RDWR | os.O_CREAT, 0o644)
+    parent.add_companion(data_fd)
+    parent.wait_durable(parent.append(b"the parent's pool exists now")[1], timeout=5)
+    pid = os.fork()
+    if pid == 0:  # the child: its own flusher and journal, as a forked worker would open them
+        code = 1
+        try:
+            with Flusher(FlusherConfig(interval=0.002)) as child_flusher:
+                child = Journal.create(tmp_path / "child", kind=b"TEST", flusher=child_flusher)
+                fd = os.open(tmp_path / "child-data", os.O_RDWR | os.O_CREAT, 0o644)
+                child.add_companion(fd)
+                child.wait_durable(child.append(b"x")[1], timeout=5)
+                child.close()
+                code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's durable append did not finish in 20 s")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    parent.close()
+    os.close(data_fd)
