@@ -95,8 +95,9 @@ def show(console: Console, found: ClusterStatus) -> None:
                         f"{found.bytes:,} bytes in object storage")
     nodes = Table("node", "address", "lease", "ttl", "writes", "serving", title="nodes")
     tables.show(console, nodes, [_node_row(n) for n in found.nodes], "node")
-    collections = Table("collection", "dim", "metric", "writer", "shards", "rows", "bytes", "owners", "served",
-                        title=f"collections (owners: rendezvous, {found.replicas} per shard)")
+    collections = Table(title=f"collections (owners: rendezvous, {found.replicas} per shard)")
+    for column in ("collection", "dim", "metric", "writer", "shards", "rows", "bytes", "owners", "served"):
+        collections.add_column(column, justify="right" if column in ("dim", "shards", "rows", "bytes") else "left")
     tables.show(console, collections, [_collection_row(c) for c in found.collections], "collection")
     if found.holders:
         holders = Table("collection", "node", "state", title="holders of unpublished rows")

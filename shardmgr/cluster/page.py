@@ -46,7 +46,7 @@ PAGE = """<!DOCTYPE html>
   h2 { font-size: 15px; margin: 20px 0 8px; }
   table { border-collapse: collapse; width: 100%; background: #fff; border: 1px solid var(--line);
           border-radius: 8px; overflow: hidden; }
-  th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
+  th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line); vertical-align: middle; }
   th { background: #f2f4f7; font-size: 12px; color: var(--muted); font-weight: 600; }
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
   .mono { font-family: ui-monospace, monospace; font-size: 13px; }
@@ -152,7 +152,7 @@ function render(s) {
   const main = document.getElementById("main");
   const parts = [
     el("div", {class: "tiles"}, tile("nodes", s.nodes.length, "nodes"), tile("collections", s.collections.length,
-       "collections"), tile("shards", num(s.shards), "shards"), tile("rows", num(s.rows), "rows"),
+       "collections"), tile("published shards", num(s.shards), "shards"), tile("published rows", num(s.rows), "rows"),
        tile("in object storage", bytes(s.bytes), "bytes")),
     el("h2", {}, "Nodes"),
     table(["node", "address", "lease", "ttl", "writes", "serving"], nodeRows(s), "no live nodes"),
