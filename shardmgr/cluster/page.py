@@ -8,10 +8,11 @@ and every ``REFRESH_MS``, and renders nodes, collections with their
 writers, shards with their owners and where they are served, holders and
 bytes. Every value from etcd is put into the page as text
 (``textContent``, never ``innerHTML``), so an address or key holding markup
-shows as what it is. A failed fetch shows a red banner saying what failed
-and since when, and keeps the last data shown; the header says when the
-last refresh succeeded. Elements carry ``data-node``, ``data-collection``
-and ``data-field`` attributes for tests and scripts.
+shows as what it is. A failed fetch (or one taking over 10 s) shows a red
+banner saying what failed and since when, and keeps the last data shown;
+the header says when the last refresh succeeded. Elements carry
+``data-node``, ``data-collection`` and ``data-field`` attributes for tests
+and scripts.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ PAGE = """<!DOCTYPE html>
 <main id="main"></main>
 <script>
 "use strict";
-const REFRESH_MS = @REFRESH_MS@, MAX_SHARD_ROWS = @MAX_SHARD_ROWS@;
+const REFRESH_MS = @REFRESH_MS@, FETCH_TIMEOUT_MS = 10000, MAX_SHARD_ROWS = @MAX_SHARD_ROWS@;
 let lastOk = null;
 
 function el(tag, attrs, ...children) {
@@ -181,7 +182,7 @@ function banner(text) {
 
 async function refresh() {
   try {
-    const answer = await fetch("cluster.json", {cache: "no-store"});
+    const answer = await fetch("cluster.json", {cache: "no-store", signal: AbortSignal.timeout(FETCH_TIMEOUT_MS)});
     const body = await answer.json();
     if (!answer.ok) throw new Error(body.error || ("HTTP " + answer.status));
     render(body);

@@ -229,7 +229,9 @@ def _decode_one(keys: _Keys, parts: list[str], e: Entry) -> None:
             raise ValueError(f"the entry names shard {entry.shard_id} of {entry.collection!r}")
         keys.shards.setdefault(check_name(rest[0]), []).append(entry)
     elif kind == "holders" and len(rest) == 2:
-        json.loads(e.value)["node"]  # noqa: B018 - checks the value is the documented {"node": ...}
+        node = json.loads(e.value)["node"]
+        if node != rest[1]:
+            raise ValueError(f"the value names node {node!r}")
         keys.holders.append((check_name(rest[0]), check_node_id(rest[1])))
     elif kind == "serving" and len(rest) == 1:
         report = json.loads(e.value)["collections"]
