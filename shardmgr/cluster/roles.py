@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -117,6 +118,8 @@ class WriterRoles:
             except UnknownCollection:  # created in the cluster, not here yet: its shards come later
                 next_id = 1
             first, limit = ShardMap(self.config, name, self._kv).reserve_ids(writer, next_id, self.block)
+            # a holder before any write of the tenure is acknowledged (mirror.py): searches ask it from now on
+            self._kv.put(self.config.key("holders", name, self.node_id), json.dumps({"node": self.node_id}).encode())
             tenure = Tenure(writer, first, limit)
             self._tenures = {**self._tenures, name: tenure}
             self.counters["tenures_total"] += 1

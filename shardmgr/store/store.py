@@ -48,6 +48,7 @@ from .collection import Collection, check_name
 from .config import StoreConfig
 from .copies import copy_collections
 from .sealed import SealedShard, sealed_shard
+from .search import SearchResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -354,6 +355,19 @@ class Store:
         with self._write:
             return [sealed_shard(name, s) for s in collection.shards.values() if s.sealed]
 
+    def adopt_shard(self, name: str, shard_id: int) -> int:
+        """Serve the sealed shard whose checked files a caller put at
+        ``collection(name).shard_path(shard_id)`` (cluster mode's cache); its rows."""
+        collection = self.collection(name)
+        with self._write:
+            return collection.adopt(shard_id).rows
+
+    def drop_shard(self, name: str, shard_id: int) -> Path | None:
+        """Stop serving a shard (files kept); its directory, or None if it was not served."""
+        collection = self.collection(name)
+        with self._write:
+            return collection.drop(shard_id)
+
     def shard_ids(self, name: str) -> tuple[int, int | None]:
         """(the id ``name``'s next shard gets, the bound below which ids may be used; None: none)."""
         collection = self.collection(name)
@@ -377,7 +391,7 @@ class Store:
     # ------------------------------------------------------------------ reads
 
     def search(self, name: str, queries: Any, k: int = 10,
-               params: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               params: dict[str, int] | None = None) -> SearchResult:
         """Top-k over every shard: (scores, ids, refs), each [nq, k]; missing
         results have ref -1. Exact, or through the collection's index on
         sealed shards that have one; ``params`` (``nprobe``, ``efSearch``)
@@ -387,9 +401,9 @@ class Store:
         k = batch.k(k, self.config.max_k)
         chosen = index.check_params(params)
         if not len(checked):
-            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64)
+            return SearchResult(np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64))
         hits = collection.search(checked, k, chosen)
-        return hits.scores, hits.ids, hits.refs
+        return SearchResult(hits.scores, hits.ids, hits.refs)
 
     def get(self, name: str, refs: Any) -> np.ndarray:
         """The vectors [n, dim] stored at ``refs``."""

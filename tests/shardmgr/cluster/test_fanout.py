@@ -1,0 +1,125 @@
+"""Search across a cluster of real ``shardmgr serve`` nodes (docs/cluster.md,
+"Searching the cluster").
+
+Three nodes; n1 writes the collection, so its data directory holds every row
+(published shards and the growing one) and is the single-node reference. The
+published shards are fetched by their rendezvous owners; a search sent to
+any node fans out and must return exactly what one store holding all the rows
+returns (scores, ids and refs, bit for bit). Then nodes die:
+
+- a query node SIGKILLed: its shards are asked of the next ready node in the
+  same search, so results stay complete;
+- the writer SIGKILLed: its unpublished rows are unreachable, and searches
+  say so (``partial``, naming the node), never silently short; the survivors
+  take over its published shards (lease TTL + fetch); after its restart the
+  results are complete and equal to the reference again.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("boto3")
+pytest.importorskip("etcd3gw")
+
+from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.kv import Kv  # noqa: E402
+from shardmgr.cluster.membership import Membership  # noqa: E402
+from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
+from shardmgr.cluster.placement import owners  # noqa: E402
+from shardmgr.cluster.routing import holder_missing  # noqa: E402
+from shardmgr.store.client import StoreClient  # noqa: E402
+from shardmgr.store.search import SearchResult  # noqa: E402
+from shardmgr.store.store import Store  # noqa: E402
+from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402
+from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+
+K = 7
+
+
+@pytest.fixture
+def started() -> list[ServerProcess]:
+    nodes: list[ServerProcess] = []
+    yield nodes
+    for proc in nodes:
+        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
+        if proc.alive():
+            proc.kill()
+
+
+def served_by_owners(config: ClusterConfig, collection: str) -> bool:
+    """Every published shard is listed in the serving key of each of its owners."""
+    mirror = ClusterMirror(config, Kv(config))
+    mirror._reread()
+    state = mirror.state()
+    live = sorted(state.members)
+    return all(all(shard in state.ready(owner, collection) for owner in owners(live, collection, shard))
+               for shard in state.published.get(collection, {}))
+
+
+def search(address: str, queries: np.ndarray) -> SearchResult:
+    with StoreClient(address) as client:
+        return client.search("docs", queries, k=K)
+
+
+def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    assert not found.partial, found.missing
+    for got, want in zip(found, reference, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1, n2, n3 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3))
+    for proc in (n1, n2, n3):
+        started.append(proc.start())
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in batches(9, seed=5):  # two batches a shard: 4 sealed, one batch growing
+            client.append("docs", vectors, ids, durable=True)
+    wait_for("4 shards published", lambda: len(published(cluster_config, "docs")) == 4)
+    wait_for("shards served by their owners", lambda: served_by_owners(cluster_config, "docs"), timeout=20)
+    queries = np.random.default_rng(1).random((25, DIM), dtype=np.float32)
+    before = [search(proc.address, queries) for proc in (n1, n2, n3)]
+
+    # a query node that serves shards dies: they are asked of the next ready node in the same search
+    owned = {proc: [s for s in range(1, 5) if owners(["n1", "n2", "n3"], "docs", s) == [proc.data_dir.name]]
+             for proc in (n2, n3)}
+    victim = max(owned, key=lambda proc: len(owned[proc]))
+    survivor = n2 if victim is n3 else n3
+    assert owned[victim], owned  # placement is deterministic: true for these names
+    victim.kill()
+    after_query_node = search(survivor.address, queries)
+
+    # the writer dies: its growing shard's rows are unreachable, and searches say so
+    n1.kill()
+    partial = search(survivor.address, queries)
+    assert holder_missing("n1") in partial.missing, partial.missing
+    alone = [survivor.data_dir.name]
+    wait_for("only the survivor left", lambda: [m.node_id for m in Membership(cluster_config).members()[0]] == alone)
+    wait_for("the survivor serves every published shard", lambda: served_by_owners(cluster_config, "docs"),
+             timeout=20)
+    taken_over = search(survivor.address, queries)
+    assert taken_over.missing == (holder_missing("n1"),)  # only the dead writer's unpublished rows now
+
+    # the writer returns: its rows are searchable again (published, or asked of it as holder)
+    n1.restart()
+    recovered = wait_for("complete results", lambda: (lambda r: r if not r.partial else None)(
+        search(survivor.address, queries)), timeout=30)
+
+    for proc in (n1, survivor):  # a clean stop, so the reference opens n1's directory as it was
+        proc.signal(signal.SIGTERM)
+        proc.wait()
+    with Store(n1.data_dir).open() as reference:
+        want = reference.search("docs", queries, k=K)
+    assert (want[1] >= 0).all()
+    for found in (*before, after_query_node, recovered):
+        same(found, want)
+    assert len(np.unique(want[2] >> 40)) > 2  # the top rows come from several shards
+    # the partial answer's rows are the reference's, less those of the growing shard (shard 5, on n1 only)
+    kept = want[2][(want[2] >> 40) != 5]
+    assert set(taken_over.refs[taken_over.refs >= 0].tolist()) >= set(kept.tolist())
