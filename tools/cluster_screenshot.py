@@ -4,8 +4,8 @@ cluster with 2 collections, in headless Chromium.
 Starts etcd and SeaweedFS on loopback as the tests do (tests/cluster_servers.py),
 three ``shardmgr serve --cluster`` nodes with tiny shards
 (tests/shardmgr/cluster/nodes.py; n1 with its metrics port), writes two
-collections from two writers until shards are published, takes the
-screenshot, and stops everything it started by PID (nodes with SIGTERM, a
+collections from two writers until shards are published and served by
+their rendezvous owners, takes the screenshot, and stops everything it started by PID (nodes with SIGTERM, a
 clean leave). Needs the cluster and test extras and a ``chromium`` binary.
 
     python tools/cluster_screenshot.py [--out docs/cluster-status.png]
@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.status import read_status  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.cluster_servers import EtcdServer, WeedServer, etcd_binary, free_ports, weed_binary  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402
@@ -77,7 +78,10 @@ def main() -> None:
             nodes[node_id] = node(work, node_id, config, metrics_port=metrics_port if node_id == "n1" else None)
             nodes[node_id].start()
         write(nodes, config)
-        time.sleep(1.2)  # the page's status is cached for a second: show the last publish
+        wait_for("every shard served by its owner", lambda: all(
+            set(shard.owners) <= set(shard.served_by or ()) for c in read_status(config).collections
+            for shard in c.shards), timeout=30)
+        time.sleep(1.2)  # the page's status is cached for a second: show the last change
         screenshot(f"http://127.0.0.1:{metrics_port}/cluster", args.out, work / "profile")
         print(f"wrote {args.out}")
     finally:

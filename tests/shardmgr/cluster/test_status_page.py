@@ -4,8 +4,9 @@ shardmgr/cluster/page.py), rendered by headless Chromium (Debian's
 page's script ran.
 
 - A real node with a published shard: the page shows the node, the
-  collection, its writer and its shard count; a collection created later
-  is on the page loaded after it. ``/metrics`` still answers beside it.
+  collection, its writer, its shard count, where the shard is served and
+  the writer's holder key; a collection created later is on the page
+  loaded after it. ``/metrics`` still answers beside it.
 - Values from etcd are shown as text (an address holding markup stays
   text), and a failed refresh shows the error banner.
 - Outside cluster mode the two paths are 404 and ``/metrics`` is as before.
@@ -120,12 +121,17 @@ def test_the_page_shows_a_live_node_its_collection_writer_and_shards_and_a_new_c
             for vectors, ids in batches(3):  # seals shard 1
                 client.append("vectors.a", vectors, ids, durable=True)
             wait_for("shard 1 published", lambda: published(cluster_config, "vectors.a"))
+            wait_for("shard 1 served", lambda: '"served_by": ["n1"]' in fetch(
+                f"http://127.0.0.1:{port}/cluster.json")[2].decode())
             page = render(f"http://127.0.0.1:{port}/cluster", tmp_path / "profile1")
             assert page.ids["when"].startswith("updated ") and page.styles["banner"] == "display: none;"
             assert page.row(node="n1")["address"] == n1.address
             collection = page.row(collection="vectors.a")
             assert collection["writer"].startswith("n1 (token ") and collection["shards"] == "1"
+            assert collection["served"] == "1/1 (n1 1)"
             assert page.row(collection="vectors.a", shard="1")["owners"] == "n1"
+            assert page.row(collection="vectors.a", shard="1")["served_by"] == "n1"
+            assert page.row(collection="vectors.a", node="n1")["state"] == "live"  # its holder key
             assert page.tiles["nodes"] == "1" and page.tiles["shards"] == "1"
 
             client.create_collection("vectors.b", dim=DIM)
