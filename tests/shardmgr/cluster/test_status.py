@@ -113,6 +113,7 @@ def test_keys_that_do_not_decode_are_reported_and_the_rest_is_shown(etcd_config:
            etcd_config.key("shards", "c", f"{9:020d}"): entry(etcd_config, "c", 8, 1, (1,)).encode(),  # wrong id
            etcd_config.key("members", "n3"): b"\xff\xfe",
            etcd_config.key("holders", "c", "n2"): b'{"node": "n1"}',  # not the key's node
+           etcd_config.key("writers", "-c"): b'{"node": "n1"}',  # not a collection name
            etcd_config.key("serving", "n2"): b'{"node": "n2"}'}  # no "collections"
     for key, value in bad.items():
         kv.put(key, value)
