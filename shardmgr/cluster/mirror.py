@@ -93,6 +93,11 @@ class ClusterMirror:
                                   on_reset=self._reset, name="mirror").start()
         return self
 
+    def read(self) -> ClusterState:
+        """Read the state from etcd now, without a watch (tools, tests)."""
+        self._reread()
+        return self.state()
+
     def stop(self) -> None:
         if self._watch is not None:
             self._watch.stop()

@@ -27,18 +27,24 @@ pytest.importorskip("boto3")
 pytest.importorskip("etcd3gw")
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.membership import Membership  # noqa: E402
-from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.cluster.routing import holder_missing  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from shardmgr.store.search import SearchResult  # noqa: E402
 from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402
+from tests.shardmgr.cluster.nodes import (  # noqa: E402
+    DIM,
+    batches,
+    node,
+    published,
+    search,
+    served_by_owners,
+    wait_for,
+)
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
-K = 7
+K = 7  # nodes.search's k
 
 
 @pytest.fixture
@@ -49,21 +55,6 @@ def started() -> list[ServerProcess]:
         print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
         if proc.alive():
             proc.kill()
-
-
-def served_by_owners(config: ClusterConfig, collection: str) -> bool:
-    """Every published shard is listed in the serving key of each of its owners."""
-    mirror = ClusterMirror(config, Kv(config))
-    mirror._reread()
-    state = mirror.state()
-    live = sorted(state.members)
-    return all(all(shard in state.ready(owner, collection) for owner in owners(live, collection, shard))
-               for shard in state.published.get(collection, {}))
-
-
-def search(address: str, queries: np.ndarray) -> SearchResult:
-    with StoreClient(address) as client:
-        return client.search("docs", queries, k=K)
 
 
 def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
