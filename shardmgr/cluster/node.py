@@ -20,7 +20,9 @@ Life:
   (``unavailable``) until then.
 - :meth:`stop` (clean stop: connections closed, the store still open): stop
   the thread (bounded; an upload in flight is abandoned, its publish would
-  be fenced), resign every writer role, leave, revoke the lease.
+  be fenced); hand off: seal and publish what it writes (within
+  ``hand_off_s``) and drop its holder keys; resign every writer role,
+  leave, revoke the lease.
 
 Lease loss (``NodeLease.on_lost``, on whichever thread saw it): step down
 from every writer role at once; refuse writes (``unavailable``); wake the
@@ -51,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import socket
 import threading
@@ -208,6 +211,7 @@ class ClusterNode:
         self.peers.close()
         self._joined.clear()
         try:
+            self._hand_off()
             self.roles.resign_all()
             if self.address is not None and self.lease.alive():
                 Membership(self.config, self._kv).leave(self.node_id, self.lease)
@@ -217,6 +221,31 @@ class ClusterNode:
         for closable in (self.roles, self.uploader, self._catalog.kv, self._kv, self._thread_kv, self.objects):
             closable.close()
         log.info("left the cluster (%s)", self.node_id)
+
+    def _hand_off(self) -> None:
+        """A clean stop of a writer: seal the growing shard of each collection it
+        writes, publish every sealed shard (within ``hand_off_s``), and stop
+        being a holder of each collection whose rows are then all published,
+        so searches stay complete while this node is gone."""
+        held = self.roles.held()
+        if not held or not self.lease.alive():
+            return
+        for name in held:
+            with contextlib.suppress(UnknownCollection), self.store.frozen():
+                self.store.collection(name).seal_idle(math.inf)  # every growing shard with rows
+        deadline = threading.Event()
+        timer = threading.Timer(self.node.hand_off_s, deadline.set)
+        timer.start()
+        try:
+            self.uploader.run_once(held, deadline)
+        finally:
+            timer.cancel()
+        for name in held:
+            if self.uploader.unpublished(name):
+                log.warning("%s: stopping with sealed shards not published; searches name this node until it "
+                            "is back", name)
+            else:
+                self._kv.delete(self.config.key("holders", name, self.node_id))
 
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,

@@ -114,3 +114,22 @@ def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
     # the partial answer's rows are the reference's, less those of the growing shard (shard 5, on n1 only)
     kept = want[2][(want[2] >> 40) != 5]
     assert set(taken_over.refs[taken_over.refs >= 0].tolist()) >= set(kept.tolist())
+
+
+def test_a_writer_stopped_cleanly_hands_off_and_searches_stay_complete(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1, n2 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2))
+    for proc in (n1, n2):
+        started.append(proc.start())
+    rows = list(batches(3, seed=8))  # shard 1 sealed, shard 2 growing with one batch
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in rows:
+            client.append("docs", vectors, ids, durable=True)
+    n1.signal(signal.SIGTERM)
+    assert n1.wait() == 0
+    assert len(published(cluster_config, "docs")) == 2  # the growing shard was sealed and published
+    vectors = np.concatenate([v for v, _ in rows])
+    found = wait_for("n2 serves both shards", lambda: (lambda r: r if not r.partial else None)(
+        search(n2.address, vectors, k=1)), timeout=20)
+    np.testing.assert_array_equal(found.ids[:, 0], np.concatenate([i for _, i in rows]))
