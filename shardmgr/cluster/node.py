@@ -72,7 +72,7 @@ from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.membership import Membership
-from shardmgr.cluster.mirror import ClusterMirror
+from shardmgr.cluster.mirror import ClusterMirror, holder_value
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.peers import Peers
 from shardmgr.cluster.roles import WriterRoles
@@ -145,6 +145,11 @@ class ClusterNode:
         self.peers = Peers(**(peer_options or {}))
         self.fanout = FanOut(self.node_id, store, self.mirror, self.shard_search, self.peers)
         self._released: dict[str, int] = {}  # collection -> passes seen not written here with nothing unpublished
+        # holder keys (mirror.py): writes let through and not yet done, and whether the key says "clean"
+        self._holding = threading.Lock()
+        self._inflight: dict[str, int] = {}
+        self._clean: dict[str, bool] = {}
+        self.roles.on_tenure = self._tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}
         store.shard_ids_granted = True
         store.gate = self
@@ -245,7 +250,7 @@ class ClusterNode:
                 log.warning("%s: stopping with sealed shards not published; searches name this node until it "
                             "is back", name)
             else:
-                self._kv.delete(self.config.key("holders", name, self.node_id))
+                self._kv.delete(self._holder_key(name))
 
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
@@ -302,6 +307,16 @@ class ClusterNode:
                 return  # the store says unknown_collection
             self._adopt(meta)
         self.roles.ensure(name)
+        with self._holding:  # mark the holder key "not clean" before the write can be acknowledged
+            if self._clean.get(name):
+                self._kv.put(self._holder_key(name), holder_value(self.node_id, clean=False))
+                self._clean[name] = False
+            self._inflight[name] = self._inflight.get(name, 0) + 1
+
+    def written(self, name: str) -> None:
+        """After a write ``writing`` let through (done or failed)."""
+        with self._holding:
+            self._inflight[name] -= 1
 
     # ------------------------------------------------------------- catalog
 
@@ -387,9 +402,37 @@ class ClusterNode:
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
         self._release_holdings(held)
+        for name in held:
+            self._mark_clean(name)
         for name, token in self.roles.held().items():
             if name in held and not self._stop.is_set():
                 self._sweep(name, token)
+
+    def _tenure_started(self, name: str) -> None:
+        with self._holding:
+            self._clean[name] = False
+
+    def _holder_key(self, name: str) -> str:
+        return self.config.key("holders", name, self.node_id)
+
+    def _all_published(self, name: str) -> bool:
+        """No row of ``name`` here that is not published (growing shard empty, every sealed one published)."""
+        try:
+            growing = self.store.collection(name).active
+        except UnknownCollection:
+            return True
+        return not (growing is not None and growing.rows) and not self.uploader.unpublished(name)
+
+    def _mark_clean(self, name: str) -> None:
+        """Say in the holder key that every row held here is published, when
+        it is and no write is under way: a holder that dies clean makes no
+        search partial. Under ``_holding``, so no write can slip in between
+        the check and the put (``writing`` marks it back first)."""
+        with self._holding:
+            if self._clean.get(name) or self._inflight.get(name, 0) or not self._all_published(name):
+                return
+            self._thread_kv.put(self._holder_key(name), holder_value(self.node_id, clean=True))
+            self._clean[name] = True
 
     def _release_holdings(self, held: dict[str, Writer]) -> None:
         """Delete this node's holder key of each collection it no longer writes
@@ -401,16 +444,12 @@ class ClusterNode:
             if self.node_id not in nodes or name in held or name in self._conflicting:
                 self._released.pop(name, None)
                 continue
-            try:
-                growing = self.store.collection(name).active
-            except UnknownCollection:
-                growing = None
-            if (growing is not None and growing.rows) or self.uploader.unpublished(name):
+            if not self._all_published(name):
                 self._released.pop(name, None)
                 continue
             self._released[name] = self._released.get(name, 0) + 1
             if self._released[name] >= 2:
-                self._thread_kv.delete(self.config.key("holders", name, self.node_id))
+                self._thread_kv.delete(self._holder_key(name))
                 log.info("%s: every row held here is published; no longer a holder", name)
 
     def _sweep(self, name: str, token: Writer) -> None:

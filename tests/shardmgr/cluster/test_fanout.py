@@ -17,6 +17,7 @@ returns (scores, ids and refs, bit for bit). Then nodes die:
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -27,6 +28,7 @@ pytest.importorskip("boto3")
 pytest.importorskip("etcd3gw")
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.membership import Membership  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.cluster.routing import holder_missing  # noqa: E402
@@ -133,3 +135,24 @@ def test_a_writer_stopped_cleanly_hands_off_and_searches_stay_complete(
     found = wait_for("n2 serves both shards", lambda: (lambda r: r if not r.partial else None)(
         search(n2.address, vectors, k=1)), timeout=20)
     np.testing.assert_array_equal(found.ids[:, 0], np.concatenate([i for _, i in rows]))
+
+
+def test_an_idle_writer_that_dies_costs_nothing_once_its_shards_are_taken_over(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1 = node(tmp_path, "n1", cluster_config, idle_seal_s=1.0)
+    n2 = node(tmp_path, "n2", cluster_config)
+    for proc in (n1, n2):
+        started.append(proc.start())
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in batches(4, seed=6):  # shard 1 sealed; shard 2 sealed by the idle timer
+            client.append("docs", vectors, ids, durable=True)
+    holder = cluster_config.key("holders", "docs", "n1")
+    wait_for("n1's holder key says clean", lambda: (lambda e: e is not None and json.loads(e.value)["clean"])(
+        Kv(cluster_config).get(holder)), timeout=20)
+    queries = np.random.default_rng(4).random((15, DIM), dtype=np.float32)
+    before = search(n2.address, queries)
+    n1.kill()
+    after = wait_for("complete results from n2 alone", lambda: (lambda r: r if not r.partial else None)(
+        search(n2.address, queries)), timeout=30)
+    same(after, before)
