@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
+import numpy as np
 
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
@@ -71,6 +72,7 @@ from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeI
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.lookup import Lookup
 from shardmgr.cluster.membership import Membership
 from shardmgr.cluster.mirror import ClusterMirror, holder_value
 from shardmgr.cluster.objects import ObjectStore
@@ -144,6 +146,7 @@ class ClusterNode:
         self.shard_search = ShardSearch(store, self.cache.cache)
         self.peers = Peers(**(peer_options or {}))
         self.fanout = FanOut(self.node_id, store, self.mirror, self.shard_search, self.peers)
+        self.lookup = Lookup(self.fanout)
         self._released: dict[str, int] = {}  # collection -> passes seen not written here with nothing unpublished
         # holder keys (mirror.py): writes let through and not yet done, and whether the key says "clean"
         self._holding = threading.Lock()
@@ -261,6 +264,14 @@ class ClusterNode:
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
         """A search of the whole collection across the cluster (fanout.py)."""
         return self.fanout.search(name, queries, k, params)
+
+    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Rows by ref wherever they are in the cluster (lookup.py)."""
+        return self.lookup.rows(name, refs)
+
+    def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This node's part of another node's get: (vectors, ids, here) (shard_search.py)."""
+        return self.shard_search.rows(name, batch.refs(refs, self.store.config.max_batch_rows))
 
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
                       unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]:

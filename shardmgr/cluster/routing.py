@@ -50,6 +50,8 @@ class Plan:
     alternates: dict[int, tuple[str, ...]]
     #: what no live node can search now, in words
     missing: tuple[str, ...]
+    #: per published shard with a ready node, the node asked first
+    served_by: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def shard_missing(shard_id: int) -> str:
@@ -86,4 +88,6 @@ def plan(state: ClusterState, collection: str) -> Plan:
             asks[node] = Ask(asks[node].shards if node in asks else (), True)
         elif not clean:
             missing.append(holder_missing(node))
-    return Plan(collection, np.fromiter(sorted(entries), np.int64, len(entries)), asks, alternates, tuple(missing))
+    served_by = {shard_id: node for node, ids in shards.items() for shard_id in ids}
+    return Plan(collection, np.fromiter(sorted(entries), np.int64, len(entries)), asks, alternates, tuple(missing),
+                served_by)

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,42 +27,18 @@ from tests.cluster_servers import EtcdServer  # noqa: E402
 from tests.shardmgr.cluster.nodes import (  # noqa: E402
     DIM,
     batches,
-    node,
-    published,
     search,
-    served_by_owners,
     wait_for,
 )
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
-
-
-@pytest.fixture
-def cluster(cluster_config: ClusterConfig, tmp_path: Path) -> list[ServerProcess]:
-    """n1 (the writer of "docs": 4 published shards, one growing), n2 and n3, every shard served."""
-    nodes = [node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3)]
-    try:
-        for proc in nodes:
-            proc.start()
-        with StoreClient(nodes[0].address) as client:
-            client.create_collection("docs", dim=DIM)
-            for vectors, ids in batches(9, seed=11):
-                client.append("docs", vectors, ids, durable=True)
-        wait_for("4 shards published", lambda: len(published(cluster_config, "docs")) == 4)
-        wait_for("shards served by their owners", lambda: served_by_owners(cluster_config, "docs"), timeout=20)
-        yield nodes
-    finally:
-        for proc in nodes:
-            print(f"--- log of {proc.data_dir.name} ---", *proc.log[-40:], sep="\n")
-            if proc.alive():
-                proc.kill()
 
 
 def equal(a: SearchResult, b: SearchResult) -> bool:
     return not a.partial and not b.partial and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_a_query_node_killed_mid_search_costs_no_result(cluster: list[ServerProcess]) -> None:
-    n1, n2, n3 = cluster
+def test_a_query_node_killed_mid_search_costs_no_result(three_nodes: list[ServerProcess]) -> None:
+    n1, n2, n3 = three_nodes
     owned = {p: sum(owners(["n1", "n2", "n3"], "docs", s) == [p.data_dir.name] for s in range(1, 5)) for p in (n2, n3)}
     victim = max(owned, key=owned.__getitem__)
     through = n2 if victim is n3 else n3
@@ -93,13 +68,13 @@ def test_a_query_node_killed_mid_search_costs_no_result(cluster: list[ServerProc
 
 
 def test_etcd_killed_for_a_while_searches_go_on_and_writes_resume(
-        cluster: list[ServerProcess], etcd: EtcdServer, cluster_config: ClusterConfig) -> None:
-    n1, n2, _ = cluster
+        three_nodes: list[ServerProcess], etcd: EtcdServer, cluster_config: ClusterConfig) -> None:
+    n1, n2, _ = three_nodes
     queries = np.random.default_rng(3).random((20, DIM), dtype=np.float32)
     want = search(n2.address, queries)
     etcd.kill()
     try:
-        during = [search(proc.address, queries) for proc in cluster]
+        during = [search(proc.address, queries) for proc in three_nodes]
         assert all(equal(found, want) for found in during), [f.missing for f in during]
         vectors, ids = next(batches(1, seed=99))
         refused = wait_for("a write refused while the writer's lease cannot be renewed", lambda: _refused(
