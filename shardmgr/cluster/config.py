@@ -177,6 +177,8 @@ class NodeConfig:
     replicas: int = 1
     #: a cached shard no longer this node's is dropped this long after (searches routed earlier finish)
     cache_linger_s: float = 30.0
+    #: a clean stop of a writer seals and publishes its shards for at most this long before leaving
+    hand_off_s: float = 30.0
 
     def validate(self) -> NodeConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
@@ -184,7 +186,7 @@ class NodeConfig:
             raise BadClusterConfig(f"lease_ttl_s must be a whole number of seconds >= {MIN_LEASE_TTL_S}, "
                                    f"got {self.lease_ttl_s!r}")
         for name in ("etcd_timeout_s", "scan_interval_s", "upload_retry_min_s", "upload_retry_max_s",
-                     "sweep_interval_s", "join_timeout_s"):
+                     "sweep_interval_s", "join_timeout_s", "hand_off_s"):
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")

@@ -73,7 +73,7 @@ class FanOut:
         self.counters["searches_total"] += 1
         if not len(checked):
             return SearchResult(np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64))
-        the_plan = self._plan(name)
+        the_plan = self.plan(name)
         parts, missing = self._gather(the_plan, lambda node, ask: self._ask(node, name, checked, k, chosen, ask,
                                                                             the_plan.published))
         if missing:
@@ -81,7 +81,8 @@ class FanOut:
         hits = merge([(h.scores, h.ids, h.refs) for h in parts], len(checked), k, collection.metric)
         return SearchResult(hits.scores, hits.ids, hits.refs, missing)
 
-    def _plan(self, name: str) -> Plan:
+    def plan(self, name: str) -> Plan:
+        """The collection's plan at this node's current cluster state (made once per state)."""
         state = self.mirror.state()
         cached_state, plans = self._plans
         if cached_state is not state:

@@ -7,7 +7,7 @@ decide where a collection's rows are searched:
 |---|---|
 | ``<P>/members/<node>`` | node id -> advertised address (live members only: the keys are leased) |
 | ``<P>/shards/<collection>/<id>`` | the published shards: collection -> shard id -> ShardEntry |
-| ``<P>/holders/<collection>/<node>`` | nodes that may hold acknowledged rows of the collection not yet published |
+| ``<P>/holders/<collection>/<node>`` | nodes that may hold rows of the collection not yet published (and ``clean``) |
 | ``<P>/serving/<node>`` | the published shards each node can search now (leased, written by the node's cache) |
 | ``<P>/writers/<collection>`` | collection -> writer node id |
 
@@ -15,8 +15,11 @@ A node writes ``holders/<collection>/<node>`` (no lease: it outlives the
 node) when it takes the collection's writer role, before any write under
 that tenure is acknowledged, and deletes it once it is no longer the writer
 and every row it holds of the collection is published. So a collection's
-rows are always in its published shards or on a holder; a holder that is
-not a live member is what makes a search ``partial``.
+rows are always in its published shards or on a holder. While it holds the
+role, the key says ``"clean": true`` whenever every row it holds is
+published and no write is under way, and it is set back to false before
+the next write is let through (node.py). A holder that is not a live member
+and not clean is what makes a search ``partial``.
 
 :meth:`ClusterMirror.state` returns an immutable :class:`ClusterState`,
 rebuilt only after a change (a search takes it at no cost). Keys that do
@@ -50,7 +53,8 @@ class ClusterState:
     revision: int
     members: Mapping[str, str]
     published: Mapping[str, Mapping[int, ShardEntry]]
-    holders: Mapping[str, frozenset[str]]
+    #: collection -> holder node -> clean (every row it holds is published)
+    holders: Mapping[str, Mapping[str, bool]]
     serving: Mapping[str, Mapping[str, frozenset[int]]]
     writers: Mapping[str, str]
 
@@ -60,6 +64,11 @@ class ClusterState:
 
 
 EMPTY = ClusterState(0, {}, {}, {}, {}, {})
+
+
+def holder_value(node: str, *, clean: bool) -> bytes:
+    """The JSON of a node's ``holders`` key."""
+    return json.dumps({"node": node, "clean": clean}, separators=(",", ":")).encode()
 
 
 def serving_value(node: str, address: str, collections: Mapping[str, frozenset[int] | set[int]]) -> bytes:
@@ -79,7 +88,7 @@ class ClusterMirror:
         self._lock = threading.Lock()
         self._members: dict[str, str] = {}
         self._published: dict[str, dict[int, ShardEntry]] = {}
-        self._holders: dict[str, set[str]] = {}
+        self._holders: dict[str, dict[str, bool]] = {}
         self._serving: dict[str, dict[str, frozenset[int]]] = {}
         self._writers: dict[str, str] = {}
         self._revision = 0
@@ -92,6 +101,11 @@ class ClusterMirror:
         self._watch = PrefixWatch(self.config, self._root, self._event, start_revision=revision + 1,
                                   on_reset=self._reset, name="mirror").start()
         return self
+
+    def read(self) -> ClusterState:
+        """Read the state from etcd now, without a watch (tools, tests)."""
+        self._reread()
+        return self.state()
 
     def stop(self) -> None:
         if self._watch is not None:
@@ -109,7 +123,7 @@ class ClusterMirror:
             if self._state is None:
                 self._state = ClusterState(
                     self._revision, dict(self._members), {c: dict(m) for c, m in self._published.items()},
-                    {c: frozenset(n) for c, n in self._holders.items() if n},
+                    {c: dict(n) for c, n in self._holders.items() if n},
                     {n: dict(s) for n, s in self._serving.items()}, dict(self._writers))
             return self._state
 
@@ -157,8 +171,8 @@ class ClusterMirror:
             entries = self._published.setdefault(parts[1], {})
             _set(entries, int(parts[2]), None if value is None else ShardEntry.decode(value))
         elif kind == "holders" and len(parts) == 3:
-            nodes = self._holders.setdefault(parts[1], set())
-            (nodes.discard if value is None else nodes.add)(parts[2])
+            nodes = self._holders.setdefault(parts[1], {})
+            _set(nodes, parts[2], None if value is None else bool(json.loads(value).get("clean", False)))
         elif kind == "serving" and len(parts) == 2:
             _set(self._serving, parts[1], None if value is None else _serving(json.loads(value)))
 

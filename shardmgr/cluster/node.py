@@ -20,7 +20,9 @@ Life:
   (``unavailable``) until then.
 - :meth:`stop` (clean stop: connections closed, the store still open): stop
   the thread (bounded; an upload in flight is abandoned, its publish would
-  be fenced), resign every writer role, leave, revoke the lease.
+  be fenced); hand off: seal and publish what it writes (within
+  ``hand_off_s``) and drop its holder keys; resign every writer role,
+  leave, revoke the lease.
 
 Lease loss (``NodeLease.on_lost``, on whichever thread saw it): step down
 from every writer role at once; refuse writes (``unavailable``); wake the
@@ -51,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import socket
 import threading
@@ -59,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
+import numpy as np
 
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
@@ -68,8 +72,9 @@ from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeI
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.lookup import Lookup
 from shardmgr.cluster.membership import Membership
-from shardmgr.cluster.mirror import ClusterMirror
+from shardmgr.cluster.mirror import ClusterMirror, holder_value
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.peers import Peers
 from shardmgr.cluster.roles import WriterRoles
@@ -141,7 +146,13 @@ class ClusterNode:
         self.shard_search = ShardSearch(store, self.cache.cache)
         self.peers = Peers(**(peer_options or {}))
         self.fanout = FanOut(self.node_id, store, self.mirror, self.shard_search, self.peers)
+        self.lookup = Lookup(self.fanout)
         self._released: dict[str, int] = {}  # collection -> passes seen not written here with nothing unpublished
+        # holder keys (mirror.py): writes let through and not yet done, and whether the key says "clean"
+        self._holding = threading.Lock()
+        self._inflight: dict[str, int] = {}
+        self._clean: dict[str, bool] = {}
+        self.roles.on_tenure = self._tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}
         store.shard_ids_granted = True
         store.gate = self
@@ -208,6 +219,7 @@ class ClusterNode:
         self.peers.close()
         self._joined.clear()
         try:
+            self._hand_off()
             self.roles.resign_all()
             if self.address is not None and self.lease.alive():
                 Membership(self.config, self._kv).leave(self.node_id, self.lease)
@@ -218,6 +230,31 @@ class ClusterNode:
             closable.close()
         log.info("left the cluster (%s)", self.node_id)
 
+    def _hand_off(self) -> None:
+        """A clean stop of a writer: seal the growing shard of each collection it
+        writes, publish every sealed shard (within ``hand_off_s``), and stop
+        being a holder of each collection whose rows are then all published,
+        so searches stay complete while this node is gone."""
+        held = self.roles.held()
+        if not held or not self.lease.alive():
+            return
+        for name in held:
+            with contextlib.suppress(UnknownCollection), self.store.frozen():
+                self.store.collection(name).seal_idle(math.inf)  # every growing shard with rows
+        deadline = threading.Event()
+        timer = threading.Timer(self.node.hand_off_s, deadline.set)
+        timer.start()
+        try:
+            self.uploader.run_once(held, deadline)
+        finally:
+            timer.cancel()
+        for name in held:
+            if self.uploader.unpublished(name):
+                log.warning("%s: stopping with sealed shards not published; searches name this node until it "
+                            "is back", name)
+            else:
+                self._kv.delete(self._holder_key(name))
+
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
                 **self.roles.counters, **self.uploader.counters, **self.cache.counters, **self.fanout.counters}
@@ -227,6 +264,14 @@ class ClusterNode:
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
         """A search of the whole collection across the cluster (fanout.py)."""
         return self.fanout.search(name, queries, k, params)
+
+    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Rows by ref wherever they are in the cluster (lookup.py)."""
+        return self.lookup.rows(name, refs)
+
+    def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This node's part of another node's get: (vectors, ids, here) (shard_search.py)."""
+        return self.shard_search.rows(name, batch.refs(refs, self.store.config.max_batch_rows))
 
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
                       unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]:
@@ -273,6 +318,16 @@ class ClusterNode:
                 return  # the store says unknown_collection
             self._adopt(meta)
         self.roles.ensure(name)
+        with self._holding:  # mark the holder key "not clean" before the write can be acknowledged
+            if self._clean.get(name):
+                self._kv.put(self._holder_key(name), holder_value(self.node_id, clean=False))
+                self._clean[name] = False
+            self._inflight[name] = self._inflight.get(name, 0) + 1
+
+    def written(self, name: str) -> None:
+        """After a write ``writing`` let through (done or failed)."""
+        with self._holding:
+            self._inflight[name] -= 1
 
     # ------------------------------------------------------------- catalog
 
@@ -358,9 +413,37 @@ class ClusterNode:
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
         self._release_holdings(held)
+        for name in held:
+            self._mark_clean(name)
         for name, token in self.roles.held().items():
             if name in held and not self._stop.is_set():
                 self._sweep(name, token)
+
+    def _tenure_started(self, name: str) -> None:
+        with self._holding:
+            self._clean[name] = False
+
+    def _holder_key(self, name: str) -> str:
+        return self.config.key("holders", name, self.node_id)
+
+    def _all_published(self, name: str) -> bool:
+        """No row of ``name`` here that is not published (growing shard empty, every sealed one published)."""
+        try:
+            growing = self.store.collection(name).active
+        except UnknownCollection:
+            return True
+        return not (growing is not None and growing.rows) and not self.uploader.unpublished(name)
+
+    def _mark_clean(self, name: str) -> None:
+        """Say in the holder key that every row held here is published, when
+        it is and no write is under way: a holder that dies clean makes no
+        search partial. Under ``_holding``, so no write can slip in between
+        the check and the put (``writing`` marks it back first)."""
+        with self._holding:
+            if self._clean.get(name) or self._inflight.get(name, 0) or not self._all_published(name):
+                return
+            self._thread_kv.put(self._holder_key(name), holder_value(self.node_id, clean=True))
+            self._clean[name] = True
 
     def _release_holdings(self, held: dict[str, Writer]) -> None:
         """Delete this node's holder key of each collection it no longer writes
@@ -372,16 +455,12 @@ class ClusterNode:
             if self.node_id not in nodes or name in held or name in self._conflicting:
                 self._released.pop(name, None)
                 continue
-            try:
-                growing = self.store.collection(name).active
-            except UnknownCollection:
-                growing = None
-            if (growing is not None and growing.rows) or self.uploader.unpublished(name):
+            if not self._all_published(name):
                 self._released.pop(name, None)
                 continue
             self._released[name] = self._released.get(name, 0) + 1
             if self._released[name] >= 2:
-                self._thread_kv.delete(self.config.key("holders", name, self.node_id))
+                self._thread_kv.delete(self._holder_key(name))
                 log.info("%s: every row held here is published; no longer a holder", name)
 
     def _sweep(self, name: str, token: Writer) -> None:

@@ -16,8 +16,8 @@ shards not yet published). So a search asks:
   is therefore searched on its holder, and never twice.
 
 What no live node can answer is named in ``missing`` (a published shard no
-live node serves; a holder that is not a member): the search result is
-then ``partial``, never silently short.
+live node serves; a holder that is not a member and not clean): the search
+result is then ``partial``, never silently short.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class Plan:
     alternates: dict[int, tuple[str, ...]]
     #: what no live node can search now, in words
     missing: tuple[str, ...]
+    #: per published shard with a ready node, the node asked first
+    served_by: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def shard_missing(shard_id: int) -> str:
@@ -76,14 +78,16 @@ def plan(state: ClusterState, collection: str) -> Plan:
         order = ranked(ready, collection, shard_id) if len(ready) > 1 else ready
         shards.setdefault(order[0], []).append(shard_id)
         alternates[shard_id] = tuple(order[1:])
-    holders = set(state.holders.get(collection, frozenset()))
+    holders = dict(state.holders.get(collection, {}))
     writer = state.writers.get(collection)
     if writer is not None:
-        holders.add(writer)  # its holder key is written before its first acknowledged write
+        holders.setdefault(writer, False)  # its holder key is written before its first acknowledged write
     asks = {node: Ask(tuple(ids), False) for node, ids in shards.items()}
-    for node in sorted(holders):
+    for node, clean in sorted(holders.items()):
         if node in state.members:
             asks[node] = Ask(asks[node].shards if node in asks else (), True)
-        else:
+        elif not clean:
             missing.append(holder_missing(node))
-    return Plan(collection, np.fromiter(sorted(entries), np.int64, len(entries)), asks, alternates, tuple(missing))
+    served_by = {shard_id: node for node, ids in shards.items() for shard_id in ids}
+    return Plan(collection, np.fromiter(sorted(entries), np.int64, len(entries)), asks, alternates, tuple(missing),
+                served_by)

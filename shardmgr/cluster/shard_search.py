@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardmgr.errors import UnknownCollection
+from shardmgr.errors import RowDeleted, UnknownCollection, UnknownRef
+from shardmgr.store.refs import split_refs
 from shardmgr.store.search import Hits
 from shardmgr.store.searcher import Searcher
 from shardmgr.store.store import Store
@@ -56,6 +57,39 @@ class ShardSearch:
             skip = set(exclude.tolist()) | set(shards)
             views.extend(view for shard_id, view in here.items() if shard_id not in skip)
         return self._searcher(name, collection.metric).search(views, queries, k, params), not_here
+
+    def rows(self, name: str, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, ids, here) of ``refs`` (checked int64): the rows of shards
+        this node has are filled and ``here`` is True for them; the others are
+        left for other nodes. UnknownRef for a row past its shard's end,
+        RowDeleted for a deleted row, as a single store says."""
+        collection = self.store.collection(name)
+        views = self._views(name)
+        shards, rows = split_refs(refs)
+        vectors = np.zeros((len(refs), collection.dim), np.float32)
+        ids = np.full(len(refs), -1, np.int64)
+        here = np.zeros(len(refs), bool)
+        for shard_id in np.unique(shards).tolist():
+            view = views.get(shard_id)
+            if view is None:
+                continue
+            mine = np.flatnonzero(shards == shard_id)
+            wanted = rows[mine]
+            if (past := wanted >= view.rows).any():
+                raise UnknownRef(f"collection {name!r}: ref {int(refs[mine][np.argmax(past)])} names no stored row")
+            if view.deleted is not None and (dead := view.dead()[wanted]).any():
+                raise RowDeleted(f"collection {name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
+            vectors[mine], ids[mine], here[mine] = view.vectors[wanted], view.ids[wanted], True
+        return vectors, ids, here
+
+    def _views(self, name: str) -> dict[int, View]:
+        """Every shard of ``name`` this node can read: its cache's, and its own (which win)."""
+        try:
+            views = {view.shard: view for view in self.cache.collection(name).views()}
+        except UnknownCollection:
+            views = {}
+        views.update((view.shard, view) for view in self.store.collection(name).views())
+        return views
 
     def _searcher(self, name: str, metric: str) -> Searcher:
         searcher = self._searchers.get(name)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from common.journal import Flusher
 from common.journal.errors import FlushFailed
 from common.wire.component import Component, Request
@@ -35,6 +37,10 @@ class Router(Protocol):
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
                       unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]: ...
 
+    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
 
 class StoreService(Component):
     name = "shardmgr"
@@ -47,6 +53,7 @@ class StoreService(Component):
             "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
             "shardmgr.delete": self._delete, "shardmgr.delete_ids": self._delete_ids,
             "shardmgr.compact": self._compact, "shardmgr.search_shards": self._search_shards,
+            "shardmgr.get_shards": self._get_shards,
         }
         #: cluster mode: searches go through the cluster (None: this store alone)
         self.router: Router | None = None
@@ -126,8 +133,15 @@ class StoreService(Component):
 
     def _get(self, request: Request) -> None:
         name, refs = request.arg("name", str), request.part("refs")
-        vectors, ids = self.store.rows(name, refs)
+        vectors, ids = self.store.rows(name, refs) if self.router is None else self.router.rows(name, refs)
         request.reply({}, {"vectors": vectors, "ids": ids})
+
+    def _get_shards(self, request: Request) -> None:
+        """A node's part of a cluster get (shardmgr/cluster/lookup.py)."""
+        if self.router is None:
+            raise BadRequest("shardmgr.get_shards is a cluster command: this server is not a cluster node")
+        vectors, ids, here = self.router.rows_here(request.arg("name", str), request.part("refs"))
+        request.reply({}, {"vectors": vectors, "ids": ids, "here": here.astype(np.uint8)})
 
     def _flush(self, request: Request) -> None:
         self.store.flush()

@@ -17,7 +17,8 @@ it computes). A maintenance thread seals shards that stay idle and runs
 rewrites (built off the lock, one at a time); an index thread builds indexes.
 
 Cluster mode's seam (shardmgr/cluster/node.py uses it; unused otherwise):
-``gate`` is asked before every create, append and delete (it may refuse);
+``gate`` is asked before every create, append and delete (it may refuse),
+and told after each append and delete it let through;
 ``on_sealed`` callbacks learn of shards an append or the idle timer sealed;
 ``sealed_shards`` lists sealed shards with their files (sealed.py); and with
 ``shard_ids_granted`` set before ``recover``, a collection starts new shards
@@ -68,6 +69,9 @@ class WriteGate(Protocol):
 
     def writing(self, name: str) -> None:
         """Before an append or delete of ``name``."""
+
+    def written(self, name: str) -> None:
+        """After an append or delete that ``writing`` let through, done or failed."""
 
 
 class Store:
@@ -283,15 +287,14 @@ class Store:
         is durable (None for an empty batch: nothing is written).
         ``durable``: the caller waits for the ticket next (the vectors'
         write-out then starts at once: Shard.append)."""
-        if self.gate is not None:
-            self.gate.writing(name)
-        collection = self.collection(name)
-        checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
-        checked_ids = batch.ids(ids, len(checked))
-        if not len(checked):
-            return np.zeros(0, dtype=np.int64), None
-        with self._write:
-            return self._writing(name, lambda: collection.append(checked, checked_ids, durable))
+        with self._gated(name):
+            collection = self.collection(name)
+            checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
+            checked_ids = batch.ids(ids, len(checked))
+            if not len(checked):
+                return np.zeros(0, dtype=np.int64), None
+            with self._write:
+                return self._writing(name, lambda: collection.append(checked, checked_ids, durable))
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
@@ -309,12 +312,11 @@ class Store:
         append: at the next flush, or before returning with ``durable``; a
         crash before that flush may undo it (each shard's part of the call
         as a whole)."""
-        if self.gate is not None:
-            self.gate.writing(name)
-        collection = self.collection(name)
-        checked = batch.refs(refs, self.config.max_batch_rows)
-        with self._write:
-            deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
+        with self._gated(name):
+            collection = self.collection(name)
+            checked = batch.refs(refs, self.config.max_batch_rows)
+            with self._write:
+                deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
         if durable:
             _wait_durable(tickets)
         return deleted
@@ -322,16 +324,27 @@ class Store:
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
         """Delete every live row carrying one of ``ids`` (every shard's ids
         are scanned); returns how many rows. Otherwise as :meth:`delete`."""
-        if self.gate is not None:
-            self.gate.writing(name)
-        collection = self.collection(name)
-        wanted = batch.ids(ids, None, self.config.max_batch_rows)
-        with self._write:
-            deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
-                                             PARTLY)
+        with self._gated(name):
+            collection = self.collection(name)
+            wanted = batch.ids(ids, None, self.config.max_batch_rows)
+            with self._write:
+                deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
+                                                 PARTLY)
         if durable:
             _wait_durable(tickets)
         return deleted
+
+    @contextlib.contextmanager
+    def _gated(self, name: str) -> Iterator[None]:
+        """The write gate around one write: ``writing`` before (it may refuse), ``written`` after."""
+        if self.gate is None:
+            yield
+            return
+        self.gate.writing(name)
+        try:
+            yield
+        finally:
+            self.gate.written(name)
 
     def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored") -> T:
         """Run a write; a full disk becomes DiskFull, saying what ``stored`` of it."""

@@ -17,6 +17,7 @@ returns (scores, ids and refs, bit for bit). Then nodes die:
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -29,16 +30,23 @@ pytest.importorskip("etcd3gw")
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.membership import Membership  # noqa: E402
-from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.cluster.routing import holder_missing  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from shardmgr.store.search import SearchResult  # noqa: E402
 from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402
+from tests.shardmgr.cluster.nodes import (  # noqa: E402
+    DIM,
+    batches,
+    node,
+    published,
+    search,
+    served_by_owners,
+    wait_for,
+)
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
-K = 7
+K = 7  # nodes.search's k
 
 
 @pytest.fixture
@@ -49,21 +57,6 @@ def started() -> list[ServerProcess]:
         print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
         if proc.alive():
             proc.kill()
-
-
-def served_by_owners(config: ClusterConfig, collection: str) -> bool:
-    """Every published shard is listed in the serving key of each of its owners."""
-    mirror = ClusterMirror(config, Kv(config))
-    mirror._reread()
-    state = mirror.state()
-    live = sorted(state.members)
-    return all(all(shard in state.ready(owner, collection) for owner in owners(live, collection, shard))
-               for shard in state.published.get(collection, {}))
-
-
-def search(address: str, queries: np.ndarray) -> SearchResult:
-    with StoreClient(address) as client:
-        return client.search("docs", queries, k=K)
 
 
 def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
@@ -123,3 +116,43 @@ def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
     # the partial answer's rows are the reference's, less those of the growing shard (shard 5, on n1 only)
     kept = want[2][(want[2] >> 40) != 5]
     assert set(taken_over.refs[taken_over.refs >= 0].tolist()) >= set(kept.tolist())
+
+
+def test_a_writer_stopped_cleanly_hands_off_and_searches_stay_complete(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1, n2 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2))
+    for proc in (n1, n2):
+        started.append(proc.start())
+    rows = list(batches(3, seed=8))  # shard 1 sealed, shard 2 growing with one batch
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in rows:
+            client.append("docs", vectors, ids, durable=True)
+    n1.signal(signal.SIGTERM)
+    assert n1.wait() == 0
+    assert len(published(cluster_config, "docs")) == 2  # the growing shard was sealed and published
+    vectors = np.concatenate([v for v, _ in rows])
+    found = wait_for("n2 serves both shards", lambda: (lambda r: r if not r.partial else None)(
+        search(n2.address, vectors, k=1)), timeout=20)
+    np.testing.assert_array_equal(found.ids[:, 0], np.concatenate([i for _, i in rows]))
+
+
+def test_an_idle_writer_that_dies_costs_nothing_once_its_shards_are_taken_over(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1 = node(tmp_path, "n1", cluster_config, idle_seal_s=1.0)
+    n2 = node(tmp_path, "n2", cluster_config)
+    for proc in (n1, n2):
+        started.append(proc.start())
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in batches(4, seed=6):  # shard 1 sealed; shard 2 sealed by the idle timer
+            client.append("docs", vectors, ids, durable=True)
+    holder = cluster_config.key("holders", "docs", "n1")
+    wait_for("n1's holder key says clean", lambda: (lambda e: e is not None and json.loads(e.value)["clean"])(
+        Kv(cluster_config).get(holder)), timeout=20)
+    queries = np.random.default_rng(4).random((15, DIM), dtype=np.float32)
+    before = search(n2.address, queries)
+    n1.kill()
+    after = wait_for("complete results from n2 alone", lambda: (lambda r: r if not r.partial else None)(
+        search(n2.address, queries)), timeout=30)
+    same(after, before)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from shardmgr.cluster.mirror import ClusterState
 from shardmgr.cluster.placement import ranked
-from shardmgr.cluster.routing import plan
+from shardmgr.cluster.routing import holder_missing, plan
 from shardmgr.cluster.shard_map import ShardEntry
 
 
 def state(members: list[str], shards: list[int], serving: dict[str, list[int]], holders: list[str],
           writer: str | None = None) -> ClusterState:
     entries = {i: ShardEntry("c", i, 10, ()) for i in shards}
-    return ClusterState(1, {m: f"{m}:1" for m in members}, {"c": entries}, {"c": frozenset(holders)},
+    return ClusterState(1, {m: f"{m}:1" for m in members}, {"c": entries}, {"c": dict.fromkeys(holders, False)},
                         {n: {"c": frozenset(ids)} for n, ids in serving.items()},
                         {"c": writer} if writer else {})
 
@@ -40,3 +40,8 @@ def test_unserved_shards_and_dead_holders_are_named() -> None:
 def test_a_collection_nobody_holds_is_an_empty_complete_plan() -> None:
     p = plan(state(["a"], [], {}, []), "c")
     assert p.asks == {} and p.missing == () and len(p.published) == 0
+
+
+def test_a_dead_holder_that_was_clean_is_not_missing() -> None:
+    s = ClusterState(1, {"b": "b:1"}, {"c": {}}, {"c": {"a": True, "d": False}}, {}, {})
+    assert plan(s, "c").missing == (holder_missing("d"),)
