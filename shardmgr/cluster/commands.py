@@ -18,7 +18,7 @@ from shardmgr import tables
 
 if TYPE_CHECKING:
     from shardmgr.cluster.config import ClusterConfig
-    from shardmgr.cluster.status import ClusterStatus, CollectionStatus, NodeStatus
+    from shardmgr.cluster.status import ClusterStatus, CollectionStatus, HolderStatus, NodeStatus
 
 EXIT_FAILED = 1  # as shardmgr/cli.py: the command could not do its job
 #: the bucket of a status read given no --object-store: a placeholder the status never asks for
@@ -101,7 +101,7 @@ def show(console: Console, found: ClusterStatus) -> None:
     tables.show(console, collections, [_collection_row(c) for c in found.collections], "collection")
     if found.holders:
         holders = Table("collection", "node", "state", title="holders of unpublished rows")
-        tables.show(console, holders, [(h.collection, h.node_id, _holder_state(h.live)) for h in found.holders],
+        tables.show(console, holders, [(h.collection, h.node_id, _holder_state(h)) for h in found.holders],
                     "holder")
     if found.objects is not None:
         o = found.objects
@@ -142,8 +142,9 @@ def _counts(by_node: dict[str, int]) -> str:
     return ", ".join(f"{node} {count}" for node, count in sorted(by_node.items()))
 
 
-def _holder_state(live: bool) -> str | Text:
+def _holder_state(holder: HolderStatus) -> str | Text:
     from shardmgr.cluster.status import HOLDER_GONE
 
-    return "live" if live else Text(f"not a member: {HOLDER_GONE}", style="red")
+    state = ("live" if holder.live else "not a member") + (", clean" if holder.clean else "")
+    return Text(f"{state}: {HOLDER_GONE}", style="red") if holder.unavailable else state
 

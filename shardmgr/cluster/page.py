@@ -145,7 +145,8 @@ function shardRows(s) {
 function holderRows(s) {
   return s.holders.map(h => el("tr", {"data-collection": h.collection, "data-node": h.node_id},
     cell("collection", h.collection, "mono"), cell("node", h.node_id, "mono"),
-    h.live ? cell("state", "live", "ok") : cell("state", "not a member: rows unavailable until node returns", "bad")));
+    h.unavailable ? cell("state", "not a member: rows unavailable until node returns", "bad")
+      : cell("state", (h.live ? "live" : "not a member") + (h.clean ? ", clean" : ""), h.live ? "ok" : "")));
 }
 
 function render(s) {

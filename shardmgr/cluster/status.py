@@ -46,7 +46,7 @@ from shardmgr.cluster.placement import owners
 from shardmgr.cluster.shard_map import ShardEntry
 from shardmgr.store.collection import check_name
 
-#: what a holder that is not a live member means for its collection
+#: what a holder that is not a live member and not clean means for its collection
 HOLDER_GONE = "rows unavailable until node returns"
 
 
@@ -123,11 +123,15 @@ class CollectionStatus:
 @dataclasses.dataclass(frozen=True, slots=True)
 class HolderStatus:
     """A node that may hold acknowledged rows of ``collection`` not yet
-    published; if it is not a live member, those rows are unavailable."""
+    published (``clean``: its key says every row it holds is published).
+    If it is neither live nor clean, those rows are unavailable
+    (``unavailable``) until it returns."""
 
     collection: str
     node_id: str
     live: bool
+    clean: bool
+    unavailable: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,7 +178,7 @@ class _Keys:
     writers: dict[str, Writer] = dataclasses.field(default_factory=dict)
     catalog: dict[str, CollectionMeta] = dataclasses.field(default_factory=dict)
     shards: dict[str, list[ShardEntry]] = dataclasses.field(default_factory=dict)
-    holders: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    holders: list[tuple[str, str, bool]] = dataclasses.field(default_factory=list)
     serving: dict[str, dict[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
     problems: list[Problem] = dataclasses.field(default_factory=list)
 
@@ -229,10 +233,10 @@ def _decode_one(keys: _Keys, parts: list[str], e: Entry) -> None:
             raise ValueError(f"the entry names shard {entry.shard_id} of {entry.collection!r}")
         keys.shards.setdefault(check_name(rest[0]), []).append(entry)
     elif kind == "holders" and len(rest) == 2:
-        node = json.loads(e.value)["node"]
-        if node != rest[1]:
-            raise ValueError(f"the value names node {node!r}")
-        keys.holders.append((check_name(rest[0]), check_node_id(rest[1])))
+        value = json.loads(e.value)
+        if value["node"] != rest[1]:
+            raise ValueError(f"the value names node {value['node']!r}")
+        keys.holders.append((check_name(rest[0]), check_node_id(rest[1]), value.get("clean") is True))
     elif kind == "serving" and len(rest) == 1:
         report = json.loads(e.value)["collections"]
         keys.serving[check_node_id(rest[0])] = {check_name(str(name)): tuple(sorted(int(i) for i in ids))
@@ -251,7 +255,7 @@ def assemble(config: ClusterConfig, keys: _Keys, revision: int, ttls: Mapping[in
     """The ClusterStatus of decoded keys (and the bucket's listing, if made)."""
     live = sorted(keys.members)
     reported = bool(keys.serving)
-    names = sorted({*keys.catalog, *keys.writers, *keys.shards, *(c for c, _ in keys.holders)})
+    names = sorted({*keys.catalog, *keys.writers, *keys.shards, *(c for c, _, _ in keys.holders)})
     collections = tuple(_collection(name, keys, live, replicas, reported) for name in names)
     nodes = tuple(NodeStatus(node_id=m.node_id, address=m.address, lease=f"{m.lease:x}",
                              joined_revision=m.joined_revision, ttl_s=ttls.get(m.lease, (None, None))[0],
@@ -259,7 +263,8 @@ def assemble(config: ClusterConfig, keys: _Keys, revision: int, ttls: Mapping[in
                              writes=tuple(c for c, w in sorted(keys.writers.items()) if w.node_id == m.node_id),
                              serving=keys.serving.get(m.node_id))
                   for m in (keys.members[n] for n in live))
-    holders = tuple(HolderStatus(c, n, n in keys.members) for c, n in sorted(keys.holders))
+    holders = tuple(HolderStatus(c, n, n in keys.members, clean, n not in keys.members and not clean)
+                    for c, n, clean in sorted(keys.holders))
     named = {o.key: o.size for entries in keys.shards.values() for e in entries for o in e.objects}
     return ClusterStatus(etcd=config.etcd_url, revision=revision, read_at=time.time(), replicas=replicas,
                          nodes=nodes, collections=collections, holders=holders,

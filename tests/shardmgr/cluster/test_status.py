@@ -3,7 +3,8 @@ straight into the session's etcd, and ``shardmgr cluster status`` on them.
 
 - One read shows members with their leases' TTLs, the catalog, writers
   with their fencing tokens, published shards with their rendezvous owners
-  and where they are served, holders (flagged when not live), totals.
+  and where they are served, holders (flagged when neither live nor
+  clean), totals.
 - Without serving keys every shard says "not reported", not "unserved".
 - A key that does not decode is reported and the rest still shown.
 - With the bucket listed, orphans are the objects no entry names.
@@ -60,6 +61,7 @@ def populate(config: ClusterConfig, *, serving: bool) -> dict[str, int]:
         publish(kv, config, entry(config, "c", shard_id, 100, (3200, 800, 120)))
     put_json(kv, config.key("holders", "c", "n1"), {"node": "n1"})
     put_json(kv, config.key("holders", "d", "gone"), {"node": "gone"})
+    put_json(kv, config.key("holders", "d", "left"), {"node": "left", "clean": True})  # all it held is published
     kv.put(config.key("shard_ids", "c"), b'{"next": 5}')  # a kind the status does not show
     if serving:
         put_json(kv, config.key("serving", "n1"), {"node": "n1", "address": "10.0.0.1:7300",
@@ -91,7 +93,8 @@ def test_one_read_shows_nodes_collections_writers_shards_served_and_holders(etcd
         assert (s.rows, s.bytes, s.files, s.writer, s.writer_revision) == (100, 4120, 3, "n1", 7)
     assert (c.rows, c.bytes, c.served) == (300, 3 * 4120, 2)
     assert (found.shards, found.rows, found.bytes) == (3, 300, 3 * 4120)
-    assert [(h.collection, h.node_id, h.live) for h in found.holders] == [("c", "n1", True), ("d", "gone", False)]
+    assert [(h.collection, h.node_id, h.live, h.clean, h.unavailable) for h in found.holders] == [
+        ("c", "n1", True, False, False), ("d", "gone", False, False, True), ("d", "left", False, True, False)]
     assert found.problems == () and found.objects is None and found.serving_reported
     two = read_status(etcd_config, replicas=2, leases=False)
     assert all(len(s.owners) == 2 for s in two.collections[0].shards) and two.nodes[0].ttl_s is None
@@ -186,6 +189,7 @@ def test_the_command_prints_json_and_plain_rows_and_fails_clearly_without_etcd(e
     assert rows["c"][4].startswith("n1 (token ") and rows["c"][5:8] == ["3", "300", "12360"]
     assert rows["c"][9] == "2/3 (n1 2, n2 1)" and rows["d"][9] == "0/0"
     assert ["holder", "d", "gone", f"not a member: {HOLDER_GONE}"] in lines
+    assert ["holder", "d", "left", "not a member, clean"] in lines and ["holder", "c", "n1", "live"] in lines
 
     port = free_ports(1)[0]
     result = runner.invoke(main, ["cluster", "status", "--cluster", f"etcd://127.0.0.1:{port}/x", "--timeout", "0.5"])
