@@ -67,14 +67,14 @@ class StatsCollector:
 class ClusterPages:
     """``/cluster`` and ``/cluster.json`` of one cluster (module docstring)."""
 
-    def __init__(self, config: ClusterConfig | None) -> None:
+    def __init__(self, config: ClusterConfig | None, replicas: int = 1) -> None:
         self._cache: Any = None
         self._page = b""
         if config is not None:
             from shardmgr.cluster.page import PAGE
             from shardmgr.cluster.status import StatusCache
 
-            self._cache = StatusCache(config)
+            self._cache = StatusCache(config, replicas=replicas)
             self._page = PAGE.encode()
 
     def __call__(self, path: str, start_response: StartResponse) -> Iterable[bytes]:
@@ -122,14 +122,16 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
             self.pages.close()
 
 
-def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None) -> MetricsServer:
+def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
+                  replicas: int = 1) -> MetricsServer:
     """Start the HTTP endpoint on ``host``:``port`` in a background thread,
-    with the cluster pages if ``cluster`` is given; returns the HTTP server
-    (call ``.shutdown()`` to stop it)."""
+    with the cluster pages if ``cluster`` is given (owners shown: ``replicas``
+    per shard, the node's setting); returns the HTTP server (call
+    ``.shutdown()`` to stop it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(server))
     metrics = make_wsgi_app(registry)
-    pages = ClusterPages(cluster)
+    pages = ClusterPages(cluster, replicas)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")

@@ -9,6 +9,8 @@ page's script ran.
   loaded after it. ``/metrics`` still answers beside it.
 - Values from etcd are shown as text (an address holding markup stays
   text), and a failed refresh shows the error banner.
+- ``/cluster.json`` is the status (with the node's ``replicas``); the
+  page names no other origin.
 - Outside cluster mode the two paths are 404 and ``/metrics`` is as before.
 """
 
@@ -182,3 +184,24 @@ def test_outside_cluster_mode_the_pages_are_404_and_the_metrics_are_as_before() 
     finally:
         http.shutdown()
 
+
+
+def test_cluster_json_is_the_status_with_the_nodes_replicas_and_the_page_loads_nothing_else(
+        etcd_config: ClusterConfig) -> None:
+    kv = Kv(etcd_config)
+    kv.put(etcd_config.key("members", "n1"), json.dumps({"node": "n1", "address": "10.0.0.1:7300"}).encode())
+    kv.close()
+    http = serve_metrics(NoStats(), "127.0.0.1", 0, etcd_config, replicas=2)  # type: ignore[arg-type]
+    try:
+        base = f"http://127.0.0.1:{http.server_address[1]}"
+        status, content_type, body = fetch(base + "/cluster.json")
+        found = json.loads(body)
+        assert (status, content_type, found["replicas"]) == (200, "application/json", 2)
+        assert [n["node_id"] for n in found["nodes"]] == ["n1"] and found["etcd"] == etcd_config.etcd_url
+        with urllib.request.urlopen(base + "/cluster", timeout=10) as answer:
+            assert answer.headers["Content-Type"] == "text/html; charset=utf-8"
+            assert "default-src 'none'" in answer.headers["Content-Security-Policy"]
+            page = answer.read().decode()
+        assert "http://" not in page and "https://" not in page  # no external asset
+    finally:
+        http.shutdown()
