@@ -13,11 +13,14 @@ bucket (``objects``: write-once puts, checksummed fetches), live members
 (``shard_map``: publishes fenced by the writer's key, shard-id blocks per
 tenure), the collections (``catalog``), and a node's life: its writer roles
 (``roles``), upload on seal (``uploader``), the orphan sweep (``sweep``),
-and joining, the store's write gate and its thread (``node``).
+and joining, the store's write gate and its thread (``node``); what an
+operator sees: one snapshot of it all (``status``), its live HTML page
+(``page``) and ``shardmgr cluster status`` (``commands``).
 
 Needs the ``cluster`` extra (boto3, etcd3gw); importing this package does not
 import them, its modules do.
 
-May import: ``common``, ``shardmgr.errors`` and ``shardmgr.store``; never
+May import: ``common``, ``shardmgr.errors``, ``shardmgr.store`` and (the
+commands) ``shardmgr.tables``; never
 ``shardmgr.server``, ``shardmgr.verification`` or ``workq``.
 """
