@@ -39,7 +39,8 @@ The node's thread (``cluster-node``), woken by seals and every
 ``scan_interval_s``: rejoins after a loss; reserves shard ids ahead
 (``WriterRoles.maintain``); campaigns for collections that have local sealed
 shards not published (after a crash between upload and publish, say);
-uploads and publishes (uploader.py); sweeps orphans of the collections it
+uploads and publishes (uploader.py), then the deletes and indexes of
+published shards (extras_uploader.py); sweeps orphans of the collections it
 writes (sweep.py) at each new tenure and every ``sweep_interval_s``.
 
 Threads: the gate runs on connection threads (its etcd client, the
@@ -69,6 +70,7 @@ from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
+from shardmgr.cluster.extras_uploader import ExtrasUploader
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
@@ -137,6 +139,8 @@ class ClusterNode:
         self._swept: dict[str, tuple[int, float]] = {}  # collection -> (tenure revision, when) of the last sweep
         self.roles = WriterRoles(config, self.node, self.node_id, store, self.lease, self._wake.set)
         self.uploader = Uploader(config, self.node, store, self.objects, self._fenced)
+        self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
+                                     self._wake.set)
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side: the state searches are routed by, the shards this node serves, the coordinator
@@ -226,7 +230,8 @@ class ClusterNode:
         except ClusterError as e:
             log.warning("leaving the cluster cleanly failed (the lease ends it): %s", e)
         self.lease.close(revoke=True)
-        for closable in (self.roles, self.uploader, self._catalog.kv, self._kv, self._thread_kv, self.objects):
+        for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
+                         self.objects):
             closable.close()
         log.info("left the cluster (%s)", self.node_id)
 
@@ -257,7 +262,8 @@ class ClusterNode:
 
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
-                **self.roles.counters, **self.uploader.counters, **self.cache.counters, **self.fanout.counters}
+                **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.cache.counters,
+                **self.fanout.counters}
 
     # ------------------------------------------------------------ searches
 
@@ -412,6 +418,7 @@ class ClusterNode:
                 log.info("writer of %s: to publish its sealed shards held here", name)
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
+        self.extras.run_once(held, self._stop)
         self._release_holdings(held)
         for name in held:
             self._mark_clean(name)
