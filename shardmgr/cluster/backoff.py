@@ -22,6 +22,10 @@ class Backoff:
         when, _ = self._retry.get(key, (0.0, 0.0))
         return time.monotonic() >= when
 
+    def failing(self, key: Hashable) -> bool:
+        """True if ``key``'s last try failed."""
+        return key in self._retry
+
     def failed(self, key: Hashable) -> float:
         """Note a failure of ``key``; returns the pause before it is due again."""
         _, pause = self._retry.get(key, (0.0, 0.0))

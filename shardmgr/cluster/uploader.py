@@ -17,7 +17,9 @@ for each collection this node writes:
    checksum is of the bytes sent; later deletes are published by
    extras_uploader.py. An object already there from an earlier
    attempt of this tenure is kept if it matches the file, else replaced
-   (only this tenure writes under its path).
+   (only this tenure writes under its path, and an attempt after a failed
+   one first looks whether that one's publish went through with its answer
+   lost: then the shard is published, and nothing is uploaded again).
 3. Publish the entry (``ShardMap.publish``: fenced, write-once). Only now is
    the shard part of the cluster's store.
 
@@ -136,6 +138,12 @@ class Uploader:
             return True
         shard_map = ShardMap(self.config, sealed.collection, self._kv)
         try:
+            if self._retry.failing(key) and self._ours(shard_map, sealed.shard_id, token):
+                # a publish whose answer was lost went through: a new attempt must not replace its objects
+                # (its delete log copy would differ), so it ends here
+                self._retry.succeeded(key)
+                self._published.setdefault(sealed.collection, set()).add(sealed.shard_id)
+                return True
             with tempfile.TemporaryDirectory(prefix="shardmgr-upload-") as scratch:
                 files, deleted = self._stable_files(sealed, Path(scratch))
                 objects = tuple(self._put(sealed, name, path, shard_map.object_key(sealed.shard_id, token, name))
@@ -167,6 +175,12 @@ class Uploader:
         log.info("published shard %d of %s (%d rows, %d objects) at revision %d under tenure %d", sealed.shard_id,
                  sealed.collection, sealed.rows, len(objects), revision, token.revision)
         return True
+
+    @staticmethod
+    def _ours(shard_map: ShardMap, shard_id: int, token: Writer) -> bool:
+        """Whether ``shard_id`` is published under ``token``'s tenure."""
+        entry = shard_map.get(shard_id)
+        return entry is not None and entry.writer_revision == token.revision
 
     def _stable_files(self, sealed: SealedShard, scratch: Path) -> tuple[list[tuple[str, Path]], int]:
         """The shard's files to upload, its delete log replaced by a durable
