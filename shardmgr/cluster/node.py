@@ -237,7 +237,8 @@ class ClusterNode:
 
     def _hand_off(self) -> None:
         """A clean stop of a writer: seal the growing shard of each collection it
-        writes, publish every sealed shard (within ``hand_off_s``), and stop
+        writes, publish every sealed shard, then its later deletes and indexes
+        (within ``hand_off_s``), and stop
         being a holder of each collection whose rows are then all published,
         so searches stay complete while this node is gone."""
         held = self.roles.held()
@@ -251,6 +252,7 @@ class ClusterNode:
         timer.start()
         try:
             self.uploader.run_once(held, deadline)
+            self.extras.run_once(held, deadline)  # deletes since the last pass, and indexes built
         finally:
             timer.cancel()
         for name in held:
