@@ -28,6 +28,11 @@ rows each shard this process published went up with (the uploader's
 and with no deletes key, holds an unknown number of deleted rows in its
 entry: if it has any locally, its log is published once more.
 
+A node that holds deletes or an index of a published shard that are not
+published, and does not write the collection (it restarted, or stepped
+down), campaigns for it as for unpublished shards (:meth:`unpublished`,
+node.py), and publishes them once it writes it again.
+
 Failures: as the uploader's. S3 or etcd failing is logged and retried after
 a pause that doubles from ``upload_retry_min_s`` to ``upload_retry_max_s``
 (backoff.py), per shard and kind; ``NotWriter`` steps the node down for the
@@ -123,8 +128,28 @@ class ExtrasUploader:
                 continue
         # announcements of collections not held are dropped: a tenure's start looks at every shard
 
+    def unpublished(self, name: str) -> bool:
+        """Whether deletes or an index of a published shard of ``name`` are
+        here and not published (as etcd says now, if the last look left
+        any): a node that does not write ``name`` campaigns to publish them,
+        as for unpublished shards (node.py)."""
+        if not self._missing(name):
+            return False
+        self._read(name)
+        return self._missing(name)
+
+    def _missing(self, name: str) -> bool:
+        published = self.uploader.published(name)
+        return any(s.shard_id in published and (self._needs("deletes", s) or self._needs("indexes", s))
+                   for s in self.store.sealed_shards(name))
+
     def _start_tenure(self, name: str) -> None:
-        """Read what is published of ``name`` (module docstring)."""
+        """Read what is published of ``name`` (module docstring); look at every published shard."""
+        self._read(name)
+        self._seen[name] = set()
+        self._pending[name] = set()
+
+    def _read(self, name: str) -> None:
         shards, _ = ShardMap(self.config, name, self._kv).read()
         view = self._extras.read(name)
         for shard_id, entry in shards.items():
@@ -137,8 +162,6 @@ class ExtrasUploader:
                 self._deletes_there[key] = None if any(o.name == DELETES for o in entry.objects) else 0
             if shard_id in view.indexes:
                 self._index_there.add(key)
-        self._seen[name] = set()
-        self._pending[name] = set()
 
     def _due(self, name: str, announced: set[int]) -> list[int]:
         """The published shards of ``name`` to look at in this pass, by id."""

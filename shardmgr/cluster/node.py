@@ -38,7 +38,8 @@ collection locally if only the catalog knows it yet, then asks
 The node's thread (``cluster-node``), woken by seals and every
 ``scan_interval_s``: rejoins after a loss; reserves shard ids ahead
 (``WriterRoles.maintain``); campaigns for collections that have local sealed
-shards not published (after a crash between upload and publish, say);
+shards not published (after a crash between upload and publish, say), or
+deletes or indexes of published shards not published;
 uploads and publishes (uploader.py), then the deletes and indexes of
 published shards (extras_uploader.py); sweeps orphans of the collections it
 writes (sweep.py) at each new tenure and every ``sweep_interval_s``.
@@ -415,9 +416,10 @@ class ClusterNode:
             self._rejoin()
         self.roles.maintain()
         for name in self.store.collections():
-            if name not in self._conflicting and name not in self.roles.held() and self.uploader.unpublished(name) \
+            if name not in self._conflicting and name not in self.roles.held() \
+                    and (self.uploader.unpublished(name) or self.extras.unpublished(name)) \
                     and self.roles.campaign(name):
-                log.info("writer of %s: to publish its sealed shards held here", name)
+                log.info("writer of %s: to publish its sealed shards (or their deletes or indexes) held here", name)
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
         self.extras.run_once(held, self._stop)

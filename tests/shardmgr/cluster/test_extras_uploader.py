@@ -3,7 +3,8 @@ SeaweedFS (uploader.py, extras_uploader.py): a shard publish whose answer
 was lost is not uploaded again (its delete log copy would differ from the
 one its entry names); a log in an entry of unknown rows is published once
 more as a deletes key; a stale tenure's deletes publish steps the node down
-and changes nothing."""
+and changes nothing, and the node then knows it holds a delete to publish
+(it campaigns for the collection)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def test_a_lost_publish_answer_a_log_of_unknown_rows_and_a_stale_tenure(
         extras.run_once({"c": token}, stop)  # the entry's log holds an unknown number of rows: published again
         published = ShardExtras(cluster_config).deletes("c")
         assert list(published) == [1] and published[1].deleted == 2 and extras.counters["deletes_published_total"] == 1
+        assert not extras.unpublished("c")  # nothing here for a node to campaign for
 
         assert election.resign(token)
         later = election.campaign("m", lease, timeout_s=2)
@@ -83,6 +85,7 @@ def test_a_lost_publish_answer_a_log_of_unknown_rows_and_a_stale_tenure(
         extras.run_once({"c": token}, stop)
         assert [(name, why[:8]) for name, _, why in fenced] == [("c", "fenced: ")]
         assert extras.counters["extras_fenced_total"] == 1 and ShardExtras(cluster_config).deletes("c") == published
+        assert extras.unpublished("c")  # the third delete is here only: the node campaigns to publish it
     finally:
         extras.close()
         uploader.close()
