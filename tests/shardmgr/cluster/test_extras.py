@@ -2,7 +2,7 @@
 (extras.py, sweep.py): fenced, forward-only deletes keys and write-once
 index keys, read at one revision and watched; the sweep keeps what they
 name and removes replaced delete log copies once their successor is past
-the grace period."""
+the grace period; the status counts what they name as live."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.lease import NodeLease  # noqa: E402
 from shardmgr.cluster.objects import ObjectStore  # noqa: E402
 from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
+from shardmgr.cluster.status import read_status  # noqa: E402
 from shardmgr.cluster.sweep import sweep_orphans  # noqa: E402
 from tests.shardmgr.cluster.nodes import bucket, objects_under, wait_for  # noqa: E402
 
@@ -143,3 +144,19 @@ def test_the_sweep_keeps_what_the_keys_name_and_removes_replaced_delete_copies_p
     finally:
         lease.close()
         kv.close()
+
+
+def test_the_status_counts_what_the_keys_name_as_live_not_orphans(cluster_config: ClusterConfig) -> None:
+    objects, lease = bucket(cluster_config), NodeLease(cluster_config, name="w").start()
+    try:
+        shards, extras = ShardMap(cluster_config, "c"), ShardExtras(cluster_config)
+        token = Election(cluster_config, "c").campaign("w", lease, timeout_s=2)
+        assert token is not None
+        shards.publish(token, ShardEntry("c", 1, 100, (put(objects, shards, 1, token, "vectors"),)))
+        extras.publish_deletes(token, deletes(objects, shards, 1, token, 2))
+        extras.publish_index(token, IndexEntry("c", 1, (put(objects, shards, 1, token, "index.faiss"),)))
+        orphan = put(objects, shards, 2, token, "vectors").key
+        found = read_status(cluster_config, objects=objects, leases=False)
+        assert found.objects is not None and (found.objects.objects, found.objects.orphans) == (4, (orphan,))
+    finally:
+        lease.close()
