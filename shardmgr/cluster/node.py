@@ -38,8 +38,10 @@ collection locally if only the catalog knows it yet, then asks
 The node's thread (``cluster-node``), woken by seals and every
 ``scan_interval_s``: rejoins after a loss; reserves shard ids ahead
 (``WriterRoles.maintain``); campaigns for collections that have local sealed
-shards not published (after a crash between upload and publish, say);
-uploads and publishes (uploader.py); sweeps orphans of the collections it
+shards not published (after a crash between upload and publish, say), or
+deletes or indexes of published shards not published;
+uploads and publishes (uploader.py), then the deletes and indexes of
+published shards (extras_uploader.py); sweeps orphans of the collections it
 writes (sweep.py) at each new tenure and every ``sweep_interval_s``.
 
 Threads: the gate runs on connection threads (its etcd client, the
@@ -69,6 +71,7 @@ from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
+from shardmgr.cluster.extras_uploader import ExtrasUploader
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
@@ -137,6 +140,8 @@ class ClusterNode:
         self._swept: dict[str, tuple[int, float]] = {}  # collection -> (tenure revision, when) of the last sweep
         self.roles = WriterRoles(config, self.node, self.node_id, store, self.lease, self._wake.set)
         self.uploader = Uploader(config, self.node, store, self.objects, self._fenced)
+        self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
+                                     self._wake.set)
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side: the state searches are routed by, the shards this node serves, the coordinator
@@ -226,13 +231,15 @@ class ClusterNode:
         except ClusterError as e:
             log.warning("leaving the cluster cleanly failed (the lease ends it): %s", e)
         self.lease.close(revoke=True)
-        for closable in (self.roles, self.uploader, self._catalog.kv, self._kv, self._thread_kv, self.objects):
+        for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
+                         self.objects):
             closable.close()
         log.info("left the cluster (%s)", self.node_id)
 
     def _hand_off(self) -> None:
         """A clean stop of a writer: seal the growing shard of each collection it
-        writes, publish every sealed shard (within ``hand_off_s``), and stop
+        writes, publish every sealed shard, then its later deletes and indexes
+        (within ``hand_off_s``), and stop
         being a holder of each collection whose rows are then all published,
         so searches stay complete while this node is gone."""
         held = self.roles.held()
@@ -246,6 +253,7 @@ class ClusterNode:
         timer.start()
         try:
             self.uploader.run_once(held, deadline)
+            self.extras.run_once(held, deadline)  # deletes since the last pass, and indexes built
         finally:
             timer.cancel()
         for name in held:
@@ -257,7 +265,8 @@ class ClusterNode:
 
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
-                **self.roles.counters, **self.uploader.counters, **self.cache.counters, **self.fanout.counters}
+                **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.cache.counters,
+                **self.fanout.counters}
 
     # ------------------------------------------------------------ searches
 
@@ -407,11 +416,13 @@ class ClusterNode:
             self._rejoin()
         self.roles.maintain()
         for name in self.store.collections():
-            if name not in self._conflicting and name not in self.roles.held() and self.uploader.unpublished(name) \
+            if name not in self._conflicting and name not in self.roles.held() \
+                    and (self.uploader.unpublished(name) or self.extras.unpublished(name)) \
                     and self.roles.campaign(name):
-                log.info("writer of %s: to publish its sealed shards held here", name)
+                log.info("writer of %s: to publish its sealed shards (or their deletes or indexes) held here", name)
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
+        self.extras.run_once(held, self._stop)
         self._release_holdings(held)
         for name in held:
             self._mark_clean(name)

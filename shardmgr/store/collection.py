@@ -82,8 +82,12 @@ class Collection:
         self.next_shard = 1
         #: new shards only get ids below this; None: no bound (store.py's cluster-mode seam sets it)
         self.shard_id_limit: int | None = None
-        #: run with (name, shard id) after an append or the idle timer sealed a shard, under the write lock
+        #: run with (name, shard id) under the write lock (store.py's cluster-mode seam, seam.py): after an
+        #: append or the idle timer sealed a shard; after a delete's record newly deleted rows of a sealed
+        #: shard; after a sealed shard's index was built, persisted and installed
         self.on_sealed: list[Callable[[str, int], None]] = []
+        self.on_deleted: list[Callable[[str, int], None]] = []
+        self.on_indexed: list[Callable[[str, int], None]] = []
         self._searcher = Searcher(metric, config.hnsw_ef_search)
         # for readers: the views and which shard now holds each rewritten one's rows;
         # replaced together (never mutated) by writers
@@ -257,15 +261,21 @@ class Collection:
         The caller holds the store's write lock."""
         self._check_writable()
         shards, rows, _ = self._locate(refs)  # gone: deleted before a rewrite dropped the row
-        deleted, tickets = 0, []
+        deleted, tickets, touched = 0, [], []
         try:  # shard by shard: if one fails (a full disk), the shards before it keep their deletes
             for shard_id in np.unique(shards[shards >= 0]).tolist():
-                count, ticket = self.shards[shard_id].delete(rows[shards == shard_id])
+                shard = self.shards[shard_id]
+                count, ticket = shard.delete(rows[shards == shard_id])
                 deleted += count
                 if ticket is not None:
                     tickets.append(ticket)
+                if count and shard.sealed:
+                    touched.append(shard_id)
         finally:
             self._publish()
+            for shard_id in touched:  # the records written, even if a later shard's failed
+                for callback in self.on_deleted:
+                    callback(self.name, shard_id)
         return deleted, tickets
 
     def refs_of_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -376,6 +386,8 @@ class Collection:
         if self.shards.get(shard.id) is shard:
             shard.index = built
             self._publish()
+            for callback in self.on_indexed:
+                callback(self.name, shard.id)
 
     def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first
