@@ -43,7 +43,7 @@ from .search import Hits
 from .searcher import Searcher
 from .shard import TMP_SUFFIX, Shard
 from .shard_files import ShardDamaged
-from .view import View
+from .view import View, gather
 
 log = logging.getLogger(__name__)
 
@@ -397,17 +397,7 @@ class Collection:
         shards, rows, gone = lineage.locate(refs, by_id, moved, self.name)
         if gone.any():
             raise RowDeleted(f"collection {self.name!r}: ref {int(refs[np.argmax(gone)])} was deleted")
-        vectors = np.empty((len(refs), self.dim), dtype=np.float32)
-        ids = np.empty(len(refs), dtype=np.int64)
-        for shard_id in np.unique(shards).tolist():
-            mine = np.flatnonzero(shards == shard_id)
-            view, wanted = by_id[shard_id], rows[mine]
-            if view.deleted is not None:
-                dead = view.dead()[wanted]
-                if dead.any():
-                    raise RowDeleted(f"collection {self.name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
-            vectors[mine] = view.vectors[wanted]
-            ids[mine] = view.ids[wanted]
+        vectors, ids, _ = gather(by_id, shards, rows, refs, self.dim, self.name)  # locate found every row
         return vectors, ids
 
     def _locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
