@@ -1,8 +1,13 @@
 """Searches while things die (docs/cluster.md, "Searching the cluster"):
 
+- rows by ref (``get``, ``ids``) from every node: rows of published shards
+  wherever they are served, rows of the writer's growing shard from the
+  writer, the single store's errors for unknown refs;
 - a query node SIGKILLed while searches run through another node: every
   search in flight or after returns the complete answer (its shards are
   asked of the next ready node), none a short one;
+- then the writer SIGKILLed: a get of its growing shard's rows is
+  ``shards_unavailable`` (retryable), not ``unknown_ref``;
 - etcd SIGKILLed for a few seconds: searches go on, complete, from each
   node's last known state; writes are refused as retryable while the
   writer's lease cannot be renewed, and resume once etcd is back.
@@ -20,7 +25,9 @@ pytest.importorskip("etcd3gw")
 
 from common.wire.errors import ServiceError  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.errors import ShardsUnavailable  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
+from shardmgr.errors import UnknownRef  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from shardmgr.store.search import SearchResult  # noqa: E402
 from tests.cluster_servers import EtcdServer  # noqa: E402
@@ -37,8 +44,37 @@ def equal(a: SearchResult, b: SearchResult) -> bool:
     return not a.partial and not b.partial and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_a_query_node_killed_mid_search_costs_no_result(three_nodes: list[ServerProcess]) -> None:
-    n1, n2, n3 = three_nodes
+def test_gets_from_every_node_then_a_query_node_then_the_writer_killed(three_nodes: list[ServerProcess]) -> None:
+    """One cluster (its setup is the slow part) for three checks in a row:
+    rows by ref from every node; a query node killed mid-search costs no
+    result; with the writer dead, rows of its growing shard are unavailable
+    (retryable), not unknown."""
+    n1 = three_nodes[0]
+    rows = list(batches(9, seed=11))
+    vectors, ids = np.concatenate([v for v, _ in rows]), np.concatenate([i for _, i in rows])
+    refs = search(n1.address, vectors, k=1).refs[:, 0]  # each row's own ref: 5 shards, the last growing
+    assert len(np.unique(refs >> 40)) == 5
+    for proc in three_nodes:
+        with StoreClient(proc.address) as client:
+            np.testing.assert_array_equal(client.get("docs", refs), vectors)
+            np.testing.assert_array_equal(client.ids("docs", refs[::7]), ids[::7])
+            with pytest.raises(UnknownRef):
+                client.get("docs", [int(refs[0]) + 10_000])  # past its shard's end
+            with pytest.raises(UnknownRef):
+                client.get("docs", [99 << 40])  # a shard nobody has
+
+    through = query_node_killed_mid_search(three_nodes)
+
+    n1.kill()  # the writer: its growing shard (5) is on no other node
+    with StoreClient(through.address) as client, pytest.raises(ShardsUnavailable, match="shard"):
+        client.get("docs", refs[-1:])
+
+
+def query_node_killed_mid_search(three_nodes: list[ServerProcess]) -> ServerProcess:
+    """SIGKILL the query node that owns the most shards while searches run
+    through the other: every search returns the complete answer. Returns the
+    node searched through."""
+    _, n2, n3 = three_nodes
     owned = {p: sum(owners(["n1", "n2", "n3"], "docs", s) == [p.data_dir.name] for s in range(1, 5)) for p in (n2, n3)}
     victim = max(owned, key=owned.__getitem__)
     through = n2 if victim is n3 else n3
@@ -65,6 +101,9 @@ def test_a_query_node_killed_mid_search_costs_no_result(three_nodes: list[Server
     assert not thread.is_alive()
     short = [i for i, r in enumerate(results) if not equal(r, want)]
     assert not short, (len(short), len(results), results[short[0]].missing)
+    return through
+
+
 
 
 def test_etcd_killed_for_a_while_searches_go_on_and_writes_resume(
