@@ -13,9 +13,15 @@ fill: one object of the shard (its vectors) comes down through our path,
 ``ObjectStore.fetch`` (HEAD, download into a temporary file, crc32c and
 size checked, fsync, rename, directory fsync), as a query node's cache fill
 does; the baseline is boto3's ``download_file`` of the same object with the
-same settings (it writes the file, no checksum, no fsync). The object is
+same settings (it writes the file, no checksum, no fsync). A second
+reference, ``raw+fsync``, adds one fsync of the file after that download:
+the least a durable fill costs on this disk. The object is
 uploaded once per size before the rounds; the file is removed after the
 clock stops.
+
+Every measurement starts after an ``os.sync()``: the write-back of the
+previous one (the S3 server's files, a downloaded file) is finished, so it
+does not slow whichever side comes next.
 """
 
 from __future__ import annotations
@@ -41,11 +47,14 @@ from shardmgr.store.rows import HEADER_SIZE
 DIM = 128
 JOURNAL_BYTES = 256 << 10  # a sealed shard's journal: a record per batch, small beside its rows
 MiB = 1 << 20
+#: the fill phase's second reference: the raw download, then one fsync of the file (what durability costs at least)
+SYNCED = "raw+fsync"
 
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
-    """One configuration: ``phase`` publish or fill, ``system`` ours or raw, of a shard of ``size`` bytes."""
+    """One configuration: ``phase`` publish or fill, ``system`` ours, raw (or raw+fsync: fill), of a shard of
+    ``size`` bytes."""
 
     phase: str
     system: str
@@ -120,6 +129,7 @@ def measure_publish(bench: Bench, config: Transfer) -> dict[str, float]:
     shard_map = ShardMap(bench.config, "bench")
     keys = {name: (shard_map.object_key(shard_id, bench.token, name) if config.system == "ours"
                    else bench.config.object_key("raw", str(shard_id), name)) for name, _ in bench.shards[config.size]}
+    os.sync()  # no write-back left from the previous measurement (the S3 server's or ours) lands on this one
     started = time.perf_counter()
     if config.system == "ours":
         objects = []
@@ -141,11 +151,18 @@ def measure_fill(bench: Bench, config: Transfer) -> dict[str, float]:
     """One cache fill of the size's vectors object (module docstring); MB/s."""
     obj = bench.uploaded[config.size]
     dest = bench.directory / f"fill-{uuid.uuid4().hex[:8]}"
+    os.sync()  # as in measure_publish
     started = time.perf_counter()
     if config.system == "ours":
         bench.store.fetch(obj.key, dest, size=obj.size, crc=obj.crc32c)
     else:
         bench.raw.download_file(bench.config.bucket, obj.key, str(dest), Config=bench.transfer)
+        if config.system == SYNCED:
+            fd = os.open(dest, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     seconds = time.perf_counter() - started
     if os.path.getsize(dest) != obj.size:
         raise RuntimeError(f"{config}: {os.path.getsize(dest)} bytes arrived, not {obj.size}")

@@ -5,9 +5,12 @@ hands each piece of a range to one writer thread as ``seek(offset)`` then
 ``write(data)``: in order within a range, ranges in any order. A
 :class:`CheckedFile` writes each piece at its offset (``os.pwrite``),
 continues the crc32c of the run of bytes it extends (a new run where it
-extends none), and asks the kernel to start writing it back
-(``start_writeback``), so the fsync that follows the download finds little
-left to do. :meth:`CheckedFile.checksum` combines the runs' checksums
+extends none), and hands it to a write-back thread of its own that asks the kernel
+to start writing it to the disk (``start_writeback``), so the fsync that
+follows the download finds little left to do. That call blocks while the
+disk's queue is full; on its own thread it never holds up the writes, so
+the download and the disk run side by side (py-spy and timings:
+docs/benchmarks.md, "Cluster: publish and cache fill"). :meth:`CheckedFile.checksum` combines the runs' checksums
 (common/crc.py): the crc32c and size of the file, without reading it again.
 
 What it guarantees: the checksum is of the bytes written, exactly; if the
@@ -28,13 +31,41 @@ from common.journal.filesystem import start_writeback
 
 
 class CheckedFile:
-    """A seekable, write-only file-like object over an open descriptor (the caller closes it)."""
+    """A seekable, write-only file-like object over an open descriptor.
+    Use as a context manager: leaving it stops its write-back thread (the
+    caller then fsyncs and closes the descriptor)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._position = 0
         self._lock = threading.Lock()
         self._runs: dict[int, tuple[int, int]] = {}  # end offset -> (start offset, crc32c of start..end)
+        self._written = threading.Condition()
+        self._pending: list[tuple[int, int]] = []  # (offset, length) written, not yet handed to the kernel
+        self._closed = False
+        self._writeback = threading.Thread(target=self._write_back, name="checked-file-writeback", daemon=True)
+        self._writeback.start()
+
+    def __enter__(self) -> CheckedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._written:
+            self._closed = True
+            self._written.notify()
+        self._writeback.join()
+
+    def _write_back(self) -> None:
+        """The write-back thread: start the write-out of what was written, until closed."""
+        while True:
+            with self._written:
+                while not self._pending and not self._closed:
+                    self._written.wait()
+                if not self._pending:
+                    return
+                pending, self._pending = self._pending, []
+            for offset, length in pending:
+                start_writeback(self.fd, offset, length)
 
     def seekable(self) -> bool:
         return True
@@ -60,7 +91,9 @@ class CheckedFile:
         crc = crc32c.crc32c(view, value=before)  # continues the run's crc32c (releases the GIL)
         with self._lock:
             self._runs[offset + done] = (start, crc)
-        start_writeback(self.fd, offset, done)
+        with self._written:
+            self._pending.append((offset, done))
+            self._written.notify()
         self._position = offset + done
         return done
 

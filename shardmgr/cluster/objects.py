@@ -219,8 +219,8 @@ class ObjectStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                target = CheckedFile(fd)  # checksummed as it arrives, written back as it goes
-                with self._errors("fetch", key), create_transfer_manager(self._s3, self._transfer) as manager:
+                with CheckedFile(fd) as target, self._errors("fetch", key), \
+                        create_transfer_manager(self._s3, self._transfer) as manager:  # checksummed as it arrives
                     manager.download(self.bucket, key, target, subscribers=[_Known(stored)]).result()
                 got_crc, got_size = target.checksum() or file_crc32c(tmp)
                 if (got_crc, got_size) != (want_crc, want_size):

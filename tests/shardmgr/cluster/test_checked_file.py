@@ -20,10 +20,10 @@ def pieces(data: bytes, size: int) -> list[tuple[int, bytes]]:
 def written(path: Path, parts: list[tuple[int, bytes]]) -> tuple[int, int] | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        target = CheckedFile(fd)
-        for offset, chunk in parts:
-            assert target.seek(offset) == offset and target.tell() == offset
-            assert target.write(chunk) == len(chunk) and target.tell() == offset + len(chunk)
+        with CheckedFile(fd) as target:
+            for offset, chunk in parts:
+                assert target.seek(offset) == offset and target.tell() == offset
+                assert target.write(chunk) == len(chunk) and target.tell() == offset + len(chunk)
         return target.checksum()
     finally:
         os.close(fd)
