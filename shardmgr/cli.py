@@ -335,11 +335,14 @@ def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | 
 @click.option("--object-store", default=None, metavar="s3://BUCKET/PREFIX", help="The cluster's bucket.")
 @click.option("--s3-endpoint", default=None, metavar="URL", show_default="AWS",
               help="S3 endpoint; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
+@click.option("--orphan-grace", "orphan_grace_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              show_default="4200: the sweep's default grace plus one period",
+              help="--cluster: an orphan object older than this is repairable (the sweep should have removed it).")
 @click.option("--deep", is_flag=True, help="Also read everything and verify every checksum.")
 @click.option("--repair", is_flag=True, help="Offline: quarantine corrupt units, run recovery, then check again.")
 @click.option("--json", "as_json", is_flag=True, help="Print one machine-readable report.")
 def verify(data_dir: Path | None, cluster: str | None, object_store: str | None, s3_endpoint: str | None,
-           deep: bool, repair: bool, as_json: bool) -> None:
+           orphan_grace_s: float | None, deep: bool, repair: bool, as_json: bool) -> None:
     """Check every file of a data directory, or a cluster, for damage.
 
     Read-only and safe beside a running server, unless --repair, which
@@ -374,8 +377,8 @@ def verify(data_dir: Path | None, cluster: str | None, object_store: str | None,
                                "the writer's own sweep removes orphan objects (docs/cluster.md)")
         report = run(data_dir, deep=deep, repair=repair, on_file=progress.advance) if data_dir is not None else None
         if cluster is not None:
-            checked = verify_cluster(cluster, object_store, s3_endpoint, deep=deep, on_object=progress.advance,
-                                     on_total=progress.expect)
+            checked = verify_cluster(cluster, object_store, s3_endpoint, deep=deep, orphan_grace_s=orphan_grace_s,
+                                     on_object=progress.advance, on_total=progress.expect)
             report = checked if report is None else report.joined(checked)
     except CannotVerify as exc:
         click.echo(f"shardmgr verify: {exc}", err=True)

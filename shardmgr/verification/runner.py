@@ -107,10 +107,11 @@ def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
 
 
 def verify_cluster(cluster: str, object_store: str | None, s3_endpoint: str | None = None, *, deep: bool = False,
-                   on_object: Callable[[Path, int], None] | None = None,
+                   orphan_grace_s: float | None = None, on_object: Callable[[Path, int], None] | None = None,
                    on_total: Callable[[int], None] | None = None) -> Report:
     """``verify --cluster``: the cluster's shard map against its bucket
-    (cluster_checks.py). CannotVerify if the URLs are malformed, the cluster
+    (cluster_checks.py; ``orphan_grace_s``: the age from which an orphan is
+    repairable, None for its default). CannotVerify if the URLs are malformed, the cluster
     extra is not installed, or etcd or the bucket cannot be read."""
     if not object_store:
         raise CannotVerify("--cluster needs --object-store s3://BUCKET/PREFIX (where the shards' objects are)")
@@ -118,6 +119,7 @@ def verify_cluster(cluster: str, object_store: str | None, s3_endpoint: str | No
         from shardmgr.cluster.config import ClusterConfig
         from shardmgr.cluster.errors import BadClusterConfig
 
+        from .cluster_checks import ORPHAN_GRACE_S
         from .cluster_checks import verify_cluster as check
     except ImportError as exc:
         raise CannotVerify(f"--cluster needs the cluster extra (pip install 'shardmgr[cluster]'): {exc}") from exc
@@ -125,7 +127,8 @@ def verify_cluster(cluster: str, object_store: str | None, s3_endpoint: str | No
         config = ClusterConfig.from_urls(cluster, object_store, s3_endpoint=s3_endpoint)
     except BadClusterConfig as exc:
         raise CannotVerify(str(exc)) from exc
-    return check(config, deep=deep, on_object=on_object, on_total=on_total)
+    return check(config, deep=deep, orphan_grace_s=ORPHAN_GRACE_S if orphan_grace_s is None else orphan_grace_s,
+                 on_object=on_object, on_total=on_total)
 
 
 def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = None) -> Report:

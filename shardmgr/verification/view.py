@@ -74,8 +74,9 @@ def show(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     root = Path(report.data_dir)
     if report.problems:
-        cluster = f" --cluster {report.cluster}" if report.cluster else ""
-        table = Table(title=f"shardmgr verify {report.data_dir}{cluster}{' --deep' if report.deep else ''}")
+        words = [report.data_dir, f"--cluster {report.cluster}" if report.cluster else "",
+                 "--deep" if report.deep else ""]
+        table = Table(title=" ".join(["shardmgr verify", *(w for w in words if w)]))
         for column in ("severity", "file", "offset", "problem"):  # the short columns never wrap
             table.add_column(column, no_wrap=column != "file", overflow="fold")
         for column in ("expected", "found"):

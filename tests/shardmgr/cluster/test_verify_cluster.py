@@ -269,3 +269,15 @@ def test_an_unreachable_cluster_cannot_be_verified(cluster_config: ClusterConfig
     code, output = run("--cluster", "etcd://127.0.0.1:1/p", "--object-store", cluster_config.s3_url,
                        "--s3-endpoint", str(cluster_config.s3_endpoint))
     assert code == 3 and "cannot read the cluster" in output
+
+
+def test_the_command_lines_orphan_grace(cluster: Cluster) -> None:
+    urls = ["--cluster", cluster.config.etcd_url, "--object-store", cluster.config.s3_url,
+            "--s3-endpoint", str(cluster.config.s3_endpoint)]
+    cluster.publish(1)
+    stray = cluster.store.put_bytes(cluster.config.object_key("docs", "shards", "stray"), b"?").key
+    code, output = run(*urls, "--json")
+    assert code == 0 and [p["severity"] for p in json.loads(output)["problems"]] == ["note"]
+    code, output = run(*urls, "--orphan-grace", "0")
+    assert code == 1 and output.splitlines()[0].split("\t")[:4] == [
+        "repairable", cluster.store.url(stray), "-", "orphan"]
