@@ -173,6 +173,12 @@ class NodeConfig:
     shard_id_block: int = 64
     #: at start, how long to wait for a previous run's member key (same node id) to expire
     join_timeout_s: float = 30.0
+    #: how many live nodes serve each published shard (rendezvous owners; the same on every node)
+    replicas: int = 1
+    #: a cached shard no longer this node's is dropped this long after (searches routed earlier finish)
+    cache_linger_s: float = 30.0
+    #: a clean stop of a writer seals and publishes its shards for at most this long before leaving
+    hand_off_s: float = 30.0
 
     def validate(self) -> NodeConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
@@ -180,7 +186,7 @@ class NodeConfig:
             raise BadClusterConfig(f"lease_ttl_s must be a whole number of seconds >= {MIN_LEASE_TTL_S}, "
                                    f"got {self.lease_ttl_s!r}")
         for name in ("etcd_timeout_s", "scan_interval_s", "upload_retry_min_s", "upload_retry_max_s",
-                     "sweep_interval_s", "join_timeout_s"):
+                     "sweep_interval_s", "join_timeout_s", "hand_off_s"):
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")
@@ -189,4 +195,8 @@ class NodeConfig:
                                    f"{self.sweep_grace_s} and {self.upload_retry_max_s}")
         if not isinstance(self.shard_id_block, int) or not 2 <= self.shard_id_block <= 1 << 16:
             raise BadClusterConfig(f"shard_id_block must be in 2..65536, got {self.shard_id_block!r}")
+        if not isinstance(self.replicas, int) or not 1 <= self.replicas <= 16:
+            raise BadClusterConfig(f"replicas must be in 1..16, got {self.replicas!r}")
+        if not 0 <= self.cache_linger_s < math.inf:
+            raise BadClusterConfig(f"cache_linger_s must be >= 0 seconds, got {self.cache_linger_s}")
         return self

@@ -129,3 +129,11 @@ class ChecksumMismatch(ObjectStoreError):
     replaced, or truncated in transit). Nothing was left at the destination."""
 
     code = "shardmgr.cluster.checksum_mismatch"
+
+
+class ShardsUnavailable(ClusterError, Unavailable):
+    """Rows were asked of shards no live node can serve now (their owners
+    are fetching them, or their holder is down); the message names them.
+    Nothing is wrong with the data: retry."""
+
+    code = "shardmgr.cluster.shards_unavailable"

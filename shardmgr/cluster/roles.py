@@ -39,6 +39,7 @@ from shardmgr.cluster.errors import CoordinationError, CoordinationUnavailable, 
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.membership import Member, Membership
+from shardmgr.cluster.mirror import holder_value
 from shardmgr.cluster.shard_map import ShardMap
 from shardmgr.errors import UnknownCollection
 from shardmgr.store.store import Store
@@ -68,6 +69,8 @@ class WriterRoles:
         self.store = store
         self.lease = lease
         self._wake = wake  # asks the node's thread to run maintain()
+        #: called with the collection's name when a tenure starts (its holder key just said "not clean")
+        self.on_tenure: Callable[[str], None] = lambda name: None
         self._kv = Kv(config)
         self._lock = threading.Lock()
         self._tenures: dict[str, Tenure] = {}
@@ -117,6 +120,9 @@ class WriterRoles:
             except UnknownCollection:  # created in the cluster, not here yet: its shards come later
                 next_id = 1
             first, limit = ShardMap(self.config, name, self._kv).reserve_ids(writer, next_id, self.block)
+            # a holder before any write of the tenure is acknowledged (mirror.py): searches ask it from now on
+            self._kv.put(self.config.key("holders", name, self.node_id), holder_value(self.node_id, clean=False))
+            self.on_tenure(name)
             tenure = Tenure(writer, first, limit)
             self._tenures = {**self._tenures, name: tenure}
             self.counters["tenures_total"] += 1

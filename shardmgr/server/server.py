@@ -91,11 +91,12 @@ class Server:
         #: cluster mode's node (shardmgr/cluster/node.py), or None: start/join/stop/stats are its only hooks here
         self.cluster: Any = None
         if node is not None:
-            stores = [c.store for c in self.components if isinstance(c, StoreService)]
-            if not stores:
+            services = [c for c in self.components if isinstance(c, StoreService)]
+            if not services:
                 raise ValueError("cluster mode needs the vector store among the components")
-            self.cluster = node.ClusterNode(cluster, config.node, stores[0],
+            self.cluster = node.ClusterNode(cluster, config.node, services[0].store,
                                             config.node_id or node.default_node_id(config.data_dir))
+            services[0].router = self.cluster  # searches fan out across the cluster
         self._routes: dict[str, Component] = {}
         for component in self.components:
             for cmd in component.commands():

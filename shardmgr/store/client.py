@@ -22,6 +22,7 @@ import numpy as np
 from common.wire.client import MAX_CLIENT_SECONDS, RpcClient
 
 from . import batch
+from .search import SearchResult
 
 Timeout = float | None | EllipsisType
 """A call's ``timeout``: seconds, None (no bound), or ``...``: the client's, plus the call's allowance."""
@@ -83,17 +84,20 @@ class StoreClient:
         return int(self.rpc.call("shardmgr.compact", args, timeout=timeout).result["rewrites"])
 
     def search(self, name: str, queries: Any, k: int = 10, params: dict[str, int] | None = None,
-               timeout: Timeout = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               timeout: Timeout = ...) -> SearchResult:
         """(scores, ids, refs), each [nq, k]; missing results have ref -1.
-        ``params``: ``nprobe``, ``efSearch`` for the collection's index (Store.search)."""
+        ``params``: ``nprobe``, ``efSearch`` for the collection's index (Store.search).
+        From a cluster node, ``partial`` and ``missing`` say what could not be
+        searched (docs/cluster.md); from a single node it is always complete."""
         k = int(k) if isinstance(k, np.integer) else k  # the server checks its range
         queries = np.asarray(queries)
         args: dict[str, Any] = {"name": name, "k": k}
         if params:
             args["params"] = {key: int(value) for key, value in params.items()}
-        parts = self.rpc.call("shardmgr.search", args, {"queries": queries},
-                              timeout=self._timeout(timeout, queries.size * SEARCH_SECONDS_PER_VALUE)).parts
-        return parts["scores"], parts["ids"], parts["refs"]
+        reply = self.rpc.call("shardmgr.search", args, {"queries": queries},
+                              timeout=self._timeout(timeout, queries.size * SEARCH_SECONDS_PER_VALUE))
+        parts = reply.parts
+        return SearchResult(parts["scores"], parts["ids"], parts["refs"], list(reply.result.get("missing", ())))
 
     def get(self, name: str, refs: Any, timeout: Timeout = ...) -> np.ndarray:
         return self._rows(name, refs, timeout)[0]

@@ -21,10 +21,8 @@ rows in place, concurrently with appends.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,14 +31,13 @@ import msgpack
 import numpy as np
 
 from common.journal import Flusher, Journal, Ticket
-from common.journal.check import read_regular
-from common.journal.errors import FormatError
-from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
+from common.journal.filesystem import fsync_dir, make_dirs
 from shardmgr.errors import BadName, BadVectors, CollectionConflict, NeedsReopen, NoShardIds, RowDeleted
 
 from . import index as indexes
 from . import lineage, metadata, rewrite
 from .config import StoreConfig
+from .quarantine import quarantine, quarantine_reason
 from .refs import MAX_SHARD, ref_of
 from .search import Hits
 from .searcher import Searcher
@@ -51,7 +48,6 @@ from .view import View
 log = logging.getLogger(__name__)
 
 META_KIND = b"SMCO"
-REASON_FILE = "QUARANTINED"  # in a quarantined shard's directory: why it was moved
 MAX_NAME = 128
 """Longest collection name, in characters."""
 NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}")
@@ -285,6 +281,38 @@ class Collection:
         self._published = ([shard.view() for shard in shards], moved)
         self._searcher.forget()
 
+    # ------------------------------------------------ shards from elsewhere
+
+    def shard_path(self, shard_id: int) -> Path:
+        """Where shard ``shard_id`` lives in this collection's directory."""
+        return self.directory / f"{shard_id:08d}"
+
+    def adopt(self, shard_id: int) -> Shard:
+        """Open the sealed shard a caller put at :meth:`shard_path` (cluster
+        mode's cache: fetched, checked files) and serve it; ShardDamaged if it
+        fails the checks of any reopened shard. The caller holds the write lock."""
+        shard = Shard.open(self.shard_path(shard_id), shard_id, self.dim, self.flusher, self.config.extent_bytes)
+        if not shard.sealed:
+            shard.close()
+            raise ShardDamaged(shard.directory, "an adopted shard must be sealed")
+        if self.index != indexes.EXACT:
+            shard.index = indexes.load(shard.directory, shard.rows, self.index, shard.uuid)
+        self.shards = dict(sorted({**self.shards, shard_id: shard}.items()))
+        self.next_shard = max(self.next_shard, shard_id + 1)
+        self._publish()
+        return shard
+
+    def drop(self, shard_id: int) -> Path | None:
+        """Stop serving shard ``shard_id`` (its files stay; readers holding
+        views keep their mappings); its directory, or None if not here. The
+        caller holds the write lock."""
+        shard = self.shards.pop(shard_id, None)
+        if shard is None:
+            return None
+        self._publish()
+        shard.close()
+        return shard.directory
+
     # -------------------------------------------------------------- rewrites
 
     def plan_rewrite(self, index_failed: set[Path] | None = None) -> rewrite.Plan | None:
@@ -384,23 +412,3 @@ class Collection:
                 "sealed": sum(1 for v in views if v.sealed), "growing": sum(1 for v in views if not v.sealed),
                 "bytes": sum(v.rows for v in views) * (self.dim * 4 + 8), "quarantined": list(self.quarantined)}
 
-
-def quarantine(shard_dir: Path, reason: str) -> Path:
-    """Move a shard directory to its collection's ``quarantine/`` (durably,
-    with a REASON_FILE saying why); returns where it went. Nothing is deleted."""
-    target = shard_dir.parent / "quarantine" / f"{shard_dir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
-    make_dirs(target.parent)
-    if not (shard_dir / REASON_FILE).exists():
-        create_atomically(shard_dir / REASON_FILE, reason.encode())
-    os.rename(shard_dir, target)
-    fsync_dir(shard_dir.parent)
-    fsync_dir(target.parent)
-    return target
-
-
-def quarantine_reason(moved: Path) -> str:
-    """Why a quarantined shard was moved, as recorded when it was."""
-    try:  # read_regular: verify reads this too, and a FIFO in its place must not block it
-        return read_regular(moved / REASON_FILE).decode(errors="replace").strip() or "no reason recorded"
-    except (OSError, FormatError):
-        return "no reason recorded"

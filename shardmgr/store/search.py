@@ -37,6 +37,38 @@ class Hits:
     refs: np.ndarray
 
 
+class SearchResult(tuple[np.ndarray, np.ndarray, np.ndarray]):
+    """What a search returns: ``(scores, ids, refs)``, each [nq, k] (it
+    unpacks as that tuple), and whether every row was searched. A single
+    store's search is always complete; a cluster search (docs/cluster.md) is
+    ``partial`` when some shards or some node's unpublished rows could not
+    be searched, and ``missing`` names each of them in words."""
+
+    missing: tuple[str, ...]
+
+    def __new__(cls, scores: np.ndarray, ids: np.ndarray, refs: np.ndarray,
+                missing: tuple[str, ...] | list[str] = ()) -> SearchResult:
+        result = super().__new__(cls, (scores, ids, refs))
+        result.missing = tuple(missing)
+        return result
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self[1]
+
+    @property
+    def refs(self) -> np.ndarray:
+        return self[2]
+
+
 def worst(metric: str) -> float:
     return np.inf if metric == "l2" else -np.inf
 

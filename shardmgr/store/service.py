@@ -14,14 +14,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
 
 from common.journal import Flusher
 from common.journal.errors import FlushFailed
 from common.wire.component import Component, Request
-from common.wire.errors import DurabilityLost
+from common.wire.errors import BadRequest, DurabilityLost
 
 from .config import StoreConfig
+from .search import Hits, SearchResult
 from .store import Store
+
+
+class Router(Protocol):
+    """Cluster mode's searches (shardmgr/cluster/node.py): a whole collection across the nodes, and
+    this node's part of another node's search."""
+
+    def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult: ...
+
+    def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
+                      unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]: ...
+
+    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 class StoreService(Component):
@@ -34,8 +52,11 @@ class StoreService(Component):
             "shardmgr.collection_info": self._info, "shardmgr.append": self._append,
             "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
             "shardmgr.delete": self._delete, "shardmgr.delete_ids": self._delete_ids,
-            "shardmgr.compact": self._compact,
+            "shardmgr.compact": self._compact, "shardmgr.search_shards": self._search_shards,
+            "shardmgr.get_shards": self._get_shards,
         }
+        #: cluster mode: searches go through the cluster (None: this store alone)
+        self.router: Router | None = None
 
     def commands(self) -> Iterable[str]:
         return self._handlers
@@ -94,14 +115,33 @@ class StoreService(Component):
         request.reply({"rewrites": self.store.compact(request.arg("name", str, None))})
 
     def _search(self, request: Request) -> None:
-        scores, ids, refs = self.store.search(request.arg("name", str), request.part("queries"),
-                                              request.arg("k", int, 10), request.arg("params", dict, None))
-        request.reply({}, {"scores": scores, "ids": ids, "refs": refs})
+        args = (request.arg("name", str), request.part("queries"), request.arg("k", int, 10),
+                request.arg("params", dict, None))
+        found = self.store.search(*args) if self.router is None else self.router.search(*args)
+        result = {"partial": True, "missing": list(found.missing)} if found.partial else {}
+        request.reply(result, {"scores": found.scores, "ids": found.ids, "refs": found.refs})
+
+    def _search_shards(self, request: Request) -> None:
+        """A node's part of a cluster search (shardmgr/cluster/shard_search.py)."""
+        if self.router is None:
+            raise BadRequest("shardmgr.search_shards is a cluster command: this server is not a cluster node")
+        hits, not_here = self.router.search_shards(
+            request.arg("name", str), request.part("queries"), request.arg("k", int, 10),
+            request.arg("params", dict, None), request.arg("shards", list, []), request.arg("unpublished", bool, False),
+            request.part("exclude"))
+        request.reply({"not_here": not_here}, {"scores": hits.scores, "ids": hits.ids, "refs": hits.refs})
 
     def _get(self, request: Request) -> None:
         name, refs = request.arg("name", str), request.part("refs")
-        vectors, ids = self.store.rows(name, refs)
+        vectors, ids = self.store.rows(name, refs) if self.router is None else self.router.rows(name, refs)
         request.reply({}, {"vectors": vectors, "ids": ids})
+
+    def _get_shards(self, request: Request) -> None:
+        """A node's part of a cluster get (shardmgr/cluster/lookup.py)."""
+        if self.router is None:
+            raise BadRequest("shardmgr.get_shards is a cluster command: this server is not a cluster node")
+        vectors, ids, here = self.router.rows_here(request.arg("name", str), request.part("refs"))
+        request.reply({}, {"vectors": vectors, "ids": ids, "here": here.astype(np.uint8)})
 
     def _flush(self, request: Request) -> None:
         self.store.flush()

@@ -17,7 +17,8 @@ it computes). A maintenance thread seals shards that stay idle and runs
 rewrites (built off the lock, one at a time); an index thread builds indexes.
 
 Cluster mode's seam (shardmgr/cluster/node.py uses it; unused otherwise):
-``gate`` is asked before every create, append and delete (it may refuse);
+``gate`` is asked before every create, append and delete (it may refuse),
+and told after each append and delete it let through;
 ``on_sealed`` callbacks learn of shards an append or the idle timer sealed;
 ``sealed_shards`` lists sealed shards with their files (sealed.py); and with
 ``shard_ids_granted`` set before ``recover``, a collection starts new shards
@@ -48,6 +49,7 @@ from .collection import Collection, check_name
 from .config import StoreConfig
 from .copies import copy_collections
 from .sealed import SealedShard, sealed_shard
+from .search import SearchResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +69,9 @@ class WriteGate(Protocol):
 
     def writing(self, name: str) -> None:
         """Before an append or delete of ``name``."""
+
+    def written(self, name: str) -> None:
+        """After an append or delete that ``writing`` let through, done or failed."""
 
 
 class Store:
@@ -282,15 +287,14 @@ class Store:
         is durable (None for an empty batch: nothing is written).
         ``durable``: the caller waits for the ticket next (the vectors'
         write-out then starts at once: Shard.append)."""
-        if self.gate is not None:
-            self.gate.writing(name)
-        collection = self.collection(name)
-        checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
-        checked_ids = batch.ids(ids, len(checked))
-        if not len(checked):
-            return np.zeros(0, dtype=np.int64), None
-        with self._write:
-            return self._writing(name, lambda: collection.append(checked, checked_ids, durable))
+        with self._gated(name):
+            collection = self.collection(name)
+            checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
+            checked_ids = batch.ids(ids, len(checked))
+            if not len(checked):
+                return np.zeros(0, dtype=np.int64), None
+            with self._write:
+                return self._writing(name, lambda: collection.append(checked, checked_ids, durable))
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
@@ -308,12 +312,11 @@ class Store:
         append: at the next flush, or before returning with ``durable``; a
         crash before that flush may undo it (each shard's part of the call
         as a whole)."""
-        if self.gate is not None:
-            self.gate.writing(name)
-        collection = self.collection(name)
-        checked = batch.refs(refs, self.config.max_batch_rows)
-        with self._write:
-            deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
+        with self._gated(name):
+            collection = self.collection(name)
+            checked = batch.refs(refs, self.config.max_batch_rows)
+            with self._write:
+                deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
         if durable:
             _wait_durable(tickets)
         return deleted
@@ -321,16 +324,27 @@ class Store:
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
         """Delete every live row carrying one of ``ids`` (every shard's ids
         are scanned); returns how many rows. Otherwise as :meth:`delete`."""
-        if self.gate is not None:
-            self.gate.writing(name)
-        collection = self.collection(name)
-        wanted = batch.ids(ids, None, self.config.max_batch_rows)
-        with self._write:
-            deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
-                                             PARTLY)
+        with self._gated(name):
+            collection = self.collection(name)
+            wanted = batch.ids(ids, None, self.config.max_batch_rows)
+            with self._write:
+                deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
+                                                 PARTLY)
         if durable:
             _wait_durable(tickets)
         return deleted
+
+    @contextlib.contextmanager
+    def _gated(self, name: str) -> Iterator[None]:
+        """The write gate around one write: ``writing`` before (it may refuse), ``written`` after."""
+        if self.gate is None:
+            yield
+            return
+        self.gate.writing(name)
+        try:
+            yield
+        finally:
+            self.gate.written(name)
 
     def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored") -> T:
         """Run a write; a full disk becomes DiskFull, saying what ``stored`` of it."""
@@ -353,6 +367,19 @@ class Store:
         collection = self.collection(name)
         with self._write:
             return [sealed_shard(name, s) for s in collection.shards.values() if s.sealed]
+
+    def adopt_shard(self, name: str, shard_id: int) -> int:
+        """Serve the sealed shard whose checked files a caller put at
+        ``collection(name).shard_path(shard_id)`` (cluster mode's cache); its rows."""
+        collection = self.collection(name)
+        with self._write:
+            return collection.adopt(shard_id).rows
+
+    def drop_shard(self, name: str, shard_id: int) -> Path | None:
+        """Stop serving a shard (files kept); its directory, or None if it was not served."""
+        collection = self.collection(name)
+        with self._write:
+            return collection.drop(shard_id)
 
     def shard_ids(self, name: str) -> tuple[int, int | None]:
         """(the id ``name``'s next shard gets, the bound below which ids may be used; None: none)."""
@@ -377,7 +404,7 @@ class Store:
     # ------------------------------------------------------------------ reads
 
     def search(self, name: str, queries: Any, k: int = 10,
-               params: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               params: dict[str, int] | None = None) -> SearchResult:
         """Top-k over every shard: (scores, ids, refs), each [nq, k]; missing
         results have ref -1. Exact, or through the collection's index on
         sealed shards that have one; ``params`` (``nprobe``, ``efSearch``)
@@ -387,9 +414,9 @@ class Store:
         k = batch.k(k, self.config.max_k)
         chosen = index.check_params(params)
         if not len(checked):
-            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64)
+            return SearchResult(np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64))
         hits = collection.search(checked, k, chosen)
-        return hits.scores, hits.ids, hits.refs
+        return SearchResult(hits.scores, hits.ids, hits.refs)
 
     def get(self, name: str, refs: Any) -> np.ndarray:
         """The vectors [n, dim] stored at ``refs``."""

@@ -35,7 +35,7 @@ from common.journal.check import Problem, Severity, zero_ranges, zero_record_pad
 from common.journal.filesystem import fsync_dir, make_dirs
 from common.journal.lockfile import DirectoryLocked, IncompleteCopy, LockFile
 from shardmgr.errors import CannotVerify
-from shardmgr.store.collection import quarantine
+from shardmgr.store.quarantine import quarantine
 from shardmgr.store.replay import repair_ids
 from shardmgr.store.store import Store
 from workq.broker import Broker

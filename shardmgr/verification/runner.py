@@ -5,7 +5,8 @@ a live server (files being written may show REPAIRABLE findings that are
 only writes in flight; sealed files give consistent results). It walks
 ``DATA/workq`` (queue_checks.py) and ``DATA/shards`` (shard_checks.py) on
 top of the journal checks (common/journal/check.py); everything else in the
-directory but ``LOCK`` and ``quarantine/`` is reported as unknown.
+directory but ``LOCK``, ``quarantine/`` and a cluster node's cache of
+fetched shards (``cluster-cache/``, checked as a store) is reported as unknown.
 
 The default run checks structure, headers, sealed checkpoints, sizes and
 tails: O(1) per sealed file. ``deep`` also walks every record and verifies
@@ -37,6 +38,10 @@ from . import shard_checks as store_check
 
 EXIT_CLEAN, EXIT_REPAIRABLE, EXIT_CORRUPT, EXIT_CANNOT_RUN = 0, 1, 2, 3
 QUARANTINE = "quarantine"  # DATA/quarantine: what --repair moved aside (shards go to their collection's)
+
+CLUSTER_CACHE = "cluster-cache"
+"""A cluster node's cache store (shardmgr/cluster/cache.py's CACHE_DIR, not
+imported from there: the cluster extra is optional; a test checks they agree)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -148,13 +153,19 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
                 queue_check.check(entry, findings, deep)
             elif entry.name == "shards" and entry.is_dir():
                 store_check.check(entry, findings, deep)
+            elif entry.name == CLUSTER_CACHE and entry.is_dir():  # a store of its own: check its shards too
+                for part in sorted(entry.iterdir()):
+                    if part.name == "shards" and part.is_dir():
+                        store_check.check(part, findings, deep)
+                    elif part.name != "LOCK":
+                        findings.unknown(part, "LOCK, shards/")
             elif entry.name == QUARANTINE and entry.is_dir():
                 for moved in sorted(entry.rglob("*")):
                     if moved.parent.parent == entry:  # quarantine/<workq|shards>/<item>
                         findings.add(moved, Severity.NOTE, "quarantined", "nothing in quarantine",
                                      "moved aside by verify --repair")
             else:
-                findings.unknown(entry, "LOCK, workq/, shards/, quarantine/")
+                findings.unknown(entry, f"LOCK, workq/, shards/, quarantine/, {CLUSTER_CACHE}/")
     except PermissionError as exc:
         raise CannotVerify(f"cannot read {exc.filename}: {exc.strerror}") from exc
     except CannotCheck as exc:

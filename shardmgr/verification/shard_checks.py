@@ -35,7 +35,8 @@ from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
 from shardmgr.store import close_marker, deletes, index, lineage
 from shardmgr.store.batch_record import ID, JOURNAL_KIND, V1, Batch, last_batch, unpack, version_of
-from shardmgr.store.collection import META_KIND, quarantine_reason
+from shardmgr.store.collection import META_KIND
+from shardmgr.store.quarantine import quarantine_reason
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
 from shardmgr.store.shard import TMP_SUFFIX
 

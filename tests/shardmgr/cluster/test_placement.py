@@ -36,3 +36,10 @@ def test_balance_and_minimal_movement_when_a_node_leaves() -> None:
     assert moved and all(before[s][0] == "n2" for s in moved)  # only the leaver's shards move
     grown = assignment(nodes + ["n4"], "c", range(4000))
     assert all(grown[s][0] in (before[s][0], "n4") for s in before)  # a joiner only takes shards
+
+
+def test_verify_knows_the_cache_directory_by_the_cluster_name() -> None:
+    from shardmgr.cluster.cache import CACHE_DIR
+    from shardmgr.verification.runner import CLUSTER_CACHE
+
+    assert CACHE_DIR == CLUSTER_CACHE

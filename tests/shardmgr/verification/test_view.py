@@ -74,7 +74,8 @@ def test_names_that_would_break_a_line_are_escaped(damaged: Path) -> None:
     assert result.exit_code == 0, result.output
     [note, verdict] = result.output.splitlines()
     assert note.split("\t") == ["note", f"{damaged}/new\\nline\\tand\\\\ \\xff", "-", "unknown_file",
-                                "LOCK, workq/, shards/, quarantine/", "a file this service did not write"]
+                                "LOCK, workq/, shards/, quarantine/, cluster-cache/",
+                                "a file this service did not write"]
     assert verdict.startswith("clean: 0 corrupt, 0 repairable, 1 note;")
 
 

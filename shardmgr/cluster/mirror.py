@@ -1,0 +1,188 @@
+"""This node's copy of the cluster state that searches are routed by.
+
+One watch over the cluster's whole key prefix keeps, decoded, the keys that
+decide where a collection's rows are searched:
+
+| key | held as |
+|---|---|
+| ``<P>/members/<node>`` | node id -> advertised address (live members only: the keys are leased) |
+| ``<P>/shards/<collection>/<id>`` | the published shards: collection -> shard id -> ShardEntry |
+| ``<P>/holders/<collection>/<node>`` | nodes that may hold rows of the collection not yet published (and ``clean``) |
+| ``<P>/serving/<node>`` | the published shards each node can search now (leased, written by the node's cache) |
+| ``<P>/writers/<collection>`` | collection -> writer node id |
+
+A node writes ``holders/<collection>/<node>`` (no lease: it outlives the
+node) when it takes the collection's writer role, before any write under
+that tenure is acknowledged, and deletes it once it is no longer the writer
+and every row it holds of the collection is published. So a collection's
+rows are always in its published shards or on a holder. While it holds the
+role, the key says ``"clean": true`` whenever every row it holds is
+published and no write is under way, and it is set back to false before
+the next write is let through (node.py). A holder that is not a live member
+and not clean is what makes a search ``partial``.
+
+:meth:`ClusterMirror.state` returns an immutable :class:`ClusterState`,
+rebuilt only after a change (a search takes it at no cost). Keys that do
+not decode are logged once and ignored: one bad key never stops routing.
+
+Threads: the watch thread applies events under ``_lock``; any thread reads
+``state()``; listeners run on the watch thread and must be quick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.kv import Entry, Kv
+from shardmgr.cluster.shard_map import ShardEntry
+from shardmgr.cluster.watch import PrefixWatch, WatchEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterState:
+    """The routing state at one point of this node's watch (never mutated)."""
+
+    revision: int
+    members: Mapping[str, str]
+    published: Mapping[str, Mapping[int, ShardEntry]]
+    #: collection -> holder node -> clean (every row it holds is published)
+    holders: Mapping[str, Mapping[str, bool]]
+    serving: Mapping[str, Mapping[str, frozenset[int]]]
+    writers: Mapping[str, str]
+
+    def ready(self, node: str, collection: str) -> frozenset[int]:
+        """The published shards of ``collection`` that ``node`` says it can search now."""
+        return self.serving.get(node, {}).get(collection, frozenset())
+
+
+EMPTY = ClusterState(0, {}, {}, {}, {}, {})
+
+
+def holder_value(node: str, *, clean: bool) -> bytes:
+    """The JSON of a node's ``holders`` key."""
+    return json.dumps({"node": node, "clean": clean}, separators=(",", ":")).encode()
+
+
+def serving_value(node: str, address: str, collections: Mapping[str, frozenset[int] | set[int]]) -> bytes:
+    """The JSON of a node's ``serving`` key."""
+    return json.dumps({"node": node, "address": address,
+                       "collections": {c: sorted(ids) for c, ids in sorted(collections.items()) if ids}},
+                      separators=(",", ":")).encode()
+
+
+class ClusterMirror:
+    """Members, published shards, holders, serving sets and writers, kept current by a watch."""
+
+    def __init__(self, config: ClusterConfig, kv: Kv) -> None:
+        self.config = config
+        self._kv = kv
+        self._root = config.key("")
+        self._lock = threading.Lock()
+        self._members: dict[str, str] = {}
+        self._published: dict[str, dict[int, ShardEntry]] = {}
+        self._holders: dict[str, dict[str, bool]] = {}
+        self._serving: dict[str, dict[str, frozenset[int]]] = {}
+        self._writers: dict[str, str] = {}
+        self._revision = 0
+        self._state: ClusterState | None = EMPTY
+        self._listeners: list[Callable[[], None]] = []
+        self._watch: PrefixWatch | None = None
+
+    def start(self) -> ClusterMirror:
+        revision = self._reread()
+        self._watch = PrefixWatch(self.config, self._root, self._event, start_revision=revision + 1,
+                                  on_reset=self._reset, name="mirror").start()
+        return self
+
+    def read(self) -> ClusterState:
+        """Read the state from etcd now, without a watch (tools, tests)."""
+        self._reread()
+        return self.state()
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the watch thread) after each change."""
+        self._listeners.append(listener)
+
+    def state(self) -> ClusterState:
+        state = self._state
+        if state is not None:
+            return state
+        with self._lock:
+            if self._state is None:
+                self._state = ClusterState(
+                    self._revision, dict(self._members), {c: dict(m) for c, m in self._published.items()},
+                    {c: dict(n) for c, n in self._holders.items() if n},
+                    {n: dict(s) for n, s in self._serving.items()}, dict(self._writers))
+            return self._state
+
+    def _reset(self) -> None:
+        self._reread()
+
+    def _reread(self) -> int:
+        entries, revision = self._kv.get_prefix(self._root)
+        with self._lock:
+            for table in (self._members, self._published, self._holders, self._serving, self._writers):
+                table.clear()
+            for e in entries:
+                self._apply(e.key, e, deleted=False)
+            self._revision, self._state = revision, None
+        self._notify()
+        return revision
+
+    def _event(self, event: WatchEvent) -> None:
+        with self._lock:
+            self._apply(event.entry.key, event.entry, deleted=event.kind == "DELETE")
+            self._revision, self._state = event.entry.mod_revision, None
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not stop the watch
+                log.exception("cluster mirror: a listener failed")
+
+    def _apply(self, key: str, e: Entry, *, deleted: bool) -> None:
+        parts = key[len(self._root):].split("/")
+        try:
+            self._apply_parts(parts, None if deleted else e.value)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("cluster mirror: key %s does not decode (ignored): %s", key, exc)
+
+    def _apply_parts(self, parts: list[str], value: bytes | None) -> None:
+        kind = parts[0]
+        if kind == "members" and len(parts) == 2:
+            _set(self._members, parts[1], None if value is None else str(json.loads(value).get("address", "")))
+        elif kind == "writers" and len(parts) == 2:
+            _set(self._writers, parts[1], None if value is None else str(json.loads(value)["node"]))
+        elif kind == "shards" and len(parts) == 3:
+            entries = self._published.setdefault(parts[1], {})
+            _set(entries, int(parts[2]), None if value is None else ShardEntry.decode(value))
+        elif kind == "holders" and len(parts) == 3:
+            nodes = self._holders.setdefault(parts[1], {})
+            _set(nodes, parts[2], None if value is None else bool(json.loads(value).get("clean", False)))
+        elif kind == "serving" and len(parts) == 2:
+            _set(self._serving, parts[1], None if value is None else _serving(json.loads(value)))
+
+
+def _set(table: dict[Any, Any], key: Any, value: Any) -> None:
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
+
+
+def _serving(raw: dict[str, Any]) -> dict[str, frozenset[int]]:
+    return {str(c): frozenset(int(i) for i in ids) for c, ids in raw["collections"].items()}

@@ -1,0 +1,99 @@
+"""The part of a cluster search one node answers (``shardmgr.search_shards``).
+
+A coordinating node (fanout.py) asks each node for some published shards by
+id, and a holder also for its rows not yet published. This node searches
+them where it has them: its own data directory (the shards it wrote, the
+growing one included) or its cache of fetched shards (cache.py). It answers
+with the merged top-k of those shards, exactly as a single store would
+(the same Searcher and merge), and with the ids of the asked shards it does
+not have (fetched elsewhere since, say), so the coordinator can ask another.
+
+Threads: any connection thread; the views it reads are snapshots (view.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardmgr.errors import RowDeleted, UnknownCollection, UnknownRef
+from shardmgr.store.refs import split_refs
+from shardmgr.store.search import Hits
+from shardmgr.store.searcher import Searcher
+from shardmgr.store.store import Store
+from shardmgr.store.view import View
+
+
+class ShardSearch:
+    """Searches chosen shards of this node's store and cache store."""
+
+    def __init__(self, store: Store, cache: Store) -> None:
+        self.store = store
+        self.cache = cache
+        self._searchers: dict[str, Searcher] = {}
+        self._lock = threading.Lock()
+
+    def search(self, name: str, queries: np.ndarray, k: int, params: dict[str, int], shards: Sequence[int],
+               unpublished: bool, exclude: np.ndarray) -> tuple[Hits, list[int]]:
+        """(top-k over the chosen shards, asked shard ids not here). ``queries``
+        and ``params`` were checked by the caller (Store's checks)."""
+        collection = self.store.collection(name)
+        here = {view.shard: view for view in collection.views()}
+        try:
+            fetched = {view.shard: view for view in self.cache.collection(name).views()}
+        except UnknownCollection:
+            fetched = {}
+        views: list[View] = []
+        not_here: list[int] = []
+        for shard_id in shards:
+            view = here.get(shard_id) or fetched.get(shard_id)
+            if view is None:
+                not_here.append(shard_id)
+            else:
+                views.append(view)
+        if unpublished:
+            skip = set(exclude.tolist()) | set(shards)
+            views.extend(view for shard_id, view in here.items() if shard_id not in skip)
+        return self._searcher(name, collection.metric).search(views, queries, k, params), not_here
+
+    def rows(self, name: str, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, ids, here) of ``refs`` (checked int64): the rows of shards
+        this node has are filled and ``here`` is True for them; the others are
+        left for other nodes. UnknownRef for a row past its shard's end,
+        RowDeleted for a deleted row, as a single store says."""
+        collection = self.store.collection(name)
+        views = self._views(name)
+        shards, rows = split_refs(refs)
+        vectors = np.zeros((len(refs), collection.dim), np.float32)
+        ids = np.full(len(refs), -1, np.int64)
+        here = np.zeros(len(refs), bool)
+        for shard_id in np.unique(shards).tolist():
+            view = views.get(shard_id)
+            if view is None:
+                continue
+            mine = np.flatnonzero(shards == shard_id)
+            wanted = rows[mine]
+            if (past := wanted >= view.rows).any():
+                raise UnknownRef(f"collection {name!r}: ref {int(refs[mine][np.argmax(past)])} names no stored row")
+            if view.deleted is not None and (dead := view.dead()[wanted]).any():
+                raise RowDeleted(f"collection {name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
+            vectors[mine], ids[mine], here[mine] = view.vectors[wanted], view.ids[wanted], True
+        return vectors, ids, here
+
+    def _views(self, name: str) -> dict[int, View]:
+        """Every shard of ``name`` this node can read: its cache's, and its own (which win)."""
+        try:
+            views = {view.shard: view for view in self.cache.collection(name).views()}
+        except UnknownCollection:
+            views = {}
+        views.update((view.shard, view) for view in self.store.collection(name).views())
+        return views
+
+    def _searcher(self, name: str, metric: str) -> Searcher:
+        searcher = self._searchers.get(name)
+        if searcher is None:
+            with self._lock:
+                searcher = self._searchers.setdefault(name, Searcher(metric, self.store.config.hnsw_ef_search))
+        return searcher

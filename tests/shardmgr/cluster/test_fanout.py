@@ -1,0 +1,158 @@
+"""Search across a cluster of real ``shardmgr serve`` nodes (docs/cluster.md,
+"Searching the cluster").
+
+Three nodes; n1 writes the collection, so its data directory holds every row
+(published shards and the growing one) and is the single-node reference. The
+published shards are fetched by their rendezvous owners; a search sent to
+any node fans out and must return exactly what one store holding all the rows
+returns (scores, ids and refs, bit for bit). Then nodes die:
+
+- a query node SIGKILLed: its shards are asked of the next ready node in the
+  same search, so results stay complete;
+- the writer SIGKILLed: its unpublished rows are unreachable, and searches
+  say so (``partial``, naming the node), never silently short; the survivors
+  take over its published shards (lease TTL + fetch); after its restart the
+  results are complete and equal to the reference again.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("boto3")
+pytest.importorskip("etcd3gw")
+
+from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.kv import Kv  # noqa: E402
+from shardmgr.cluster.membership import Membership  # noqa: E402
+from shardmgr.cluster.placement import owners  # noqa: E402
+from shardmgr.cluster.routing import holder_missing  # noqa: E402
+from shardmgr.store.client import StoreClient  # noqa: E402
+from shardmgr.store.search import SearchResult  # noqa: E402
+from shardmgr.store.store import Store  # noqa: E402
+from tests.shardmgr.cluster.nodes import (  # noqa: E402
+    DIM,
+    batches,
+    node,
+    published,
+    search,
+    served_by_owners,
+    wait_for,
+)
+from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+
+K = 7  # nodes.search's k
+
+
+@pytest.fixture
+def started() -> list[ServerProcess]:
+    nodes: list[ServerProcess] = []
+    yield nodes
+    for proc in nodes:
+        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
+        if proc.alive():
+            proc.kill()
+
+
+def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    assert not found.partial, found.missing
+    for got, want in zip(found, reference, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1, n2, n3 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3))
+    for proc in (n1, n2, n3):
+        started.append(proc.start())
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in batches(9, seed=5):  # two batches a shard: 4 sealed, one batch growing
+            client.append("docs", vectors, ids, durable=True)
+    wait_for("4 shards published", lambda: len(published(cluster_config, "docs")) == 4)
+    wait_for("shards served by their owners", lambda: served_by_owners(cluster_config, "docs"), timeout=20)
+    queries = np.random.default_rng(1).random((25, DIM), dtype=np.float32)
+    before = [search(proc.address, queries) for proc in (n1, n2, n3)]
+
+    # a query node that serves shards dies: they are asked of the next ready node in the same search
+    owned = {proc: [s for s in range(1, 5) if owners(["n1", "n2", "n3"], "docs", s) == [proc.data_dir.name]]
+             for proc in (n2, n3)}
+    victim = max(owned, key=lambda proc: len(owned[proc]))
+    survivor = n2 if victim is n3 else n3
+    assert owned[victim], owned  # placement is deterministic: true for these names
+    victim.kill()
+    after_query_node = search(survivor.address, queries)
+
+    # the writer dies: its growing shard's rows are unreachable, and searches say so
+    n1.kill()
+    partial = search(survivor.address, queries)
+    assert holder_missing("n1") in partial.missing, partial.missing
+    alone = [survivor.data_dir.name]
+    wait_for("only the survivor left", lambda: [m.node_id for m in Membership(cluster_config).members()[0]] == alone)
+    wait_for("the survivor serves every published shard", lambda: served_by_owners(cluster_config, "docs"),
+             timeout=20)
+    taken_over = search(survivor.address, queries)
+    assert taken_over.missing == (holder_missing("n1"),)  # only the dead writer's unpublished rows now
+
+    # the writer returns: its rows are searchable again (published, or asked of it as holder)
+    n1.restart()
+    recovered = wait_for("complete results", lambda: (lambda r: r if not r.partial else None)(
+        search(survivor.address, queries)), timeout=30)
+
+    for proc in (n1, survivor):  # a clean stop, so the reference opens n1's directory as it was
+        proc.signal(signal.SIGTERM)
+        proc.wait()
+    with Store(n1.data_dir).open() as reference:
+        want = reference.search("docs", queries, k=K)
+    assert (want[1] >= 0).all()
+    for found in (*before, after_query_node, recovered):
+        same(found, want)
+    assert len(np.unique(want[2] >> 40)) > 2  # the top rows come from several shards
+    # the partial answer's rows are the reference's, less those of the growing shard (shard 5, on n1 only)
+    kept = want[2][(want[2] >> 40) != 5]
+    assert set(taken_over.refs[taken_over.refs >= 0].tolist()) >= set(kept.tolist())
+
+
+def test_a_writer_stopped_cleanly_hands_off_and_searches_stay_complete(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1, n2 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2))
+    for proc in (n1, n2):
+        started.append(proc.start())
+    rows = list(batches(3, seed=8))  # shard 1 sealed, shard 2 growing with one batch
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in rows:
+            client.append("docs", vectors, ids, durable=True)
+    n1.signal(signal.SIGTERM)
+    assert n1.wait() == 0
+    assert len(published(cluster_config, "docs")) == 2  # the growing shard was sealed and published
+    vectors = np.concatenate([v for v, _ in rows])
+    found = wait_for("n2 serves both shards", lambda: (lambda r: r if not r.partial else None)(
+        search(n2.address, vectors, k=1)), timeout=20)
+    np.testing.assert_array_equal(found.ids[:, 0], np.concatenate([i for _, i in rows]))
+
+
+def test_an_idle_writer_that_dies_costs_nothing_once_its_shards_are_taken_over(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1 = node(tmp_path, "n1", cluster_config, idle_seal_s=1.0)
+    n2 = node(tmp_path, "n2", cluster_config)
+    for proc in (n1, n2):
+        started.append(proc.start())
+    with StoreClient(n1.address) as client:
+        client.create_collection("docs", dim=DIM)
+        for vectors, ids in batches(4, seed=6):  # shard 1 sealed; shard 2 sealed by the idle timer
+            client.append("docs", vectors, ids, durable=True)
+    holder = cluster_config.key("holders", "docs", "n1")
+    wait_for("n1's holder key says clean", lambda: (lambda e: e is not None and json.loads(e.value)["clean"])(
+        Kv(cluster_config).get(holder)), timeout=20)
+    queries = np.random.default_rng(4).random((15, DIM), dtype=np.float32)
+    before = search(n2.address, queries)
+    n1.kill()
+    after = wait_for("complete results from n2 alone", lambda: (lambda r: r if not r.partial else None)(
+        search(n2.address, queries)), timeout=30)
+    same(after, before)
