@@ -44,31 +44,39 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from cluster_phases import SYNCED, Bench, MiB, Transfer, measure_fill, measure_publish, prepare, raw_client
+from cluster_phases import (
+    SYNCED,
+    Bench,
+    MiB,
+    Transfer,
+    finish_transfers,
+    measure_fill,
+    measure_publish,
+    prepare_transfers,
+)
 from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rounds import Spread, interleave, ratio, summarise
 
-from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.election import Election
-from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.loopback import S3_ACCESS_KEY, S3_SECRET_KEY, EtcdServer, WeedServer, etcd_binary, weed_binary
-from shardmgr.cluster.objects import ObjectStore
-
-BUCKET = "bench"
 
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
     """A measured phase: its configurations (``configs(args)``: each with
     ``phase``, ``system`` (ours, or the baseline's name) and a ``str`` that
-    names it), how one is measured once (``measure(bench, config)`` -> its
+    names it), what it sets up before the rounds (``prepare(bench, args)``,
+    into ``bench.state``; phases that share state share the prepare, which
+    must then be idempotent) and releases after them (``finish(bench)``),
+    how one configuration is measured once (``measure(bench, config)`` -> its
     figures), the figure the table shows, its baseline and target ratio."""
 
     configs: Callable[[argparse.Namespace], list[Any]]
+    prepare: Callable[[Bench, argparse.Namespace], None]
     measure: Callable[[Bench, Any], dict[str, float]]
+    finish: Callable[[Bench], None]
     figure: str
     unit: str
     baseline: str
@@ -81,17 +89,19 @@ def _transfers(phase: str, *systems: str) -> Callable[[argparse.Namespace], list
 
 
 #: The phases, in the order they run. To add one (issue 14's ``fanout`` and
-#: ``takeover`` are still to come): write its configs and measure function
-#: (tools/cluster_phases.py), extend ``Bench`` with what it shares (nodes to
-#: start, data to load), and register it here; the rounds, the summary, the
-#: ratios and the tables take it as it is.
+#: ``takeover``: tools/cluster_search.py holds their measurements): give it
+#: its configs, a prepare that starts what it needs on ``bench`` (a cluster
+#: config of its own: ``bench.config("search")``; credentials for child
+#: processes: ``bench.env``) and keeps it in ``bench.state``, its measure
+#: and its finish, and register it here; the rounds, the summary, the ratios
+#: and the tables take it as it is.
 PHASES: dict[str, Phase] = {
-    "publish": Phase(_transfers("publish"), measure_publish, "MBps", "MB/s", "raw", 0.8,
-                     "a shard's files: put_file each (crc32c, write-once, HEAD check) + ShardMap.publish, "
-                     "vs boto3 upload_file"),
-    "fill": Phase(_transfers("fill", SYNCED), measure_fill, "MBps", "MB/s", "raw", 0.8,
-                  "a shard's vectors: ObjectStore.fetch (crc32c checked, fsync, rename) vs boto3 download_file "
-                  "(and download_file + fsync: the floor of a durable fill)"),
+    "publish": Phase(_transfers("publish"), prepare_transfers, measure_publish, finish_transfers, "MBps", "MB/s",
+                     "raw", 0.8, "a shard's files: put_file each (crc32c, write-once, HEAD check) + "
+                     "ShardMap.publish, vs boto3 upload_file"),
+    "fill": Phase(_transfers("fill", SYNCED), prepare_transfers, measure_fill, finish_transfers, "MBps", "MB/s",
+                  "raw", 0.8, "a shard's vectors: ObjectStore.fetch (crc32c checked, fsync, rename) vs boto3 "
+                  "download_file (and download_file + fsync: the floor of a durable fill)"),
 }
 
 
@@ -111,32 +121,21 @@ def servers(directory: Path) -> Iterator[tuple[EtcdServer, WeedServer]]:
         etcd.stop()
 
 
-@contextlib.contextmanager
-def bench_on(etcd: EtcdServer, weed: WeedServer, directory: Path) -> Iterator[Bench]:
-    """The shared state of the measurements: clients with the servers' credentials and a writer's token."""
-    config = ClusterConfig.from_urls(etcd.url("bench"), f"s3://{BUCKET}/bench", s3_endpoint=weed.endpoint)
-    session = boto3.session.Session(aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY)
-    store = ObjectStore(config, session=session)
-    store.create_bucket()
-    raw, transfer = raw_client(config, session)
-    lease = NodeLease(config, name="bench").start()
-    try:
-        bench = Bench(config, store, raw, transfer, directory)
-        bench.token = Election(config, "bench").campaign("bench", lease, timeout_s=10)
-        yield bench
-    finally:
-        lease.close()
-        store.close()
-        raw.close()
-
-
 def measure(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
     """Every chosen phase's configurations in interleaved rounds; one row per configuration."""
-    phases = [(name, PHASES[name]) for name in args.phases]
-    configs = [(phase, config) for _, phase in phases for config in phase.configs(args)]
-    with servers(directory) as (etcd, weed), bench_on(etcd, weed, directory) as bench:
-        prepare(bench, args.sizes)
-        runs = interleave(configs, args.runs, lambda c: c[0].measure(bench, c[1]), lambda c: str(c[1]))
+    phases = [PHASES[name] for name in args.phases]
+    configs = [(phase, config) for phase in phases for config in phase.configs(args)]
+    session = boto3.session.Session(aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY)
+    env = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY}
+    with servers(directory) as (etcd, weed):
+        bench = Bench(etcd, weed, session, env, directory)
+        try:
+            for phase in phases:
+                phase.prepare(bench, args)
+            runs = interleave(configs, args.runs, lambda c: c[0].measure(bench, c[1]), lambda c: str(c[1]))
+        finally:
+            for phase in phases:
+                phase.finish(bench)
     rows = [{"phase": config.phase, "system": config.system, "case": str(config), "summary": summarise(r),
              "runs": r, "config": config} for (_, config), r in zip(configs, runs)]
     for row in rows:
@@ -149,7 +148,7 @@ def measure(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
 
 def _same_case(a: Any, b: Any) -> bool:
     """The same configuration but for the system measured."""
-    return dataclasses.replace(a, system="") == dataclasses.replace(b, system="")
+    return bool(dataclasses.replace(a, system="") == dataclasses.replace(b, system=""))
 
 
 def show(results: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ does not slow whichever side comes next.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import time
@@ -39,7 +40,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.election import Writer
+from shardmgr.cluster.election import Election, Writer
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.loopback import EtcdServer, WeedServer
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
 from shardmgr.store.rows import HEADER_SIZE
@@ -47,6 +50,9 @@ from shardmgr.store.rows import HEADER_SIZE
 DIM = 128
 JOURNAL_BYTES = 256 << 10  # a sealed shard's journal: a record per batch, small beside its rows
 MiB = 1 << 20
+BUCKET = "bench"
+#: the publish and fill phases' state in Bench.state, and their key and object prefix
+TRANSFERS = "transfers"
 #: the fill phase's second reference: the raw download, then one fsync of the file (what durability costs at least)
 SYNCED = "raw+fsync"
 
@@ -66,14 +72,34 @@ class Transfer:
 
 @dataclasses.dataclass
 class Bench:
-    """What every measurement shares: the servers' config, both clients, the shards' files, a writer token."""
+    """What every phase shares: the servers, the S3 credentials (a boto3
+    session, and the same as environment variables for ``shardmgr serve``
+    children), a scratch directory, and each phase group's own state by name
+    (``state``: set up by its ``prepare``, released by its ``finish``)."""
+
+    etcd: EtcdServer
+    weed: WeedServer
+    session: boto3.session.Session
+    env: dict[str, str]
+    directory: Path
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def config(self, prefix: str) -> ClusterConfig:
+        """A cluster config of its own for a phase group: key prefix ``/prefix``, object prefix ``prefix``."""
+        return ClusterConfig.from_urls(self.etcd.url(prefix), f"s3://{BUCKET}/{prefix}", s3_endpoint=self.weed.endpoint)
+
+
+@dataclasses.dataclass
+class Transfers:
+    """The publish and fill phases' state: both clients, the shards' files, the fill objects, a writer's token."""
 
     config: ClusterConfig
     store: ObjectStore
     raw: Any  # a boto3 S3 client with the ObjectStore's settings
     transfer: TransferConfig
+    lease: NodeLease
+    token: Writer
     directory: Path
-    token: Writer | None = None
     shards: dict[int, list[tuple[str, Path]]] = dataclasses.field(default_factory=dict)
     uploaded: dict[int, ShardObject] = dataclasses.field(default_factory=dict)
     next_id: int = 1
@@ -108,55 +134,78 @@ def shard_files(directory: Path, size: int, seed: int) -> list[tuple[str, Path]]
     return files
 
 
-def prepare(bench: Bench, sizes: list[int]) -> None:
-    """The shards' files on disk, and each size's vectors uploaded once for the fill phase."""
-    for i, size in enumerate(sizes):
-        bench.shards[size] = shard_files(bench.directory, size, seed=i)
-        name, path = bench.shards[size][0]
-        info = bench.store.put_file(path, bench.config.object_key("fill", str(size), name))
+def prepare_transfers(bench: Bench, args: argparse.Namespace) -> None:
+    """Once for both phases: the clients, a writer's token, each size's shard files on disk, and each size's
+    vectors uploaded for the fill phase."""
+    if TRANSFERS in bench.state:
+        return
+    config = bench.config(TRANSFERS)
+    store = ObjectStore(config, session=bench.session)
+    store.create_bucket()
+    raw, transfer = raw_client(config, bench.session)
+    lease = NodeLease(config, name="bench").start()
+    token = Election(config, "bench").campaign("bench", lease, timeout_s=10)
+    if token is None:
+        raise RuntimeError("could not become the writer of the benchmark's collection")
+    directory = bench.directory / TRANSFERS
+    directory.mkdir()
+    t = bench.state[TRANSFERS] = Transfers(config, store, raw, transfer, lease, token, directory)
+    for i, size in enumerate(args.sizes):
+        t.shards[size] = shard_files(directory, size, seed=i)
+        name, path = t.shards[size][0]
+        info = store.put_file(path, config.object_key("fill", str(size), name))
         assert info.crc32c is not None
-        bench.uploaded[size] = ShardObject(name, info.key, info.size, info.crc32c)
+        t.uploaded[size] = ShardObject(name, info.key, info.size, info.crc32c)
 
 
-def shard_bytes(bench: Bench, config: Transfer) -> int:
-    return sum(p.stat().st_size for _, p in bench.shards[config.size])
+def finish_transfers(bench: Bench) -> None:
+    t: Transfers | None = bench.state.pop(TRANSFERS, None)
+    if t is not None:
+        t.lease.close()
+        t.store.close()
+        t.raw.close()
+
+
+def shard_bytes(t: Transfers, config: Transfer) -> int:
+    return sum(p.stat().st_size for _, p in t.shards[config.size])
 
 
 def measure_publish(bench: Bench, config: Transfer) -> dict[str, float]:
     """One publish of a shard of ``config.size`` (module docstring); MB/s of its files."""
-    assert bench.token is not None
-    shard_id, bench.next_id = bench.next_id, bench.next_id + 1
-    shard_map = ShardMap(bench.config, "bench")
-    keys = {name: (shard_map.object_key(shard_id, bench.token, name) if config.system == "ours"
-                   else bench.config.object_key("raw", str(shard_id), name)) for name, _ in bench.shards[config.size]}
+    t: Transfers = bench.state[TRANSFERS]
+    shard_id, t.next_id = t.next_id, t.next_id + 1
+    shard_map = ShardMap(t.config, "bench")
+    keys = {name: (shard_map.object_key(shard_id, t.token, name) if config.system == "ours"
+                   else t.config.object_key("raw", str(shard_id), name)) for name, _ in t.shards[config.size]}
     os.sync()  # no write-back left from the previous measurement (the S3 server's or ours) lands on this one
     started = time.perf_counter()
     if config.system == "ours":
         objects = []
-        for name, path in bench.shards[config.size]:
-            info = bench.store.put_file(path, keys[name])
+        for name, path in t.shards[config.size]:
+            info = t.store.put_file(path, keys[name])
             assert info.crc32c is not None
             objects.append(ShardObject(name, info.key, info.size, info.crc32c))
-        shard_map.publish(bench.token, ShardEntry("bench", shard_id, 0, tuple(objects)))
+        shard_map.publish(t.token, ShardEntry("bench", shard_id, 0, tuple(objects)))
     else:
-        for name, path in bench.shards[config.size]:
-            bench.raw.upload_file(str(path), bench.config.bucket, keys[name], Config=bench.transfer)
+        for name, path in t.shards[config.size]:
+            t.raw.upload_file(str(path), t.config.bucket, keys[name], Config=t.transfer)
     seconds = time.perf_counter() - started
     for key in keys.values():
-        bench.store.delete(key)
-    return {"MBps": shard_bytes(bench, config) / seconds / 1e6, "seconds": seconds}
+        t.store.delete(key)
+    return {"MBps": shard_bytes(t, config) / seconds / 1e6, "seconds": seconds}
 
 
 def measure_fill(bench: Bench, config: Transfer) -> dict[str, float]:
     """One cache fill of the size's vectors object (module docstring); MB/s."""
-    obj = bench.uploaded[config.size]
-    dest = bench.directory / f"fill-{uuid.uuid4().hex[:8]}"
+    t: Transfers = bench.state[TRANSFERS]
+    obj = t.uploaded[config.size]
+    dest = t.directory / f"fill-{uuid.uuid4().hex[:8]}"
     os.sync()  # as in measure_publish
     started = time.perf_counter()
     if config.system == "ours":
-        bench.store.fetch(obj.key, dest, size=obj.size, crc=obj.crc32c)
+        t.store.fetch(obj.key, dest, size=obj.size, crc=obj.crc32c)
     else:
-        bench.raw.download_file(bench.config.bucket, obj.key, str(dest), Config=bench.transfer)
+        t.raw.download_file(t.config.bucket, obj.key, str(dest), Config=t.transfer)
         if config.system == SYNCED:
             fd = os.open(dest, os.O_RDONLY)
             try:
