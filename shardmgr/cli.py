@@ -17,6 +17,7 @@ from rich.table import Table
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, RpcClient
+from shardmgr.cluster.commands import cluster
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
 from . import __version__, tables
@@ -33,6 +34,9 @@ DEFAULT_AUTH_FILE = "shardmgr.tokens"
 @click.version_option(__version__, prog_name="shardmgr")
 def main() -> None:
     """Vector shards and a durable work queue on one append-only journal layer."""
+
+
+main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster status'
 
 
 @main.command()

@@ -13,12 +13,16 @@ bucket (``objects``: write-once puts, checksummed fetches), live members
 (``shard_map``: publishes fenced by the writer's key, shard-id blocks per
 tenure), the collections (``catalog``), and a node's life: its writer roles
 (``roles``), upload on seal (``uploader``), the orphan sweep (``sweep``),
-and joining, the store's write gate and its thread (``node``). ``loopback``
-starts real etcd and SeaweedFS servers on 127.0.0.1 for tests and benchmarks.
+and joining, the store's write gate and its thread (``node``); what an
+operator sees: one snapshot of it all (``status``), its live HTML page
+(``page``) and ``shardmgr cluster status`` (``commands``).
+``loopback`` starts real etcd and SeaweedFS servers on 127.0.0.1 for tests and
+benchmarks.
 
 Needs the ``cluster`` extra (boto3, etcd3gw); importing this package does not
 import them, its modules do.
 
-May import: ``common``, ``shardmgr.errors`` and ``shardmgr.store``; never
+May import: ``common``, ``shardmgr.errors``, ``shardmgr.store`` and (the
+commands) ``shardmgr.tables``; never
 ``shardmgr.server``, ``shardmgr.verification`` or ``workq``.
 """

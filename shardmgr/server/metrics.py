@@ -1,22 +1,51 @@
-"""Prometheus metrics: the ``stats`` counters over HTTP (prometheus-client).
+"""The metrics port: Prometheus metrics, and in cluster mode the cluster's
+status page (prometheus-client for the metrics, wsgiref for the server).
 
 Off by default; ``--metrics-port`` (documented choice 7301) turns it on.
 Every stats value becomes ``shardmgr_<component>_<name>``: a counter when
 the name ends in ``_total``, a gauge otherwise. Values are read from
 Server.stats() at scrape time, so they always agree with ``shardmgr stats``.
+Every path but the two below answers with the metrics, as
+prometheus-client's own app does (``/metrics`` by convention).
+
+In cluster mode two more paths (docs/cluster.md, "Watching the cluster"):
+``/cluster``, a self-contained HTML page that refreshes itself
+(shardmgr/cluster/page.py), and ``/cluster.json``, the status it shows
+(shardmgr/cluster/status.py), or 503 with ``{"error": ...}`` if etcd cannot
+be read. The status is read on the HTTP request's own thread, at most once
+a second whoever asks (``StatusCache``): it never holds anything the node's
+store or its cluster thread use. Outside cluster mode they are 404.
+
+Each request has a thread of its own (daemon threads); ``shutdown()`` stops
+the server within ~0.1 s and closes its socket.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    from shardmgr.cluster.config import ClusterConfig
+
     from .server import Server
+
+StartResponse = Callable[..., Any]
+#: the page loads nothing from anywhere else, and runs only its own inline script
+PAGE_HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
+                ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
+                                            "style-src 'unsafe-inline'; connect-src 'self'")]
+POLL_S = 0.1
+"""How often the server's loop looks for a shutdown."""
 
 
 class StatsCollector:
@@ -35,10 +64,87 @@ class StatsCollector:
                     yield GaugeMetricFamily(name, f"{component} {key}", value=value)
 
 
-def serve_metrics(server: Server, host: str, port: int) -> Any:
-    """Start the HTTP endpoint in a background thread; returns the HTTP server
-    (call ``.shutdown()`` to stop it)."""
+class ClusterPages:
+    """``/cluster`` and ``/cluster.json`` of one cluster (module docstring)."""
+
+    def __init__(self, config: ClusterConfig | None, replicas: int = 1) -> None:
+        self._cache: Any = None
+        self._page = b""
+        if config is not None:
+            from shardmgr.cluster.page import PAGE
+            from shardmgr.cluster.status import StatusCache
+
+            self._cache = StatusCache(config, replicas=replicas)
+            self._page = PAGE.encode()
+
+    def __call__(self, path: str, start_response: StartResponse) -> Iterable[bytes]:
+        if self._cache is None:
+            return _answer(start_response, "404 Not Found", "text/plain; charset=utf-8",
+                           b"not in cluster mode: this node was started without --cluster\n")
+        if path == "/cluster":
+            return _answer(start_response, "200 OK", "text/html; charset=utf-8", self._page, PAGE_HEADERS)
+        from shardmgr.cluster.errors import ClusterError
+
+        try:
+            body, status = json.dumps(self._cache.get().as_dict()), "200 OK"
+        except ClusterError as e:
+            body, status = json.dumps({"error": str(e)}), "503 Service Unavailable"
+        return _answer(start_response, status, "application/json", body.encode(), [("Cache-Control", "no-store")])
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+
+
+def _answer(start_response: StartResponse, status: str, content_type: str, body: bytes,
+            headers: list[tuple[str, str]] | None = None) -> list[bytes]:
+    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(headers or [])])
+    return [body]
+
+
+class _Quiet(WSGIRequestHandler):
+    """No line per request on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class MetricsServer(ThreadingMixIn, WSGIServer):
+    """The endpoint's HTTP server: a thread per request; ``shutdown()`` also closes the socket and the pages."""
+
+    daemon_threads = True
+    pages: ClusterPages | None = None
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.server_close()
+        if self.pages is not None:
+            self.pages.close()
+
+
+def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
+                  replicas: int = 1) -> MetricsServer:
+    """Start the HTTP endpoint on ``host``:``port`` in a background thread,
+    with the cluster pages if ``cluster`` is given (owners shown: ``replicas``
+    per shard, the node's setting); returns the HTTP server (call
+    ``.shutdown()`` to stop it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(server))
-    http_server, _thread = start_http_server(port, addr=host, registry=registry)
+    metrics = make_wsgi_app(registry)
+    pages = ClusterPages(cluster, replicas)
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/cluster", "/cluster.json"):
+            return pages(path, start_response)
+        answer: Iterable[bytes] = metrics(environ, start_response)
+        return answer
+
+    # the address family of host (IPv6 for "::1"), as prometheus-client's start_http_server finds it
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    server_class = type("MetricsServer", (MetricsServer,), {"address_family": family})
+    http_server: MetricsServer = make_server(str(sockaddr[0]), port, app, server_class=server_class,
+                                             handler_class=_Quiet)
+    http_server.pages = pages
+    threading.Thread(target=http_server.serve_forever, args=(POLL_S,), name="metrics-http", daemon=True).start()
     return http_server

@@ -171,7 +171,9 @@ class Server:
         if self.config.metrics_port is not None:
             from .metrics import serve_metrics
 
-            self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port)
+            self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port,
+                                          self.cluster.config if self.cluster is not None else None,
+                                          replicas=self.config.node.replicas)
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A

@@ -41,7 +41,7 @@ def test_the_commands_are_the_documented_ones() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
     listed = {line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line.strip()}
-    assert listed == {"journal", "queue", "serve", "snapshot", "stats", "token", "verify"}
+    assert listed == {"cluster", "journal", "queue", "serve", "snapshot", "stats", "token", "verify"}
     gone = subprocess.run([sys.executable, "-m", "shardmgr", "demo"], capture_output=True, text=True, timeout=120)
     assert gone.returncode == 2 and "No such command 'demo'" in gone.stderr  # a real console script
 

@@ -53,9 +53,10 @@ join_timeout_s = 15.0
 
 
 def node(tmp_path: Path, node_id: str, config: ClusterConfig, *, hook: str | None = None,
-         sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0) -> ServerProcess:
+         sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0, metrics_port: int | None = None) -> ServerProcess:
     """A cluster node (not started) with data in ``tmp_path/node_id``; ``hook``: the uploader's test hook
-    (with it, let the idle timer seal the shard, so that no client waits for a reply when the hook fires)."""
+    (with it, let the idle timer seal the shard, so that no client waits for a reply when the hook fires);
+    ``metrics_port``: serve the metrics endpoint (and the cluster pages) there."""
     settings = tmp_path / f"{node_id}.toml"
     settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s, idle_seal_s=idle_seal_s))
     env = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY, "AWS_CONFIG_FILE": "/dev/null",
@@ -63,9 +64,10 @@ def node(tmp_path: Path, node_id: str, config: ClusterConfig, *, hook: str | Non
     if hook is not None:
         env[TEST_HOOK_ENV] = hook
     assert config.s3_endpoint is not None
+    metrics = ("--metrics-port", str(metrics_port)) if metrics_port is not None else ()
     return ServerProcess(tmp_path / node_id, "--config", str(settings), "--cluster", config.etcd_url,
                          "--object-store", config.s3_url, "--s3-endpoint", config.s3_endpoint, "--node-id", node_id,
-                         env=env)
+                         *metrics, env=env)
 
 
 def bucket(config: ClusterConfig) -> ObjectStore:

@@ -89,6 +89,9 @@ def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_pat
             if name == "closed":
                 raise Unavailable("not here")
 
+        def written(self, name: str) -> None:
+            asked.append(("written", name))
+
     store = opened(tmp_path / "data")
     store.gate = Gate()
     try:
@@ -101,6 +104,7 @@ def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_pat
             store.append("closed", *batch(1))
         assert store.collection_info("closed")["rows"] == 0
         assert asked == [("creating", "c", "8", "ip", "flat"), ("creating", "closed", "8", "l2", "flat"),
-                         ("writing", "c"), ("writing", "c"), ("writing", "c"), ("writing", "closed")]
+                         ("writing", "c"), ("written", "c"), ("writing", "c"), ("written", "c"), ("writing", "c"),
+                         ("written", "c"), ("writing", "closed")]  # a refused write is not written
     finally:
         store.close()

@@ -1,0 +1,150 @@
+"""``shardmgr cluster ...``: the cluster's commands (click), registered by
+shardmgr/cli.py. Importing this module imports no cluster extra (boto3,
+etcd3gw): each command imports what it needs when it runs, so the command
+line works without the extra and says what is missing when asked for it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from shardmgr import tables
+
+if TYPE_CHECKING:
+    from shardmgr.cluster.config import ClusterConfig
+    from shardmgr.cluster.status import ClusterStatus, CollectionStatus, HolderStatus, NodeStatus
+
+EXIT_FAILED = 1  # as shardmgr/cli.py: the command could not do its job
+#: the bucket of a status read given no --object-store: a placeholder the status never asks for
+NO_OBJECT_STORE = "s3://no-object-store"
+NOT_REPORTED = "not reported"
+
+
+@click.group()
+def cluster() -> None:
+    """Look at a cluster of 'shardmgr serve --cluster' nodes (docs/cluster.md)."""
+
+
+@cluster.command("status")
+@click.option("--cluster", "cluster_url", required=True, metavar="etcd://HOST:PORT/PREFIX",
+              help="The cluster's etcd and key prefix.")
+@click.option("--object-store", default=None, metavar="s3://BUCKET/PREFIX",
+              help="Also list the bucket's objects: bytes stored, and orphans (objects no shard entry names).")
+@click.option("--s3-endpoint", default=None, metavar="URL", show_default="AWS",
+              help="S3 endpoint; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Owners per shard in the rendezvous placement shown.")
+@click.option("--timeout", type=click.FloatRange(min=0.1, max=60), default=2.0, show_default=True,
+              help="Seconds per etcd request.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def status(cluster_url: str, object_store: str | None, s3_endpoint: str | None, replicas: int, timeout: float,
+           as_json: bool) -> None:
+    """Nodes, leases, collections, writers, published shards and where they
+    are served, holders of unpublished rows, and bytes in object storage:
+    one read of etcd, at one revision.
+
+    Exit status 0 once read (problems found in keys are shown, not fatal),
+    1 if etcd or the object store cannot be read. On a terminal, tables;
+    piped or redirected, one tab-separated line per row, led by its table's
+    name (node, collection, holder, orphan, problem).
+    """
+    try:
+        from shardmgr.cluster.errors import ClusterError
+        from shardmgr.cluster.status import read_status
+    except ImportError as exc:
+        raise click.UsageError(f"needs the cluster extra (pip install 'shardmgr[cluster]'): {exc}") from None
+    try:
+        config = _config(cluster_url, object_store, s3_endpoint, timeout)
+        objects = None
+        if object_store is not None:
+            from shardmgr.cluster.objects import ObjectStore
+
+            objects = ObjectStore(config)
+        try:
+            found = read_status(config, objects=objects, replicas=replicas)
+        finally:
+            if objects is not None:
+                objects.close()
+    except ClusterError as exc:
+        click.echo(f"shardmgr cluster status: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    if as_json:
+        click.echo(json.dumps(found.as_dict(), indent=2))
+    else:
+        show(Console(), found)
+
+
+def _config(cluster_url: str, object_store: str | None, s3_endpoint: str | None, timeout: float) -> ClusterConfig:
+    from shardmgr.cluster.config import ClusterConfig
+
+    ttl = max(2, int(timeout) + 1)  # the config wants etcd_timeout_s below a lease TTL; no lease is taken here
+    return ClusterConfig.from_urls(cluster_url, object_store or NO_OBJECT_STORE, s3_endpoint=s3_endpoint,
+                                   etcd_timeout_s=timeout, lease_ttl_s=ttl)
+
+
+def show(console: Console, found: ClusterStatus) -> None:
+    """``found`` as a summary line and tables (tables.py: plain lines off a terminal)."""
+    tables.say(console, f"cluster {found.etcd} at revision {found.revision}: {len(found.nodes)} nodes, "
+                        f"{len(found.collections)} collections, {found.shards} shards, {found.rows:,} rows, "
+                        f"{found.bytes:,} bytes in object storage")
+    nodes = Table("node", "address", "lease", "ttl", "writes", "serving", title="nodes")
+    tables.show(console, nodes, [_node_row(n) for n in found.nodes], "node")
+    collections = Table(title=f"collections (owners: rendezvous, {found.replicas} per shard)")
+    for column in ("collection", "dim", "metric", "writer", "shards", "rows", "bytes", "owners", "served"):
+        collections.add_column(column, justify="right" if column in ("dim", "shards", "rows", "bytes") else "left")
+    tables.show(console, collections, [_collection_row(c) for c in found.collections], "collection")
+    if found.holders:
+        holders = Table("collection", "node", "state", title="holders of unpublished rows")
+        tables.show(console, holders, [(h.collection, h.node_id, _holder_state(h)) for h in found.holders],
+                    "holder")
+    if found.objects is not None:
+        o = found.objects
+        tables.say(console, f"objects under {o.url}: {o.objects} ({o.bytes:,} bytes); {len(o.orphans)} orphans "
+                            f"({o.orphan_bytes:,} bytes) no published entry names")
+        tables.show(console, Table("orphan", title="orphans"), [(key,) for key in o.orphans], "orphan")
+    if found.problems:
+        tables.show(console, Table("key", "problem", title="keys that did not decode"),
+                    [(p.key, p.error) for p in found.problems], "problem")
+
+
+def _node_row(n: NodeStatus) -> tuple[str, str, str, str, str, str]:
+    ttl = "-" if n.ttl_s is None else ("expired" if n.ttl_s < 0 else f"{n.ttl_s}/{n.granted_ttl_s} s")
+    serving = NOT_REPORTED if n.serving is None else (
+        ", ".join(f"{name} {len(ids)}" for name, ids in sorted(n.serving.items())) or "nothing")
+    return n.node_id, n.address, n.lease, ttl, ", ".join(n.writes), serving
+
+
+def _collection_row(c: CollectionStatus) -> tuple[str | int | Text | None, ...]:
+    writer: str | Text = "-"
+    if c.writer is not None:
+        writer = f"{c.writer.node_id} (token {c.writer.revision})"
+        if not c.writer.live:
+            writer = Text(f"{writer}, not a member", style="red")
+    placed: dict[str, int] = {}
+    served: dict[str, int] = {}
+    for shard in c.shards:
+        for node in shard.owners:
+            placed[node] = placed.get(node, 0) + 1
+        for node in shard.served_by or ():
+            served[node] = served.get(node, 0) + 1
+    return (c.name, c.dim, c.metric, writer, len(c.shards), c.rows, c.bytes, _counts(placed),
+            NOT_REPORTED if c.served is None else f"{c.served}/{len(c.shards)}" + (
+                f" ({_counts(served)})" if served else ""))
+
+
+def _counts(by_node: dict[str, int]) -> str:
+    return ", ".join(f"{node} {count}" for node, count in sorted(by_node.items()))
+
+
+def _holder_state(holder: HolderStatus) -> str | Text:
+    from shardmgr.cluster.status import HOLDER_GONE
+
+    state = ("live" if holder.live else "not a member") + (", clean" if holder.clean else "")
+    return Text(f"{state}: {HOLDER_GONE}", style="red") if holder.unavailable else state
+
