@@ -37,16 +37,31 @@ def copy_journal(journal: Journal, dest: Path) -> int:
         return copy_prefix(journal.path, dest, journal.end)
 
 
+#: copy_file_range's answers for "not between these two files" (another file system: EXDEV since Linux 5.19)
+NO_RANGE_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+
+
 def copy_prefix(source: Path, dest: Path, length: int) -> int:
-    """Copy the first ``length`` bytes of ``source`` to the new file ``dest`` (synced)."""
+    """Copy the first ``length`` bytes of ``source`` to the new file ``dest``
+    (synced), by copy_file_range, or by reads and writes where the kernel
+    refuses it (``dest`` on another file system)."""
     with open(source, "rb") as src, open(dest, "xb") as out:
-        left = length
+        left, ranged = length, True
         while left:
-            # copy_file_range: the kernel copies (or shares extents) without a pass through Python
-            moved = os.copy_file_range(src.fileno(), out.fileno(), min(left, CHUNK))
+            moved = 0
+            if ranged:
+                try:  # copy_file_range: the kernel copies (or shares extents) without a pass through Python
+                    moved = os.copy_file_range(src.fileno(), out.fileno(), min(left, CHUNK))
+                except OSError as exc:
+                    if exc.errno not in NO_RANGE_COPY or left != length:
+                        raise
+                    ranged = False
+            if not ranged:
+                moved = out.write(src.read(min(left, CHUNK)))
             if not moved:
                 raise OSError(errno.EIO, f"{source} ended {left} bytes short of {length}")
             left -= moved
+        out.flush()
         os.fsync(out.fileno())
     return length
 

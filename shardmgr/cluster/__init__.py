@@ -11,11 +11,13 @@ a node's etcd lease kept alive by its own thread (``lease``), objects in the
 bucket (``objects``: write-once puts, checksummed fetches), live members
 (``membership``), one writer per collection (``election``), the shard map
 (``shard_map``: publishes fenced by the writer's key, shard-id blocks per
-tenure), the collections (``catalog``), and a node's life: its writer roles
-(``roles``), upload on seal (``uploader``), the orphan sweep (``sweep``),
-and joining, the store's write gate and its thread (``node``); what an
-operator sees: one snapshot of it all (``status``), its live HTML page
-(``page``) and ``shardmgr cluster status`` (``commands``).
+tenure), the deletes and indexes of published shards (``extras``), the
+collections (``catalog``), and a node's life: its writer roles (``roles``),
+upload on seal (``uploader``), upload of later deletes and built indexes
+(``extras_uploader``), retry pauses (``backoff``), the orphan sweep
+(``sweep``), and joining, the store's write gate and its thread (``node``);
+what an operator sees: one snapshot of it all (``status``), its live HTML
+page (``page``) and ``shardmgr cluster status`` (``commands``).
 ``loopback`` starts real etcd and SeaweedFS servers on 127.0.0.1 for tests and
 benchmarks.
 

@@ -11,13 +11,20 @@ start fetches again. A node serves
 - the published shards it wrote itself, from its own data directory (no
   fetch: the same bytes).
 
-Fetching one shard: each of its entry's objects goes to ``<id>.tmp/`` with
-``ObjectStore.fetch`` (size and crc32c checked against the entry, fsynced),
-the directory is renamed into place, and the store opens it with every
-check of a reopened shard (header, dimension, sizes, journal). A crash
-mid-fetch leaves a ``.tmp`` directory the next start removes. An index
-(index.faiss) in the directory is loaded; without one the cache store's
-indexer builds it, and the shard is searched exactly meanwhile.
+Fetching one shard: its objects go to ``<id>.tmp/`` with ``ObjectStore.fetch``
+(size and crc32c checked against the keys that name them, fsynced), the
+directory is renamed into place, and the store opens it with every check of
+a reopened shard (header, dimension, sizes, journal). The objects are the
+entry's row files, the delete log a reader uses (extras.py: the deletes
+key's copy, else the entry's own), and the writer's index files if its
+indexes key exists; without them the cache store's indexer builds an index
+and the shard is searched exactly meanwhile. A crash mid-fetch leaves a
+``.tmp`` directory the next start removes.
+
+When the delete log or the index of a cached shard changes (a later deletes
+key, an index published after the shard), the shard is installed again the
+same way: the files that did not change are hard-linked from the current
+copy, the new ones fetched, and the new directory replaces the old one.
 
 After each change the node's ``serving`` key (mirror.py; leased, so it goes
 with the node) lists what it can search now, and coordinators route by it.
@@ -31,23 +38,28 @@ serving key; it is woken by every change of the cluster state, and by
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from common.journal import Flusher
-from common.journal.filesystem import fsync_dir, make_dirs
+from common.journal.filesystem import fsync_dir, make_dirs, replace_atomically
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.errors import ClusterError
+from shardmgr.cluster.extras import deletes_object
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.mirror import ClusterMirror, ClusterState, serving_value
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.placement import owners
-from shardmgr.cluster.shard_map import ShardEntry
+from shardmgr.cluster.shard_map import ShardObject
 from shardmgr.errors import ShardmgrError, UnknownCollection
+from shardmgr.store.deletes import FILE as DELETES
 from shardmgr.store.shard import TMP_SUFFIX
 from shardmgr.store.store import Store
 
@@ -55,6 +67,8 @@ log = logging.getLogger(__name__)
 
 CACHE_DIR = "cluster-cache"
 """The cache store's directory inside the node's data directory."""
+SOURCES = "sources"
+"""Beside the cache store's ``shards/``: per cached shard, the object key each of its files came from."""
 
 Key = tuple[str, int]  # (collection, shard id)
 
@@ -77,6 +91,7 @@ class ShardCache:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._unwanted: dict[Key, float] = {}  # cached shards no longer ours -> since when
+        self._installed: dict[Key, dict[str, str]] = {}  # cached shard -> file name -> object key it came from
         self._failed: dict[Key, float] = {}  # fetches that failed -> when to try again
         self._announced: tuple[int, bytes] | None = None  # (lease id, value) last put
         self._thread = threading.Thread(target=self._run, name="cluster-cache", daemon=True)
@@ -122,11 +137,14 @@ class ShardCache:
         if not self.address:
             return
         wanted = self._wanted(state)
-        for key in sorted(wanted - self._cached()):
+        cached = self._cached()
+        for key in sorted(wanted):
             if self._stop.is_set() or self._wake.is_set():
                 break  # the state changed: plan again (and announce what is ready so far)
-            if self._failed.get(key, 0.0) <= time.monotonic():
-                self._fetch(key, state.published[key[0]][key[1]])
+            objects = shard_objects(state, *key)
+            current = key in cached and self._installed_of(key) == {f: o.key for f, o in objects.items()}
+            if not current and self._failed.get(key, 0.0) <= time.monotonic():
+                self._fetch(key, objects)
                 self._announce(state)
         self._drop_unwanted(wanted)
         self._announce(state)
@@ -168,17 +186,24 @@ class ShardCache:
 
     # ------------------------------------------------------------ fetching
 
-    def _fetch(self, key: Key, entry: ShardEntry) -> None:
+    def _fetch(self, key: Key, objects: dict[str, ShardObject]) -> None:
+        """Install the shard from ``objects`` (the files a reader uses now), reusing unchanged files."""
         name, shard_id = key
+        have = self._installed_of(key)
         try:
             self._ensure_collection(name)
             final = self.cache.collection(name).shard_path(shard_id)
             tmp = final.with_name(final.name + TMP_SUFFIX)
             shutil.rmtree(tmp, ignore_errors=True)
             make_dirs(tmp)
-            for obj in entry.objects:
-                self.objects.fetch(obj.key, tmp / obj.name, size=obj.size, crc=obj.crc32c)
-            shutil.rmtree(final, ignore_errors=True)  # a shard dropped earlier, not yet removed
+            for file, obj in objects.items():
+                if have.get(file) == obj.key and (final / file).exists():
+                    os.link(final / file, tmp / file)  # the same object as installed: no download
+                else:
+                    self.objects.fetch(obj.key, tmp / file, size=obj.size, crc=obj.crc32c)
+            fsync_dir(tmp)
+            self.cache.drop_shard(name, shard_id)  # searches ask elsewhere for this instant (not_here)
+            shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             fsync_dir(final.parent)
             rows = self.cache.adopt_shard(name, shard_id)
@@ -188,10 +213,32 @@ class ShardCache:
             log.warning("shard cache: fetching shard %d of %s failed (retried): %s", shard_id, name, e)
             return
         self._failed.pop(key, None)
-        self.counters["shards_fetched_total"] += 1
-        self.counters["bytes_fetched_total"] += sum(obj.size for obj in entry.objects)
-        log.info("shard cache: serving shard %d of %s (%d rows) fetched from %s", shard_id, name, rows,
-                 self.objects.url(entry.objects[0].key.rsplit("/", 1)[0]))
+        fetched = [obj for file, obj in objects.items() if have.get(file) != obj.key]
+        self._installed[key] = {file: obj.key for file, obj in objects.items()}
+        try:
+            make_dirs(self._source(key).parent)
+            replace_atomically(self._source(key), json.dumps(self._installed[key], sort_keys=True).encode())
+        except OSError as e:  # only costs a download at the next start
+            log.warning("shard cache: recording where shard %d of %s came from failed: %s", key[1], key[0], e)
+        self.counters["shards_fetched_total"] += 0 if have else 1
+        self.counters["bytes_fetched_total"] += sum(obj.size for obj in fetched)
+        log.info("shard cache: serving shard %d of %s (%d rows; fetched %s)", shard_id, name, rows,
+                 ", ".join(sorted(obj.name for obj in fetched)) or "nothing")
+
+    def _source(self, key: Key) -> Path:
+        """Where the object keys a cached shard's files came from are kept (JSON), across restarts."""
+        return self.cache.data_dir / SOURCES / key[0] / f"{key[1]:08d}.json"
+
+    def _installed_of(self, key: Key) -> dict[str, str]:
+        """The object key each file of a cached shard came from ({} if unknown: fetched again)."""
+        found = self._installed.get(key)
+        if found is None:
+            try:
+                found = {str(f): str(k) for f, k in json.loads(self._source(key).read_bytes()).items()}
+            except (OSError, ValueError, AttributeError):
+                found = {}
+            self._installed[key] = found
+        return found
 
     def _ensure_collection(self, name: str) -> None:
         if name not in self.cache.collections():
@@ -208,6 +255,8 @@ class ShardCache:
                     shutil.rmtree(directory, ignore_errors=True)
                     fsync_dir(directory.parent)
                 self._unwanted.pop(key, None)
+                self._installed.pop(key, None)
+                self._source(key).unlink(missing_ok=True)
                 self.counters["shards_dropped_total"] += 1
                 log.info("shard cache: shard %d of %s dropped (served elsewhere now)", key[1], key[0])
         for key in [k for k in self._unwanted if k in wanted]:
@@ -224,3 +273,15 @@ class ShardCache:
         self._kv.put(self.config.key("serving", self.node_id), value, lease=lease.id)
         self._announced = (lease.id, value)
 
+
+def shard_objects(state: ClusterState, name: str, shard_id: int) -> dict[str, ShardObject]:
+    """The files a reader of a published shard uses now, by file name: its row
+    files, the delete log (extras.deletes_object) and the writer's index files."""
+    entry = state.published[name][shard_id]
+    objects = {obj.name: obj for obj in entry.objects if obj.name != DELETES}
+    deletes = deletes_object(entry, state.deletes.get(name, {}).get(shard_id))
+    if deletes is not None:
+        objects[DELETES] = deletes
+    index = state.indexes.get(name, {}).get(shard_id)
+    objects.update((obj.name, obj) for obj in (index.files if index is not None else ()))
+    return objects

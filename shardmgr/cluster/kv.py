@@ -88,6 +88,11 @@ def same_value(key: str, value: bytes) -> dict[str, Any]:
     return {"key": encode(key), "result": "EQUAL", "target": "VALUE", "value": encode(value)}
 
 
+def present(key: str) -> dict[str, Any]:
+    """Compare: the key exists (its create_revision is above 0)."""
+    return {"key": encode(key), "result": "GREATER", "target": "CREATE", "create_revision": 0}
+
+
 def same_lease(key: str, lease: int) -> dict[str, Any]:
     """Compare: the key is attached to lease ``lease``."""
     return {"key": encode(key), "result": "EQUAL", "target": "LEASE", "lease": lease}
@@ -102,6 +107,11 @@ def put_op(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
 
 def range_op(key: str) -> dict[str, Any]:
     return {"request_range": {"key": encode(key)}}
+
+
+def range_prefix_op(prefix: str) -> dict[str, Any]:
+    """Read every key under ``prefix`` (several of these in one transaction: one revision)."""
+    return {"request_range": {"key": encode(prefix), "range_end": prefix_end(prefix)}}
 
 
 def delete_op(key: str) -> dict[str, Any]:

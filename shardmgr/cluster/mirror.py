@@ -10,6 +10,8 @@ decide where a collection's rows are searched:
 | ``<P>/holders/<collection>/<node>`` | nodes that may hold rows of the collection not yet published (and ``clean``) |
 | ``<P>/serving/<node>`` | the published shards each node can search now (leased, written by the node's cache) |
 | ``<P>/writers/<collection>`` | collection -> writer node id |
+| ``<P>/deletes/<collection>/<id>`` | a published shard's delete log since its publish (extras.py) |
+| ``<P>/indexes/<collection>/<id>`` | a published shard's index files (extras.py) |
 
 A node writes ``holders/<collection>/<node>`` (no lease: it outlives the
 node) when it takes the collection's writer role, before any write under
@@ -39,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.extras import DeletesEntry, IndexEntry
 from shardmgr.cluster.kv import Entry, Kv
 from shardmgr.cluster.shard_map import ShardEntry
 from shardmgr.cluster.watch import PrefixWatch, WatchEvent
@@ -57,6 +60,9 @@ class ClusterState:
     holders: Mapping[str, Mapping[str, bool]]
     serving: Mapping[str, Mapping[str, frozenset[int]]]
     writers: Mapping[str, str]
+    #: collection -> shard id -> the extras keys (extras.py)
+    deletes: Mapping[str, Mapping[int, DeletesEntry]] = dataclasses.field(default_factory=dict)
+    indexes: Mapping[str, Mapping[int, IndexEntry]] = dataclasses.field(default_factory=dict)
 
     def ready(self, node: str, collection: str) -> frozenset[int]:
         """The published shards of ``collection`` that ``node`` says it can search now."""
@@ -91,6 +97,8 @@ class ClusterMirror:
         self._holders: dict[str, dict[str, bool]] = {}
         self._serving: dict[str, dict[str, frozenset[int]]] = {}
         self._writers: dict[str, str] = {}
+        self._deletes: dict[str, dict[int, DeletesEntry]] = {}
+        self._indexes: dict[str, dict[int, IndexEntry]] = {}
         self._revision = 0
         self._state: ClusterState | None = EMPTY
         self._listeners: list[Callable[[], None]] = []
@@ -124,7 +132,8 @@ class ClusterMirror:
                 self._state = ClusterState(
                     self._revision, dict(self._members), {c: dict(m) for c, m in self._published.items()},
                     {c: dict(n) for c, n in self._holders.items() if n},
-                    {n: dict(s) for n, s in self._serving.items()}, dict(self._writers))
+                    {n: dict(s) for n, s in self._serving.items()}, dict(self._writers),
+                    {c: dict(m) for c, m in self._deletes.items()}, {c: dict(m) for c, m in self._indexes.items()})
             return self._state
 
     def _reset(self) -> None:
@@ -133,7 +142,8 @@ class ClusterMirror:
     def _reread(self) -> int:
         entries, revision = self._kv.get_prefix(self._root)
         with self._lock:
-            for table in (self._members, self._published, self._holders, self._serving, self._writers):
+            for table in (self._members, self._published, self._holders, self._serving, self._writers,
+                          self._deletes, self._indexes):
                 table.clear()
             for e in entries:
                 self._apply(e.key, e, deleted=False)
@@ -173,6 +183,14 @@ class ClusterMirror:
         elif kind == "holders" and len(parts) == 3:
             nodes = self._holders.setdefault(parts[1], {})
             _set(nodes, parts[2], None if value is None else bool(json.loads(value).get("clean", False)))
+        elif kind == "deletes" and len(parts) == 3:
+            shard_id = int(parts[2])
+            _set(self._deletes.setdefault(parts[1], {}), shard_id,
+                 None if value is None else DeletesEntry.decode(parts[1], shard_id, value))
+        elif kind == "indexes" and len(parts) == 3:
+            shard_id = int(parts[2])
+            _set(self._indexes.setdefault(parts[1], {}), shard_id,
+                 None if value is None else IndexEntry.decode(parts[1], shard_id, value))
         elif kind == "serving" and len(parts) == 2:
             _set(self._serving, parts[1], None if value is None else _serving(json.loads(value)))
 

@@ -38,8 +38,10 @@ collection locally if only the catalog knows it yet, then asks
 The node's thread (``cluster-node``), woken by seals and every
 ``scan_interval_s``: rejoins after a loss; reserves shard ids ahead
 (``WriterRoles.maintain``); campaigns for collections that have local sealed
-shards not published (after a crash between upload and publish, say);
-uploads and publishes (uploader.py); sweeps orphans of the collections it
+shards not published (after a crash between upload and publish, say), or
+deletes or indexes of published shards not published;
+uploads and publishes (uploader.py), then the deletes and indexes of
+published shards (extras_uploader.py); sweeps orphans of the collections it
 writes (sweep.py) at each new tenure and every ``sweep_interval_s``.
 
 Threads: the gate runs on connection threads (its etcd client, the
@@ -62,31 +64,25 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
-import numpy as np
 
-from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
-from shardmgr.cluster.fanout import FanOut
+from shardmgr.cluster.extras_uploader import ExtrasUploader
+from shardmgr.cluster.holdings import Holdings
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.lookup import Lookup
 from shardmgr.cluster.membership import Membership
-from shardmgr.cluster.mirror import ClusterMirror, holder_value
 from shardmgr.cluster.objects import ObjectStore
-from shardmgr.cluster.peers import Peers
+from shardmgr.cluster.query import QueryRouter
 from shardmgr.cluster.roles import WriterRoles
 from shardmgr.cluster.shard_map import ShardMap
-from shardmgr.cluster.shard_search import ShardSearch
 from shardmgr.cluster.sweep import sweep_orphans
 from shardmgr.cluster.uploader import Uploader
 from shardmgr.cluster.watch import PrefixWatch
-from shardmgr.errors import BadVectors, CollectionConflict, ShardmgrError, UnknownCollection
-from shardmgr.store import batch, index
+from shardmgr.errors import CollectionConflict, ShardmgrError, UnknownCollection
 from shardmgr.store.config import StoreConfig
-from shardmgr.store.search import Hits, SearchResult
 from shardmgr.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -137,22 +133,15 @@ class ClusterNode:
         self._swept: dict[str, tuple[int, float]] = {}  # collection -> (tenure revision, when) of the last sweep
         self.roles = WriterRoles(config, self.node, self.node_id, store, self.lease, self._wake.set)
         self.uploader = Uploader(config, self.node, store, self.objects, self._fenced)
+        self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
+                                     self._wake.set)
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
-        # the query side: the state searches are routed by, the shards this node serves, the coordinator
-        self.mirror = ClusterMirror(config, Kv(config))
-        self.cache = ShardCache(config, self.node, self.node_id, store, self.objects, self.mirror,
-                                lambda: self.lease, store.flusher)
-        self.shard_search = ShardSearch(store, self.cache.cache)
-        self.peers = Peers(**(peer_options or {}))
-        self.fanout = FanOut(self.node_id, store, self.mirror, self.shard_search, self.peers)
-        self.lookup = Lookup(self.fanout)
-        self._released: dict[str, int] = {}  # collection -> passes seen not written here with nothing unpublished
-        # holder keys (mirror.py): writes let through and not yet done, and whether the key says "clean"
-        self._holding = threading.Lock()
-        self._inflight: dict[str, int] = {}
-        self._clean: dict[str, bool] = {}
-        self.roles.on_tenure = self._tenure_started
+        # the query side (the server hands it to the store service) and the holder keys
+        self.query = QueryRouter(config, self.node, self.node_id, store, self.objects, lambda: self.lease,
+                                 peer_options)
+        self.holdings = Holdings(config, self.node_id, self._all_published)
+        self.roles.on_tenure = self.holdings.tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}
         store.shard_ids_granted = True
         store.gate = self
@@ -176,8 +165,7 @@ class ClusterNode:
         for meta in known.values():
             self._adopt(meta)
         self._watch = self._catalog.watch(self._adopt, start_revision=revision, on_reset=self._reread)
-        self.mirror.start()
-        self.cache.start()
+        self.query.start()
         self._thread.start()
         log.info("cluster node %s: etcd %s, objects %s, %d collections known", self.node_id, self.config.etcd_url,
                  self.config.s3_url, len(self._known))
@@ -189,7 +177,7 @@ class ClusterNode:
             log.warning("advertising %s, which no other machine can reach: set --advertise HOST:PORT", address)
         self._join(self.lease, address, Membership(self.config, self._kv))
         self.address = address
-        self.cache.announce(address)
+        self.query.announce(address)
         self._wake.set()
 
     def _join(self, lease: NodeLease, address: str, members: Membership) -> None:
@@ -213,10 +201,7 @@ class ClusterNode:
             self._thread.join(STOP_WAIT_S)
         if self._watch is not None:
             self._watch.stop()
-        self.cache.stop()
-        self.mirror.stop()
-        self.fanout.close()
-        self.peers.close()
+        self.query.stop()
         self._joined.clear()
         try:
             self._hand_off()
@@ -226,13 +211,15 @@ class ClusterNode:
         except ClusterError as e:
             log.warning("leaving the cluster cleanly failed (the lease ends it): %s", e)
         self.lease.close(revoke=True)
-        for closable in (self.roles, self.uploader, self._catalog.kv, self._kv, self._thread_kv, self.objects):
+        for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
+                         self.objects):
             closable.close()
         log.info("left the cluster (%s)", self.node_id)
 
     def _hand_off(self) -> None:
         """A clean stop of a writer: seal the growing shard of each collection it
-        writes, publish every sealed shard (within ``hand_off_s``), and stop
+        writes, publish every sealed shard, then its later deletes and indexes
+        (within ``hand_off_s``), and stop
         being a holder of each collection whose rows are then all published,
         so searches stay complete while this node is gone."""
         held = self.roles.held()
@@ -246,43 +233,14 @@ class ClusterNode:
         timer.start()
         try:
             self.uploader.run_once(held, deadline)
+            self.extras.run_once(held, deadline)  # deletes since the last pass, and indexes built
         finally:
             timer.cancel()
-        for name in held:
-            if self.uploader.unpublished(name):
-                log.warning("%s: stopping with sealed shards not published; searches name this node until it "
-                            "is back", name)
-            else:
-                self._kv.delete(self._holder_key(name))
+        self.holdings.hand_off(held, self._kv)
 
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
-                **self.roles.counters, **self.uploader.counters, **self.cache.counters, **self.fanout.counters}
-
-    # ------------------------------------------------------------ searches
-
-    def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
-        """A search of the whole collection across the cluster (fanout.py)."""
-        return self.fanout.search(name, queries, k, params)
-
-    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Rows by ref wherever they are in the cluster (lookup.py)."""
-        return self.lookup.rows(name, refs)
-
-    def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This node's part of another node's get: (vectors, ids, here) (shard_search.py)."""
-        return self.shard_search.rows(name, batch.refs(refs, self.store.config.max_batch_rows))
-
-    def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
-                      unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]:
-        """This node's part of another node's search (shard_search.py), its input checked here."""
-        collection = self.store.collection(name)
-        checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
-        k = batch.k(k, self.store.config.max_k)
-        chosen = index.check_params(params)
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in shards):
-            raise BadVectors(f"shards must be a list of shard ids (integers), got {shards!r:.200}")
-        return self.shard_search.search(name, checked, k, chosen, shards, unpublished, batch.refs(exclude))
+                **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters}
 
     # ----------------------------------------------------- the store's gate
 
@@ -318,16 +276,11 @@ class ClusterNode:
                 return  # the store says unknown_collection
             self._adopt(meta)
         self.roles.ensure(name)
-        with self._holding:  # mark the holder key "not clean" before the write can be acknowledged
-            if self._clean.get(name):
-                self._kv.put(self._holder_key(name), holder_value(self.node_id, clean=False))
-                self._clean[name] = False
-            self._inflight[name] = self._inflight.get(name, 0) + 1
+        self.holdings.writing(name, self._kv)  # the holder key says "not clean" before the write is acknowledged
 
     def written(self, name: str) -> None:
         """After a write ``writing`` let through (done or failed)."""
-        with self._holding:
-            self._inflight[name] -= 1
+        self.holdings.written(name)
 
     # ------------------------------------------------------------- catalog
 
@@ -407,24 +360,18 @@ class ClusterNode:
             self._rejoin()
         self.roles.maintain()
         for name in self.store.collections():
-            if name not in self._conflicting and name not in self.roles.held() and self.uploader.unpublished(name) \
+            if name not in self._conflicting and name not in self.roles.held() \
+                    and (self.uploader.unpublished(name) or self.extras.unpublished(name)) \
                     and self.roles.campaign(name):
-                log.info("writer of %s: to publish its sealed shards held here", name)
+                log.info("writer of %s: to publish its sealed shards (or their deletes or indexes) held here", name)
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
-        self._release_holdings(held)
-        for name in held:
-            self._mark_clean(name)
+        self.extras.run_once(held, self._stop)
+        self.holdings.release(self.query.mirror.state(), held, self._conflicting, self._thread_kv)
+        self.holdings.mark_clean(held, self._thread_kv)
         for name, token in self.roles.held().items():
             if name in held and not self._stop.is_set():
                 self._sweep(name, token)
-
-    def _tenure_started(self, name: str) -> None:
-        with self._holding:
-            self._clean[name] = False
-
-    def _holder_key(self, name: str) -> str:
-        return self.config.key("holders", name, self.node_id)
 
     def _all_published(self, name: str) -> bool:
         """No row of ``name`` here that is not published (growing shard empty, every sealed one published)."""
@@ -433,35 +380,6 @@ class ClusterNode:
         except UnknownCollection:
             return True
         return not (growing is not None and growing.rows) and not self.uploader.unpublished(name)
-
-    def _mark_clean(self, name: str) -> None:
-        """Say in the holder key that every row held here is published, when
-        it is and no write is under way: a holder that dies clean makes no
-        search partial. Under ``_holding``, so no write can slip in between
-        the check and the put (``writing`` marks it back first)."""
-        with self._holding:
-            if self._clean.get(name) or self._inflight.get(name, 0) or not self._all_published(name):
-                return
-            self._thread_kv.put(self._holder_key(name), holder_value(self.node_id, clean=True))
-            self._clean[name] = True
-
-    def _release_holdings(self, held: dict[str, Writer]) -> None:
-        """Delete this node's holder key of each collection it no longer writes
-        once every row it holds there is published (mirror.py), seen so on two
-        passes in a row: an append that passed the writer check just before a
-        step-down has landed by then."""
-        state = self.mirror.state()
-        for name, nodes in state.holders.items():
-            if self.node_id not in nodes or name in held or name in self._conflicting:
-                self._released.pop(name, None)
-                continue
-            if not self._all_published(name):
-                self._released.pop(name, None)
-                continue
-            self._released[name] = self._released.get(name, 0) + 1
-            if self._released[name] >= 2:
-                self._thread_kv.delete(self._holder_key(name))
-                log.info("%s: every row held here is published; no longer a holder", name)
 
     def _sweep(self, name: str, token: Writer) -> None:
         revision, when = self._swept.get(name, (0, 0.0))

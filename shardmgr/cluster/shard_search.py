@@ -18,12 +18,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardmgr.errors import RowDeleted, UnknownCollection, UnknownRef
+from shardmgr.errors import UnknownCollection
 from shardmgr.store.refs import split_refs
 from shardmgr.store.search import Hits
 from shardmgr.store.searcher import Searcher
 from shardmgr.store.store import Store
-from shardmgr.store.view import View
+from shardmgr.store.view import View, gather
 
 
 class ShardSearch:
@@ -63,24 +63,8 @@ class ShardSearch:
         this node has are filled and ``here`` is True for them; the others are
         left for other nodes. UnknownRef for a row past its shard's end,
         RowDeleted for a deleted row, as a single store says."""
-        collection = self.store.collection(name)
-        views = self._views(name)
         shards, rows = split_refs(refs)
-        vectors = np.zeros((len(refs), collection.dim), np.float32)
-        ids = np.full(len(refs), -1, np.int64)
-        here = np.zeros(len(refs), bool)
-        for shard_id in np.unique(shards).tolist():
-            view = views.get(shard_id)
-            if view is None:
-                continue
-            mine = np.flatnonzero(shards == shard_id)
-            wanted = rows[mine]
-            if (past := wanted >= view.rows).any():
-                raise UnknownRef(f"collection {name!r}: ref {int(refs[mine][np.argmax(past)])} names no stored row")
-            if view.deleted is not None and (dead := view.dead()[wanted]).any():
-                raise RowDeleted(f"collection {name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
-            vectors[mine], ids[mine], here[mine] = view.vectors[wanted], view.ids[wanted], True
-        return vectors, ids, here
+        return gather(self._views(name), shards, rows, refs, self.store.collection(name).dim, name)
 
     def _views(self, name: str) -> dict[int, View]:
         """Every shard of ``name`` this node can read: its cache's, and its own (which win)."""

@@ -5,8 +5,9 @@ port's ``/cluster`` page show it: one snapshot of etcd, typed.
 
 1. optionally, the objects under the cluster's object prefix (a listing,
    made *before* the etcd read, as the sweep does: every publish that names
-   a listed object is then in the snapshot, so an object no entry names is
-   an orphan, or an upload whose publish had not happened at the read);
+   a listed object is then in the snapshot, so an object no entry names (a
+   shard entry, or a deletes or indexes key: extras.py) is an orphan, or an
+   upload whose publish had not happened at the read);
 2. every key under the cluster's key prefix in **one** range read, so
    members, writers, the catalog, the shard map, holders and serving
    reports are all at one etcd revision (``ClusterStatus.revision``);
@@ -39,6 +40,7 @@ from shardmgr.cluster.catalog import CollectionMeta
 from shardmgr.cluster.config import ClusterConfig, check_node_id
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError
+from shardmgr.cluster.extras import DeletesEntry, IndexEntry
 from shardmgr.cluster.kv import Entry, Kv
 from shardmgr.cluster.membership import Member
 from shardmgr.cluster.objects import ObjectInfo, ObjectStore
@@ -180,6 +182,8 @@ class _Keys:
     shards: dict[str, list[ShardEntry]] = dataclasses.field(default_factory=dict)
     holders: list[tuple[str, str, bool]] = dataclasses.field(default_factory=list)
     serving: dict[str, dict[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
+    #: objects the deletes and indexes keys name (extras.py), by key: their sizes
+    extras: dict[str, int] = dataclasses.field(default_factory=dict)
     problems: list[Problem] = dataclasses.field(default_factory=list)
 
 
@@ -237,6 +241,11 @@ def _decode_one(keys: _Keys, parts: list[str], e: Entry) -> None:
         if value["node"] != rest[1]:
             raise ValueError(f"the value names node {value['node']!r}")
         keys.holders.append((check_name(rest[0]), check_node_id(rest[1]), value.get("clean") is True))
+    elif kind in ("deletes", "indexes") and len(rest) == 2:
+        decoded = DeletesEntry.decode(check_name(rest[0]), int(rest[1]), e.value) if kind == "deletes" \
+            else IndexEntry.decode(check_name(rest[0]), int(rest[1]), e.value)
+        files = (decoded.object,) if isinstance(decoded, DeletesEntry) else decoded.files
+        keys.extras.update((o.key, o.size) for o in files)
     elif kind == "serving" and len(rest) == 1:
         report = json.loads(e.value)["collections"]
         keys.serving[check_node_id(rest[0])] = {check_name(str(name)): tuple(sorted(int(i) for i in ids))
@@ -265,7 +274,7 @@ def assemble(config: ClusterConfig, keys: _Keys, revision: int, ttls: Mapping[in
                   for m in (keys.members[n] for n in live))
     holders = tuple(HolderStatus(c, n, n in keys.members, clean, n not in keys.members and not clean)
                     for c, n, clean in sorted(keys.holders))
-    named = {o.key: o.size for entries in keys.shards.values() for e in entries for o in e.objects}
+    named = {o.key: o.size for entries in keys.shards.values() for e in entries for o in e.objects} | keys.extras
     return ClusterStatus(etcd=config.etcd_url, revision=revision, read_at=time.time(), replicas=replicas,
                          nodes=nodes, collections=collections, holders=holders,
                          objects=_objects(config, listed, named) if listed is not None else None,

@@ -12,9 +12,14 @@ for each collection this node writes:
    has come: upload each file (``Store.sealed_shards``: vectors, ids,
    journal, deletes if any) with a write-once put to the tenure's path
    (``ShardMap.object_key``) and check the stored size and crc32c
-   (``ObjectStore.put_file``). An object already there from an earlier
+   (``ObjectStore.put_file``). The delete log, which grows with every
+   delete, goes up as a durable copy (``Store.copy_deletes``), so its
+   checksum is of the bytes sent; later deletes are published by
+   extras_uploader.py. An object already there from an earlier
    attempt of this tenure is kept if it matches the file, else replaced
-   (only this tenure writes under its path).
+   (only this tenure writes under its path, and an attempt after a failed
+   one first looks whether that one's publish went through with its answer
+   lost: then the shard is published, and nothing is uploaded again).
 3. Publish the entry (``ShardMap.publish``: fenced, write-once). Only now is
    the shard part of the cluster's store.
 
@@ -37,11 +42,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from shardmgr.cluster.backoff import Backoff
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import (
@@ -55,6 +61,7 @@ from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.objects import ObjectInfo, ObjectStore, file_crc32c
 from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
 from shardmgr.errors import UnknownCollection
+from shardmgr.store.deletes import FILE as DELETES
 from shardmgr.store.sealed import SealedShard
 from shardmgr.store.store import Store
 
@@ -77,8 +84,10 @@ class Uploader:
         #: shard ids known to be published, per collection (they never become unpublished)
         self._published: dict[str, set[int]] = {}
         self._tenure: dict[str, int] = {}  # the tenure (revision) whose view of the map _published is
-        self._retry: dict[tuple[str, int], tuple[float, float]] = {}  # (when, pause) per failed shard
+        self._retry = Backoff(node.upload_retry_min_s, node.upload_retry_max_s)  # per failed shard
         self._given_up: set[tuple[str, int]] = set()  # ShardConflict: never retried
+        #: deleted rows in the delete log each shard this process published went up with (0: none)
+        self.entry_deletes: dict[tuple[str, int], int] = {}
         self._hook_fired = False
         self.counters = {"shards_published_total": 0, "objects_uploaded_total": 0, "bytes_uploaded_total": 0,
                          "uploads_failed_total": 0, "publishes_fenced_total": 0, "shard_conflicts_total": 0}
@@ -125,13 +134,20 @@ class Uploader:
     def _upload_and_publish(self, sealed: SealedShard, token: Writer) -> bool:
         """One shard, if its retry time has come; False if the tenure is over."""
         key = (sealed.collection, sealed.shard_id)
-        when, pause = self._retry.get(key, (0.0, 0.0))
-        if time.monotonic() < when:
+        if not self._retry.due(key):
             return True
         shard_map = ShardMap(self.config, sealed.collection, self._kv)
         try:
-            objects = tuple(self._put(sealed, name, path, shard_map.object_key(sealed.shard_id, token, name))
-                            for name, path in sealed.files)
+            if self._retry.failing(key) and self._ours(shard_map, sealed.shard_id, token):
+                # a publish whose answer was lost went through: a new attempt must not replace its objects
+                # (its delete log copy would differ), so it ends here
+                self._retry.succeeded(key)
+                self._published.setdefault(sealed.collection, set()).add(sealed.shard_id)
+                return True
+            with tempfile.TemporaryDirectory(prefix="shardmgr-upload-") as scratch:
+                files, deleted = self._stable_files(sealed, Path(scratch))
+                objects = tuple(self._put(sealed, name, path, shard_map.object_key(sealed.shard_id, token, name))
+                                for name, path in files)
             self._test_hook("before_publish", sealed)
             entry = ShardEntry(collection=sealed.collection, shard_id=sealed.shard_id, rows=sealed.rows,
                                objects=objects)
@@ -148,17 +164,37 @@ class Uploader:
             return True
         except (ClusterError, OSError) as e:
             self.counters["uploads_failed_total"] += 1
-            pause = min(max(pause * 2, self.node.upload_retry_min_s), self.node.upload_retry_max_s)
-            self._retry[key] = (time.monotonic() + pause, pause)
+            pause = self._retry.failed(key)
             log.warning("uploading shard %d of %s failed (retried in %.1f s; the shard stays local): %s",
                         sealed.shard_id, sealed.collection, pause, e)
             return True
-        self._retry.pop(key, None)
+        self._retry.succeeded(key)
         self._published.setdefault(sealed.collection, set()).add(sealed.shard_id)
+        self.entry_deletes[key] = deleted
         self.counters["shards_published_total"] += 1
         log.info("published shard %d of %s (%d rows, %d objects) at revision %d under tenure %d", sealed.shard_id,
                  sealed.collection, sealed.rows, len(objects), revision, token.revision)
         return True
+
+    @staticmethod
+    def _ours(shard_map: ShardMap, shard_id: int, token: Writer) -> bool:
+        """Whether ``shard_id`` is published under ``token``'s tenure."""
+        entry = shard_map.get(shard_id)
+        return entry is not None and entry.writer_revision == token.revision
+
+    def _stable_files(self, sealed: SealedShard, scratch: Path) -> tuple[list[tuple[str, Path]], int]:
+        """The shard's files to upload, its delete log replaced by a durable
+        copy in ``scratch`` (left out if it holds no deleted row); and the
+        deleted rows in that copy."""
+        files, deleted = [], 0
+        for name, path in sealed.files:
+            if name == DELETES:
+                path = scratch / name
+                deleted = self.store.copy_deletes(sealed.collection, sealed.shard_id, path)
+                if not deleted:
+                    continue
+            files.append((name, path))
+        return files, deleted
 
     def _put(self, sealed: SealedShard, name: str, path: Path, key: str) -> ShardObject:
         """Upload one file write-once and check it (module docstring, step 2)."""

@@ -96,7 +96,7 @@ class Server:
                 raise ValueError("cluster mode needs the vector store among the components")
             self.cluster = node.ClusterNode(cluster, config.node, services[0].store,
                                             config.node_id or node.default_node_id(config.data_dir))
-            services[0].router = self.cluster  # searches fan out across the cluster
+            services[0].router = self.cluster.query  # searches and gets go across the cluster
         self._routes: dict[str, Component] = {}
         for component in self.components:
             for cmd in component.commands():

@@ -43,7 +43,7 @@ from .search import Hits
 from .searcher import Searcher
 from .shard import TMP_SUFFIX, Shard
 from .shard_files import ShardDamaged
-from .view import View
+from .view import View, gather
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,12 @@ class Collection:
         self.next_shard = 1
         #: new shards only get ids below this; None: no bound (store.py's cluster-mode seam sets it)
         self.shard_id_limit: int | None = None
-        #: run with (name, shard id) after an append or the idle timer sealed a shard, under the write lock
+        #: run with (name, shard id) under the write lock (store.py's cluster-mode seam, seam.py): after an
+        #: append or the idle timer sealed a shard; after a delete's record newly deleted rows of a sealed
+        #: shard; after a sealed shard's index was built, persisted and installed
         self.on_sealed: list[Callable[[str, int], None]] = []
+        self.on_deleted: list[Callable[[str, int], None]] = []
+        self.on_indexed: list[Callable[[str, int], None]] = []
         self._searcher = Searcher(metric, config.hnsw_ef_search)
         # for readers: the views and which shard now holds each rewritten one's rows;
         # replaced together (never mutated) by writers
@@ -257,15 +261,21 @@ class Collection:
         The caller holds the store's write lock."""
         self._check_writable()
         shards, rows, _ = self._locate(refs)  # gone: deleted before a rewrite dropped the row
-        deleted, tickets = 0, []
+        deleted, tickets, touched = 0, [], []
         try:  # shard by shard: if one fails (a full disk), the shards before it keep their deletes
             for shard_id in np.unique(shards[shards >= 0]).tolist():
-                count, ticket = self.shards[shard_id].delete(rows[shards == shard_id])
+                shard = self.shards[shard_id]
+                count, ticket = shard.delete(rows[shards == shard_id])
                 deleted += count
                 if ticket is not None:
                     tickets.append(ticket)
+                if count and shard.sealed:
+                    touched.append(shard_id)
         finally:
             self._publish()
+            for shard_id in touched:  # the records written, even if a later shard's failed
+                for callback in self.on_deleted:
+                    callback(self.name, shard_id)
         return deleted, tickets
 
     def refs_of_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -376,6 +386,8 @@ class Collection:
         if self.shards.get(shard.id) is shard:
             shard.index = built
             self._publish()
+            for callback in self.on_indexed:
+                callback(self.name, shard.id)
 
     def rows(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of refs; UnknownRef naming the first
@@ -385,17 +397,7 @@ class Collection:
         shards, rows, gone = lineage.locate(refs, by_id, moved, self.name)
         if gone.any():
             raise RowDeleted(f"collection {self.name!r}: ref {int(refs[np.argmax(gone)])} was deleted")
-        vectors = np.empty((len(refs), self.dim), dtype=np.float32)
-        ids = np.empty(len(refs), dtype=np.int64)
-        for shard_id in np.unique(shards).tolist():
-            mine = np.flatnonzero(shards == shard_id)
-            view, wanted = by_id[shard_id], rows[mine]
-            if view.deleted is not None:
-                dead = view.dead()[wanted]
-                if dead.any():
-                    raise RowDeleted(f"collection {self.name!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
-            vectors[mine] = view.vectors[wanted]
-            ids[mine] = view.ids[wanted]
+        vectors, ids, _ = gather(by_id, shards, rows, refs, self.dim, self.name)  # locate found every row
         return vectors, ids
 
     def _locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -14,8 +14,14 @@ What stays true of them after that lock is let go:
   every later delete: a copy taken of it is the deletes up to some moment,
   and a reader that checksums it twice may see two lengths.
 
-Index files (``index.faiss``, ``index.meta``) are not listed: they can be
-rebuilt from the rows.
+- ``deleted``: the shard's deleted rows when it was listed (the delete log
+  may hold more by the time it is read: ``Store.copy_deletes`` takes a
+  consistent, durable copy and says how many it holds).
+- ``index_files`` (``index.faiss``, ``index.meta``): listed once the
+  shard's approximate index is installed (built and persisted, or loaded at
+  open). From then on they never change (an index is rebuilt only at an
+  open that finds them unusable, and then the shard has no index until the
+  new one is installed).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import dataclasses
 from pathlib import Path
 
 from .deletes import FILE as DELETES
+from .index import INDEX_FILE, META_FILE
 from .lineage import FILE as REFS
 from .shard import Shard
 
@@ -35,16 +42,21 @@ SOMETIMES = (DELETES, REFS)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SealedShard:
-    """One sealed shard of a collection: its id, rows and (name, path) of each data file."""
+    """One sealed shard of a collection: its id, rows, (name, path) of each
+    data file, deleted rows, and (name, path) of its index files (module docstring)."""
 
     collection: str
     shard_id: int
     rows: int
     files: tuple[tuple[str, Path], ...]
+    deleted: int = 0
+    index_files: tuple[tuple[str, Path], ...] = ()
 
 
 def sealed_shard(collection: str, shard: Shard) -> SealedShard:
     """The files of ``shard`` (sealed), checked to exist now; caller holds the store's write lock."""
     assert shard.sealed, f"shard {shard.directory} is growing"
     names = ALWAYS + tuple(name for name in SOMETIMES if (shard.directory / name).exists())
-    return SealedShard(collection, shard.id, shard.rows, tuple((name, shard.directory / name) for name in names))
+    index = (INDEX_FILE, META_FILE) if shard.index is not None else ()
+    return SealedShard(collection, shard.id, shard.rows, tuple((name, shard.directory / name) for name in names),
+                       shard.deletes.count, tuple((name, shard.directory / name) for name in index))

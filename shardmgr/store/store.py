@@ -16,14 +16,10 @@ shards (rows are never rewritten in place, and faiss releases the GIL while
 it computes). A maintenance thread seals shards that stay idle and runs
 rewrites (built off the lock, one at a time); an index thread builds indexes.
 
-Cluster mode's seam (shardmgr/cluster/node.py uses it; unused otherwise):
-``gate`` is asked before every create, append and delete (it may refuse),
-and told after each append and delete it let through;
-``on_sealed`` callbacks learn of shards an append or the idle timer sealed;
-``sealed_shards`` lists sealed shards with their files (sealed.py); and with
-``shard_ids_granted`` set before ``recover``, a collection starts new shards
-only under ids given by ``grant_shard_ids`` (so that two writers of one
-collection on two nodes never use one shard id).
+Cluster mode's seam (seam.py: the write gate ``gate``, the callbacks
+``on_sealed``, ``on_deleted`` and ``on_indexed``, listings of sealed shards
+and their files, copies of delete logs, shards adopted from a cache,
+granted shard ids) is a side of this class; unused, it changes nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -48,7 +44,7 @@ from . import batch, index, rewrite
 from .collection import Collection, check_name
 from .config import StoreConfig
 from .copies import copy_collections
-from .sealed import SealedShard, sealed_shard
+from .seam import ClusterSeam, WriteGate
 from .search import SearchResult
 
 log = logging.getLogger(__name__)
@@ -59,22 +55,7 @@ PARTLY = ("the rows of some shards may be deleted (not durably) and the others n
           "repeated once there is space (rows deleted already count 0)")
 
 
-class WriteGate(Protocol):
-    """Cluster mode's check of writes (shardmgr/cluster/node.py). Called on
-    the caller's thread before the store's write lock is taken; raising
-    refuses the call before anything is written."""
-
-    def creating(self, name: str, dim: int, metric: str, index: str) -> None:
-        """Before a create (parameters checked and normalised)."""
-
-    def writing(self, name: str) -> None:
-        """Before an append or delete of ``name``."""
-
-    def written(self, name: str) -> None:
-        """After an append or delete that ``writing`` let through, done or failed."""
-
-
-class Store:
+class Store(ClusterSeam):
     """Collections under ``data_dir/shards``."""
 
     def __init__(self, data_dir: str | Path, config: StoreConfig | None = None, *,
@@ -95,10 +76,12 @@ class Store:
         self._stop = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="shardmgr-maintenance", daemon=True)
         self._indexer = threading.Thread(target=self._index, name="shardmgr-index", daemon=True)
-        #: cluster mode (module docstring): the write check, the seal callbacks (quick: they run under
-        #: the write lock, with the collection's name and the shard's id), and granted shard ids only
+        #: cluster mode (seam.py): the write gate, the callbacks (quick: they run under the write lock,
+        #: with the collection's name and the shard's id), and granted shard ids only
         self.gate: WriteGate | None = None
         self.on_sealed: list[Callable[[str, int], None]] = []
+        self.on_deleted: list[Callable[[str, int], None]] = []
+        self.on_indexed: list[Callable[[str, int], None]] = []
         self.shard_ids_granted = False
 
     # -------------------------------------------------------------- lifecycle
@@ -268,7 +251,8 @@ class Store:
             return collection.info()
 
     def _adopt(self, collection: Collection) -> Collection:
-        collection.on_sealed = self.on_sealed
+        collection.on_sealed, collection.on_deleted, collection.on_indexed = \
+            self.on_sealed, self.on_deleted, self.on_indexed
         if self.shard_ids_granted:
             collection.shard_id_limit = collection.next_shard
         return collection
@@ -359,47 +343,6 @@ class Store:
     def flush(self) -> None:
         """Make every append so far durable now."""
         self.flusher.flush_now()
-
-    # ------------------------------------------------- cluster mode's seam
-
-    def sealed_shards(self, name: str) -> list[SealedShard]:
-        """Every sealed shard of ``name`` with its files (sealed.py), by id."""
-        collection = self.collection(name)
-        with self._write:
-            return [sealed_shard(name, s) for s in collection.shards.values() if s.sealed]
-
-    def adopt_shard(self, name: str, shard_id: int) -> int:
-        """Serve the sealed shard whose checked files a caller put at
-        ``collection(name).shard_path(shard_id)`` (cluster mode's cache); its rows."""
-        collection = self.collection(name)
-        with self._write:
-            return collection.adopt(shard_id).rows
-
-    def drop_shard(self, name: str, shard_id: int) -> Path | None:
-        """Stop serving a shard (files kept); its directory, or None if it was not served."""
-        collection = self.collection(name)
-        with self._write:
-            return collection.drop(shard_id)
-
-    def shard_ids(self, name: str) -> tuple[int, int | None]:
-        """(the id ``name``'s next shard gets, the bound below which ids may be used; None: none)."""
-        collection = self.collection(name)
-        return collection.next_shard, collection.shard_id_limit
-
-    def grant_shard_ids(self, name: str, first: int, limit: int) -> int:
-        """Let ``name`` start new shards with ids from max(next id, ``first``)
-        up to ``limit`` (excluded); returns the next id."""
-        collection = self.collection(name)
-        with self._write:
-            collection.next_shard = max(collection.next_shard, first)
-            collection.shard_id_limit = limit
-            return collection.next_shard
-
-    def revoke_shard_ids(self, name: str) -> None:
-        """No new shard in ``name`` until the next grant (the growing one may still fill)."""
-        collection = self.collection(name)
-        with self._write:
-            collection.shard_id_limit = collection.next_shard
 
     # ------------------------------------------------------------------ reads
 

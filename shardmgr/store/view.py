@@ -9,9 +9,12 @@ thread never disturb a reader holding one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from shardmgr.errors import RowDeleted, UnknownRef
 
 from .deletes import Selector, over
 from .lineage import Lineage
@@ -45,3 +48,27 @@ class View:
     def refs_at(self, rows: np.ndarray) -> np.ndarray:
         """The refs of some of this shard's rows."""
         return self.refs[rows] if self.refs is not None else ref_of(self.shard, rows)
+
+
+def gather(by_id: Mapping[int, View], shards: np.ndarray, rows: np.ndarray, refs: np.ndarray, dim: int,
+           collection: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vectors [n, dim], ids [n], found [n]) of the rows (``shards``, ``rows``)
+    that ``refs`` name, read from the views ``by_id`` holds (refs of other
+    shards: not found, zeros). One pass per shard, not per row. UnknownRef
+    for a row past its shard's end, RowDeleted for a deleted one (each naming
+    the first such ref)."""
+    vectors = np.zeros((len(refs), dim), np.float32)
+    ids = np.full(len(refs), -1, np.int64)
+    found = np.zeros(len(refs), bool)
+    for shard_id in np.unique(shards).tolist():
+        view = by_id.get(shard_id)
+        if view is None:
+            continue
+        mine = np.flatnonzero(shards == shard_id)
+        wanted = rows[mine]
+        if (past := wanted >= view.rows).any():
+            raise UnknownRef(f"collection {collection!r}: ref {int(refs[mine][np.argmax(past)])} names no stored row")
+        if view.deleted is not None and (dead := view.dead()[wanted]).any():
+            raise RowDeleted(f"collection {collection!r}: ref {int(refs[mine][np.argmax(dead)])} was deleted")
+        vectors[mine], ids[mine], found[mine] = view.vectors[wanted], view.ids[wanted], True
+    return vectors, ids, found

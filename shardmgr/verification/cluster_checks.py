@@ -14,9 +14,10 @@ in etcd"):
   (``rows_size``: a row file is its 4096-byte header then ``rows`` rows of
   ``dim`` float32 for ``vectors``, one int64 for ``ids`` and ``refs``).
 * ``/P/deletes/<collection>/<id>`` and ``/P/indexes/<collection>/<id>``: a
-  shard's delete log and index, when they are published: JSON naming an
-  object (``key``, ``size``, ``crc32c``) or several (``objects``, a list or
-  a map of them). A value that does not decode is CORRUPT (``entry``).
+  published shard's later delete log and its index (extras.py:
+  ``DeletesEntry``, ``IndexEntry``). A value that does not decode, or that
+  names a shard the map does not hold, is CORRUPT (``entry``): the writer
+  publishes extras only for published shards.
 
 Every object an entry names is asked for (HEAD, :func:`object_checks.check`):
 gone (``missing_object``), another size (``object_size``) or other crc32c
@@ -39,20 +40,19 @@ change one), and the writer's own sweep removes orphans.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from common.journal.check import Findings, Problem, Severity
 from shardmgr.cluster.catalog import CollectionMeta
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError
+from shardmgr.cluster.extras import DeletesEntry, IndexEntry
 from shardmgr.cluster.kv import Entry, Kv
 from shardmgr.cluster.objects import ObjectInfo, ObjectStore
-from shardmgr.cluster.shard_map import ShardEntry
+from shardmgr.cluster.shard_map import ShardEntry, ShardObject
 from shardmgr.errors import CannotVerify
 from shardmgr.store.rows import HEADER_SIZE
 from shardmgr.store.sealed import ALWAYS
@@ -66,8 +66,10 @@ _NODE = NodeConfig()
 ORPHAN_GRACE_S = _NODE.sweep_grace_s + _NODE.sweep_interval_s
 #: bytes per row of each row file, given the collection's dimension
 ROW_BYTES: dict[str, Callable[[int], int]] = {"vectors": lambda dim: 4 * dim, "ids": lambda _: 8, "refs": lambda _: 8}
-#: the kinds of per-shard keys that name objects besides the shard map
-SIDE_KEYS = ("deletes", "indexes")
+#: the keys that name objects besides the shard map (extras.py), and the objects each names
+EXTRAS: dict[str, Callable[[str, int, bytes], Sequence[ShardObject]]] = {
+    "deletes": lambda collection, shard_id, value: (DeletesEntry.decode(collection, shard_id, value).object,),
+    "indexes": lambda collection, shard_id, value: IndexEntry.decode(collection, shard_id, value).files}
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +82,7 @@ class ClusterScan:
     named: list[Named] = dataclasses.field(default_factory=list)
     listed: dict[str, list[ObjectInfo]] = dataclasses.field(default_factory=dict)
     writers: dict[str, Writer] = dataclasses.field(default_factory=dict)
+    published: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # (collection, shard id) of the map
 
     def where(self, key: str) -> str:
         """An etcd key as it is reported: ``etcd://HOST:PORT/KEY``."""
@@ -137,7 +140,7 @@ def read(config: ClusterConfig, kv: Kv, objects: ObjectStore, findings: Findings
             continue  # a writer key is the election's (a lease key), not data: nothing to report
     for e in kv.get_prefix(config.key("shards", ""))[0]:
         _shard_entry(scan, e)
-    for kind in SIDE_KEYS:
+    for kind in EXTRAS:
         for e in kv.get_prefix(config.key(kind, ""))[0]:
             _side_entry(scan, kind, e)
     return scan
@@ -146,10 +149,10 @@ def read(config: ClusterConfig, kv: Kv, objects: ObjectStore, findings: Findings
 def _key_parts(scan: ClusterScan, e: Entry, kind: str) -> tuple[str, int] | None:
     """(collection, shard id) from ``/P/<kind>/<collection>/<id>``; None (reported) if malformed."""
     rest = e.key[len(scan.config.key(kind, "")):].split("/")
-    if len(rest) == 2 and rest[1].isdigit() and (kind != "shards" or len(rest[1]) == 20):
+    if len(rest) == 2 and rest[1].isdigit() and len(rest[1]) == 20:
         return rest[0], int(rest[1])
-    scan.add(scan.where(e.key), Severity.CORRUPT, "entry", f"a key {scan.config.key(kind, '')}<collection>/<id>"
-             f"{' (20 digits)' if kind == 'shards' else ''}", "another key under that prefix")
+    scan.add(scan.where(e.key), Severity.CORRUPT, "entry",
+             f"a key {scan.config.key(kind, '')}<collection>/<shard id, 20 digits>", "another key under that prefix")
     return None
 
 
@@ -168,6 +171,7 @@ def _shard_entry(scan: ClusterScan, e: Entry) -> None:
         scan.add(where, Severity.CORRUPT, "entry", "a JSON ShardEntry {collection, shard_id, rows, objects, ...}",
                  f"undecodable: {type(exc).__name__}: {exc}")
         return
+    scan.published.add(parts)
     if (entry.collection, entry.shard_id) != parts:
         scan.add(where, Severity.CORRUPT, "entry", f"shard {parts[1]} of {parts[0]!r} (its key)",
                  f"an entry of shard {entry.shard_id} of {entry.collection!r}")
@@ -198,40 +202,23 @@ def _rows(scan: ClusterScan, where: str, entry: ShardEntry, dim: int) -> None:
 
 
 def _side_entry(scan: ClusterScan, kind: str, e: Entry) -> None:
-    """A delete log's or an index's key: decode it and queue its objects."""
+    """A deletes or indexes key: decode it, check that its shard is published, and queue its objects."""
     where = scan.where(e.key)
-    if _key_parts(scan, e, kind) is None:
+    parts = _key_parts(scan, e, kind)
+    if parts is None:
         return
     try:
-        named = [Named(where, name, key, size, crc) for name, key, size, crc in side_objects(e.value)]
+        named = [Named(where, o.name, o.key, o.size, o.crc32c) for o in EXTRAS[kind](*parts, e.value)]
+        if not named or any(not _valid(n.key, n.size, n.crc32c) for n in named):
+            raise ValueError("no object, or object keys, sizes or crc32c of the wrong type or range")
     except (ValueError, KeyError, TypeError) as exc:
-        scan.add(where, Severity.CORRUPT, "entry", "JSON naming objects: {key, size, crc32c} or {objects: [...]}",
+        scan.add(where, Severity.CORRUPT, "entry", f"a JSON {'DeletesEntry' if kind == 'deletes' else 'IndexEntry'}",
                  f"undecodable: {type(exc).__name__}: {exc}")
         return
+    if parts not in scan.published:
+        scan.add(where, Severity.CORRUPT, "entry", f"{kind} of a published shard",
+                 f"shard {parts[1]} of {parts[0]!r} is not in the shard map")
     scan.named += named
-
-
-def side_objects(raw: bytes) -> list[tuple[str, str, int, int]]:
-    """(name, key, size, crc32c) of each object a deletes or indexes value
-    names: ``{"key", "size", "crc32c"}``, or ``{"objects": [...]}`` (a list,
-    or a map of name to object); crc32c an int or 8 hex digits.
-    ValueError/KeyError/TypeError if it names none or one malformed."""
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise TypeError(f"a JSON object, not {type(value).__name__}")
-    found = value.get("objects", [value])
-    items: Iterator[tuple[str, Any]] = iter(found.items()) if isinstance(found, dict) else (
-        (str(o.get("name", "")) if isinstance(o, dict) else "", o) for o in found)
-    named = []
-    for name, o in items:
-        crc = o["crc32c"]
-        crc = int(crc, 16) if isinstance(crc, str) else crc
-        if not _valid(o["key"], o["size"], crc):
-            raise ValueError(f"object {o!r}: a key, a size >= 0 and a 32-bit crc32c")
-        named.append((name, o["key"], o["size"], crc))
-    if not named:
-        raise ValueError("no object named")
-    return named
 
 
 def _valid(key: object, size: object, crc: object) -> bool:

@@ -157,8 +157,8 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
                 for part in sorted(entry.iterdir()):
                     if part.name == "shards" and part.is_dir():
                         store_check.check(part, findings, deep)
-                    elif part.name != "LOCK":
-                        findings.unknown(part, "LOCK, shards/")
+                    elif part.name not in ("LOCK", "sources"):  # sources: where its shards came from (JSON)
+                        findings.unknown(part, "LOCK, shards/, sources/")
             elif entry.name == QUARANTINE and entry.is_dir():
                 for moved in sorted(entry.rglob("*")):
                     if moved.parent.parent == entry:  # quarantine/<workq|shards>/<item>

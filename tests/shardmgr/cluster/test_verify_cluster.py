@@ -25,6 +25,7 @@ from shardmgr.cli import main  # noqa: E402
 from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.election import Election, Writer  # noqa: E402
+from shardmgr.cluster.extras import DeletesEntry, IndexEntry, ShardExtras  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.lease import NodeLease  # noqa: E402
 from shardmgr.cluster.objects import ObjectStore  # noqa: E402
@@ -209,22 +210,26 @@ def test_orphans_are_reported_with_their_age(cluster: Cluster) -> None:
 
 def test_objects_named_by_deletes_and_indexes_keys_are_checked_not_orphans(cluster: Cluster) -> None:
     cluster.publish(1)
-    deletes = cluster.store.put_bytes(cluster.shards.object_key(1, cluster.token, "deletes"), b"deleted rows")
+    extras = ShardExtras(cluster.config, cluster.kv)
+    deletes = cluster.store.put_bytes(cluster.shards.object_key(1, cluster.token, "deletes.3"), b"deleted rows")
     index = cluster.store.put_bytes(cluster.shards.object_key(1, cluster.token, "index.faiss"), b"an index")
-    deletes_key = cluster.config.key("deletes", "docs", f"{1:020d}")
-    cluster.kv.put(deletes_key, json.dumps({"key": deletes.key, "size": deletes.size,
-                                            "crc32c": deletes.crc32c}).encode())
-    cluster.kv.put(cluster.config.key("indexes", "docs", f"{1:020d}"), json.dumps({"objects": [
-        {"name": "index.faiss", "key": index.key, "size": index.size, "crc32c": f"{index.crc32c:08x}"}]}).encode())
+    assert deletes.crc32c is not None and index.crc32c is not None
+    extras.publish_deletes(cluster.token, DeletesEntry("docs", 1, ShardObject("deletes", deletes.key, deletes.size,
+                                                                              deletes.crc32c), 3))
+    extras.publish_index(cluster.token, IndexEntry("docs", 1, (ShardObject("index.faiss", index.key, index.size,
+                                                                           index.crc32c),)))
     report = cluster.verify(orphan_grace_s=0.0)
     assert (report.problems, report.files) == ([], 5)
     cluster.raw.delete_object(Bucket=cluster.config.bucket, Key=deletes.key)
-    cluster.kv.put(cluster.config.key("indexes", "docs", f"{2:020d}"), b"[1, 2]")
+    unpublished = extras.key("indexes", "docs", 2)  # an index of a shard the map does not hold
+    cluster.kv.put(unpublished, cluster.kv.get(extras.key("indexes", "docs", 1)).value)  # type: ignore[union-attr]
+    garbled = extras.key("deletes", "docs", 3)
+    cluster.kv.put(garbled, b"[1, 2]")
     report = cluster.verify()
     assert found(report) == sorted([
         ("missing_object", cluster.store.url(deletes.key), Severity.CORRUPT),
-        ("entry", cluster.where(cluster.config.key("indexes", "docs", f"{2:020d}")), Severity.CORRUPT)])
-    assert deletes_key in only(report, "missing_object").expected
+        ("entry", cluster.where(unpublished), Severity.CORRUPT), ("entry", cluster.where(garbled), Severity.CORRUPT)])
+    assert extras.key("deletes", "docs", 1) in only(report, "missing_object").expected
 
 
 def run(*args: str) -> tuple[int, str]:

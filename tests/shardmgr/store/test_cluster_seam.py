@@ -1,6 +1,7 @@
-"""The store's seam for cluster mode (store.py's docstring): seal callbacks,
-the listing of sealed shards with their files, granted shard ids, and the
-write check. Unused, none of them changes the store's behaviour."""
+"""The store's seam for cluster mode (seam.py): seal, delete and index
+callbacks, the listing of sealed shards with their files, durable copies of
+delete logs, granted shard ids, and the write check. Unused, none of them
+changes the store's behaviour."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.journal import FlusherConfig
 from common.wire.errors import Unavailable
 from shardmgr.errors import NoShardIds
 from shardmgr.store.config import StoreConfig
+from shardmgr.store.deletes import DeleteLog
 from shardmgr.store.store import Store
 
 DIM = 8
@@ -108,3 +111,71 @@ def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_pat
                          ("written", "c"), ("writing", "closed")]  # a refused write is not written
     finally:
         store.close()
+
+
+def test_deletes_of_sealed_shards_are_announced_and_their_log_copied_durably(tmp_path: Path) -> None:
+    # flushes only when asked: a delete is durable only once something waits for it
+    store = Store(tmp_path / "data", StoreConfig(seal_bytes=4096, extent_bytes=4096),
+                  flusher=FlusherConfig(interval=600.0)).open()
+    deleted: list[tuple[str, int]] = []
+    store.on_deleted.append(lambda name, shard: deleted.append((name, shard)))
+    try:
+        store.create_collection("c", DIM)
+        refs = np.concatenate([store.append("c", *batch(seed)) for seed in range(3)])  # shard 1 sealed, 2 growing
+        assert store.copy_deletes("c", 1, tmp_path / "none") == 0 and not (tmp_path / "none").exists()
+        store.delete("c", refs[[2 * ROWS]])  # the growing shard only: not announced
+        assert deleted == []
+        store.delete("c", refs[[0, 1, 2 * ROWS + 1]])
+        store.delete("c", refs[[1]])  # deleted already: nothing new, not announced
+        store.delete_ids("c", np.array([7], dtype=np.int64))  # rows 7 and 56 of shard 1, 5 of the growing shard 2
+        assert deleted == [("c", 1), ("c", 1)]
+        listed = store.sealed_shard("c", 1)
+        assert listed is not None and listed.deleted == 4 and listed.index_files == ()
+        assert store.sealed_shard("c", 2) is None  # growing
+        shard = store.collection("c").shards[1]
+        newest = shard.deletes.last
+        assert newest is not None and not newest.durable
+        assert store.copy_deletes("c", 1, tmp_path / "copy") == 4
+        assert newest.durable  # the copy holds nothing a crash could still undo
+        with pytest.raises(FileExistsError):  # a new file only
+            store.copy_deletes("c", 1, tmp_path / "copy")
+        with pytest.raises(ValueError, match="no sealed shard 2"):
+            store.copy_deletes("c", 2, tmp_path / "other")
+        store.delete("c", refs[[3]])  # the live log grows; the copy does not
+        copy_dir = tmp_path / "copied"
+        copy_dir.mkdir()
+        (tmp_path / "copy").rename(copy_dir / "deletes")
+        copied = DeleteLog.open(copy_dir, 1, shard.uuid, shard.rows, None)  # what a query node would read
+        assert copied.count == 4 and np.flatnonzero(copied.mask).tolist() == [0, 1, 7, 56]
+        assert shard.deletes.count == 5
+    finally:
+        store.close()
+
+
+def test_a_built_index_is_announced_and_listed_with_the_shard(tmp_path: Path) -> None:
+    store = opened(tmp_path / "data")
+    indexed: list[tuple[str, int]] = []
+    store.on_indexed.append(lambda name, shard: indexed.append((name, shard)))
+    try:
+        store.create_collection("h", DIM, index="hnsw")
+        store.create_collection("f", DIM)
+        for seed in range(3):  # shard 1 of each sealed
+            store.append("h", *batch(seed))
+            store.append("f", *batch(seed))
+        store.wait_for_indexes(60)
+        deadline = time.monotonic() + 10
+        while not indexed and time.monotonic() < deadline:  # announced just after it is installed
+            time.sleep(0.05)
+        assert indexed == [("h", 1)]
+        listed = store.sealed_shard("h", 1)
+        assert listed is not None and [name for name, _ in listed.index_files] == ["index.faiss", "index.meta"]
+        assert all(path.is_file() for _, path in listed.index_files)
+        assert store.sealed_shards("f")[0].index_files == ()  # exact: no index
+    finally:
+        store.close()
+    reopened = opened(tmp_path / "data")  # a loaded index is listed too (no announcement: nothing was built)
+    try:
+        listed = reopened.sealed_shard("h", 1)
+        assert listed is not None and len(listed.index_files) == 2
+    finally:
+        reopened.close()
