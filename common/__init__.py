@@ -6,7 +6,8 @@
   power-cut simulator.
 * :mod:`common.wire`: the binary framing, the client base and the
   component contract a server hosts.
-* :mod:`common.errors` (the root error) and :mod:`common.units` (byte units).
+* :mod:`common.errors` (the root error), :mod:`common.units` (byte units) and
+  :mod:`common.crc` (crc32c of a whole from its pieces).
 
 May import: the standard library and third-party packages only. ``journal``
 and ``wire`` do not import each other.

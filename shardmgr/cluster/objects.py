@@ -12,7 +12,10 @@ stored object has that size and metadata. :meth:`ObjectStore.fetch` writes
 into a temporary file beside the destination, checks size and crc32c of what
 arrived against the caller's expectation (the shard map's entry) or else the
 metadata, fsyncs it and renames it into place, then fsyncs the directory:
-the destination either does not exist or holds verified, durable bytes.
+the destination either does not exist or holds verified, durable bytes. The
+crc32c is computed as the bytes arrive (checked_file.py; the file is read
+again only if the pieces did not tile it once), and write-back starts as
+they are written, so the fsync at the end has little left to do.
 
 Files at least ``multipart_threshold_bytes`` long move in parts of
 ``multipart_chunk_bytes``, ``transfer_concurrency`` at a time (boto3's
@@ -46,8 +49,10 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 from s3transfer.exceptions import RetriesExceededError
+from s3transfer.subscribers import BaseSubscriber
 
 from common.journal.filesystem import fsync_dir
+from shardmgr.cluster.checked_file import CheckedFile
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.errors import (
     ChecksumMismatch,
@@ -87,6 +92,20 @@ def file_crc32c(path: Path) -> tuple[int, int]:
             value = crc32c.crc32c(view[:n], value=value)
             size += n
     return value, size
+
+
+class _Known(BaseSubscriber):  # type: ignore[misc]
+    """Tells s3transfer the size and ETag fetch's own HEAD found, so it does
+    not ask again; the ranged GETs then carry ``If-Match`` with that ETag,
+    so an object replaced mid-download fails instead of mixing versions."""
+
+    def __init__(self, stored: ObjectInfo) -> None:
+        self.stored = stored
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self.stored.size)
+        if self.stored.etag:
+            future.meta.provide_object_etag(self.stored.etag)
 
 
 def _if_none_match(params: dict[str, Any], **_: Any) -> None:
@@ -198,14 +217,15 @@ class ObjectStore:
                                    f"{_hex(stored.crc32c)}; expected {want_size} bytes, crc32c {_hex(want_crc)}")
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:12]}.part")
         try:
-            with self._errors("fetch", key), create_transfer_manager(self._s3, self._transfer) as manager:
-                manager.download(self.bucket, key, str(tmp)).result()
-            got_crc, got_size = file_crc32c(tmp)
-            if (got_crc, got_size) != (want_crc, want_size):
-                raise ChecksumMismatch(f"{self.url(key)} at {self.where}: fetched {got_size} bytes with crc32c "
-                                       f"{got_crc:08x}; expected {want_size} bytes with crc32c {want_crc:08x}")
-            fd = os.open(tmp, os.O_RDONLY)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
+                with CheckedFile(fd) as target, self._errors("fetch", key), \
+                        create_transfer_manager(self._s3, self._transfer) as manager:  # checksummed as it arrives
+                    manager.download(self.bucket, key, target, subscribers=[_Known(stored)]).result()
+                got_crc, got_size = target.checksum() or file_crc32c(tmp)
+                if (got_crc, got_size) != (want_crc, want_size):
+                    raise ChecksumMismatch(f"{self.url(key)} at {self.where}: fetched {got_size} bytes with crc32c "
+                                           f"{got_crc:08x}; expected {want_size} bytes with crc32c {want_crc:08x}")
                 os.fsync(fd)
             finally:
                 os.close(fd)

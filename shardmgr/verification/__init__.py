@@ -4,10 +4,14 @@ Owns the run and its report (``runner``), the checks of the queue's files
 (``queue_checks``) and of the vector shards (``shard_checks``) on top of the
 journal check (``common.journal.check``), deep checksums of row files
 (``row_checksums``), ``--repair`` (``repair``) and the terminal view
-(``view``). docs/verify.md describes checks, severities and exit codes.
+(``view``); ``--cluster``: a cluster's shard map and catalog
+(``cluster_checks``) against the objects in its bucket (``object_checks``).
+docs/verify.md describes checks, severities and exit codes.
 
 Named ``verification`` because ``shardmgr.verify`` is the function.
 
-May import: ``common.journal``, ``workq``, ``shardmgr.store``, ``shardmgr.errors``;
-never ``shardmgr.server``.
+May import: ``common``, ``workq``, ``shardmgr.store``, ``shardmgr.errors``, and
+``shardmgr.cluster`` from ``cluster_checks`` and ``object_checks`` only, which
+``runner`` imports when ``--cluster`` is asked for (the cluster extra is
+optional); never ``shardmgr.server``.
 """

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import crc32c
 
+from common.crc import combine
 from common.journal.errors import CannotCheck
 
-POLY = 0x82F63B78  # crc32c's polynomial, bit-reflected
 PIECE = 16 << 20  # bytes per read of a file being written, and per task when a batch is large
 
 Span = tuple[int, int]  # (offset, length) of one batch's bytes in its file
@@ -63,41 +63,8 @@ def _parallel(mm: mmap.mmap, view: memoryview, spans: Sequence[Span], size: int)
     crcs: list[int | None] = [None] * len(spans)
     for (i, lo, hi), crc in zip(pieces, parts):  # pieces of a batch are in order: combine them
         before = crcs[i]
-        crcs[i] = crc if before is None else _combine(before, crc, hi - lo)
+        crcs[i] = crc if before is None else combine(before, crc, hi - lo)
     return crcs
-
-
-def _combine(first: int, second: int, second_length: int) -> int:
-    """crc32c(a + b) from crc32c(a), crc32c(b) and len(b) (zlib's crc32_combine, for crc32c)."""
-    return _shift(first, second_length) ^ second
-
-
-def _shift(crc: int, nbytes: int) -> int:
-    """crc32c(a + zeros(n)) xor crc32c(zeros(n)) given crc32c(a): multiply by x^(8n) mod P."""
-    return _gf2_multiply(crc, _x_power(8 * nbytes))
-
-
-def _gf2_multiply(a: int, b: int) -> int:
-    """a * b mod P in the reflected bit order crc32c uses."""
-    product = 0
-    m = 1 << 31
-    while m:
-        if a & m:
-            product ^= b
-        m >>= 1
-        b = (b >> 1) ^ (POLY if b & 1 else 0)
-    return product
-
-
-def _x_power(n: int) -> int:
-    """x^n mod P, reflected, by squaring."""
-    result, square = 1 << 31, 1 << 30  # x^0 and x^1, reflected
-    while n:
-        if n & 1:
-            result = _gf2_multiply(result, square)
-        square = _gf2_multiply(square, square)
-        n >>= 1
-    return result
 
 
 def _read_crc(fd: int, offset: int, length: int, view: memoryview) -> int | None:

@@ -55,6 +55,8 @@ class Report:
     bytes_read: int
     seconds: float
     repaired: list[str] = dataclasses.field(default_factory=list)
+    #: ``--cluster``: the etcd and object-store URLs checked ("" for none; docs/verify.md)
+    cluster: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -75,7 +77,15 @@ class Report:
         return {"data_dir": self.data_dir, "deep": self.deep, "exit_code": self.exit_code, "files": self.files,
                 "bytes_read": self.bytes_read, "seconds": round(self.seconds, 6),
                 "counts": {s.name.lower(): self.count(s) for s in Severity},
-                "problems": [p.as_dict() for p in self.problems], "repaired": self.repaired}
+                "problems": [p.as_dict() for p in self.problems], "repaired": self.repaired,
+                "cluster": self.cluster or None}
+
+    def joined(self, other: Report) -> Report:
+        """One report of two runs (a data directory's and a cluster's): every
+        finding of both, so the exit status is the worse verdict."""
+        return Report(self.data_dir or other.data_dir, self.deep or other.deep, self.problems + other.problems,
+                      self.files + other.files, self.bytes_read + other.bytes_read, self.seconds + other.seconds,
+                      self.repaired + other.repaired, self.cluster or other.cluster)
 
 
 def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
@@ -99,6 +109,31 @@ def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
                                f"not run: {exc}") from exc
     after.repaired = actions
     return after
+
+
+def verify_cluster(cluster: str, object_store: str | None, s3_endpoint: str | None = None, *, deep: bool = False,
+                   orphan_grace_s: float | None = None, on_object: Callable[[Path, int], None] | None = None,
+                   on_total: Callable[[int], None] | None = None) -> Report:
+    """``verify --cluster``: the cluster's shard map against its bucket
+    (cluster_checks.py; ``orphan_grace_s``: the age from which an orphan is
+    repairable, None for its default). CannotVerify if the URLs are malformed, the cluster
+    extra is not installed, or etcd or the bucket cannot be read."""
+    if not object_store:
+        raise CannotVerify("--cluster needs --object-store s3://BUCKET/PREFIX (where the shards' objects are)")
+    try:  # the cluster extra (boto3, etcd3gw) is optional: imported only here
+        from shardmgr.cluster.config import ClusterConfig
+        from shardmgr.cluster.errors import BadClusterConfig
+
+        from .cluster_checks import ORPHAN_GRACE_S
+        from .cluster_checks import verify_cluster as check
+    except ImportError as exc:
+        raise CannotVerify(f"--cluster needs the cluster extra (pip install 'shardmgr[cluster]'): {exc}") from exc
+    try:
+        config = ClusterConfig.from_urls(cluster, object_store, s3_endpoint=s3_endpoint)
+    except BadClusterConfig as exc:
+        raise CannotVerify(str(exc)) from exc
+    return check(config, deep=deep, orphan_grace_s=ORPHAN_GRACE_S if orphan_grace_s is None else orphan_grace_s,
+                 on_object=on_object, on_total=on_total)
 
 
 def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = None) -> Report:

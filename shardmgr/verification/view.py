@@ -52,6 +52,12 @@ class LateProgress:
         assert self._task is not None
         self._progress.update(self._task, completed=self._done)
 
+    def expect(self, more: int) -> None:
+        """``more`` units to check besides those counted at the start (a cluster's objects)."""
+        self._total += more
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, total=self._total)
+
     def stop(self) -> None:
         if self._progress is not None:
             self._progress.stop()
@@ -68,7 +74,9 @@ def show(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     root = Path(report.data_dir)
     if report.problems:
-        table = Table(title=f"shardmgr verify {report.data_dir}{' --deep' if report.deep else ''}")
+        words = [report.data_dir, f"--cluster {report.cluster}" if report.cluster else "",
+                 "--deep" if report.deep else ""]
+        table = Table(title=" ".join(["shardmgr verify", *(w for w in words if w)]))
         for column in ("severity", "file", "offset", "problem"):  # the short columns never wrap
             table.add_column(column, no_wrap=column != "file", overflow="fold")
         for column in ("expected", "found"):
@@ -76,12 +84,15 @@ def show(report: Report, console: Console | None = None) -> None:
         rows = []
         for p in sorted(report.problems, key=lambda p: (-p.severity, p.path, p.offset or 0)):
             path = Path(p.path)
-            shown = str(path.relative_to(root)) if console.is_terminal and path.is_relative_to(root) else p.path
+            local = report.data_dir and "://" not in p.path  # a cluster's findings name URLs: shown whole
+            shown = str(path.relative_to(root)) if local and console.is_terminal and path.is_relative_to(root) \
+                else p.path
             rows.append((Text(p.severity.name.lower(), STYLES[p.severity]), shown,
                          None if p.offset is None else str(p.offset), p.what, p.expected, p.found))
         tables.show(console, table, rows)
     for action in report.repaired:
         tables.say(console, f"repaired: {action}")
     counts = ", ".join(f"{report.count(s)} {s.name.lower()}" for s in reversed(Severity))
-    tables.say(console, f"{VERDICTS[report.exit_code]}: {counts}; {report.files} files, "
+    units = ("objects" if not report.data_dir else "files and objects") if report.cluster else "files"
+    tables.say(console, f"{VERDICTS[report.exit_code]}: {counts}; {report.files} {units}, "
                         f"{report.bytes_read / 1e9:.2f} GB read in {report.seconds:.2f} s (exit {report.exit_code})")
