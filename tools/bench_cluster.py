@@ -16,6 +16,11 @@ Phases (``--phases``, tools/cluster_phases.py; each measured apart):
   ``download_file`` of the same object. MB/s; target >= 0.8 x. Also shown:
   ``download_file`` then one fsync (``raw+fsync``), the least a durable
   fill costs.
+* ``fanout`` and ``takeover`` (tools/cluster_search.py): searches through a
+  3-node cluster of ``shardmgr serve`` processes vs one plain node holding
+  the same shards (queries/s; target >= 0.7 x for batches), and the time
+  from a query node's SIGKILL to complete results vs lease TTL + the fetch
+  of its shards (target <= 1 x).
 
 Method. Every configuration runs ``--runs`` times (at least 3) in
 interleaved rounds (tools/rounds.py): round r measures ours, then its
@@ -26,7 +31,8 @@ load average before and after is printed too: this machine's 2 cores are
 shared with other work, and the S3 server runs on them as well.
 
 Usage:
-  PYTHONPATH=. python tools/bench_cluster.py [--dir DIR] [--runs 3] [--sizes 64,256] [--phases publish,fill] [--json]
+  PYTHONPATH=. python tools/bench_cluster.py [--dir DIR] [--runs 3] [--sizes 64,256] [--rows 200000]
+      [--seal-mib 16] [--seconds 3] [--nq 1,100] [--phases publish,fill,fanout,takeover] [--json]
 """
 
 from __future__ import annotations
@@ -53,6 +59,15 @@ from cluster_phases import (
     measure_fill,
     measure_publish,
     prepare_transfers,
+)
+from cluster_search import (
+    SEARCH,
+    fanout_cases,
+    finish_search,
+    measure_fanout,
+    measure_takeover,
+    prepare_search,
+    takeover_cases,
 )
 from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
@@ -82,6 +97,8 @@ class Phase:
     baseline: str
     target: float
     doc: str
+    #: the ratio's target is a ceiling (times), not a floor (rates)
+    lower_is_better: bool = False
 
 
 def _transfers(phase: str, *systems: str) -> Callable[[argparse.Namespace], list[Any]]:
@@ -102,6 +119,13 @@ PHASES: dict[str, Phase] = {
     "fill": Phase(_transfers("fill", SYNCED), prepare_transfers, measure_fill, finish_transfers, "MBps", "MB/s",
                   "raw", 0.8, "a shard's vectors: ObjectStore.fetch (crc32c checked, fsync, rename) vs boto3 "
                   "download_file (and download_file + fsync: the floor of a durable fill)"),
+    "fanout": Phase(fanout_cases, prepare_search, measure_fanout, finish_search, "QPS", "queries/s", "one-node",
+                    0.7, "searches of nq queries, one call at a time, through n2 of a 3-node cluster (fan-out to "
+                    "n1 and n3, merge) vs one plain node holding the same shards; all on the same 2 cores"),
+    "takeover": Phase(takeover_cases, prepare_search, measure_takeover, finish_search, "seconds", "s", "model",
+                      1.0, "from a query node's SIGKILL to complete results through the survivor, no other copy "
+                      "of its shards anywhere (replicas 1, the writer gone), vs the model: lease TTL + a fetch "
+                      "of those shards' objects", lower_is_better=True),
 }
 
 
@@ -132,6 +156,8 @@ def measure(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
         try:
             for phase in phases:
                 phase.prepare(bench, args)
+            if SEARCH in bench.state:
+                args.search_layout = bench.state[SEARCH].layout
             runs = interleave(configs, args.runs, lambda c: c[0].measure(bench, c[1]), lambda c: str(c[1]))
         finally:
             for phase in phases:
@@ -158,14 +184,16 @@ def show(results: dict[str, Any]) -> None:
                   f"average {settings['load_before']} before, {settings['load_after']} after")
     for name in settings["phases"]:
         phase = PHASES[name]
+        bound = "<=" if phase.lower_is_better else ">="
         console.print(escape(f"{name}: {phase.doc}. Median [min-max] of the runs; ratio of the medians "
-                             f"(target >= {phase.target})"))
+                             f"(target {bound} {phase.target})"))
         table = Table(title=name)
         for col in ("case", "system", phase.unit, f"x {phase.baseline}"):
             table.add_column(col, justify="right")
         for row in (r for r in results["rows"] if r["phase"] == name):
             spread: Spread = row["summary"][phase.figure]
-            table.add_row(row["case"].split(" ", 2)[-1], row["system"], spread.cell("{:,.0f}"),
+            table.add_row(row["case"].split(" ", 2)[-1], row["system"],
+                          spread.cell("{:,.2f}" if phase.lower_is_better else "{:,.0f}"),
                           "" if row["system"] == phase.baseline else f"{row['ratio']:.2f}")
         console.print(table)
 
@@ -198,8 +226,13 @@ def main() -> None:
                                                             "a spread)")
     parser.add_argument("--sizes", default="64,256", help="shard sizes in MiB, comma-separated")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of: {', '.join(PHASES)}")
+    parser.add_argument("--rows", type=int, default=200_000, help="fanout, takeover: 128-d rows in the collection")
+    parser.add_argument("--seal-mib", type=int, default=16, help="fanout, takeover: shard size (seal_bytes), MiB")
+    parser.add_argument("--seconds", type=float, default=3.0, help="fanout: seconds of searches per measurement")
+    parser.add_argument("--nq", default="1,100", help="fanout: queries per call, comma-separated")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    args.nq = [int(n) for n in args.nq.split(",") if n.strip()]
     try:
         args.sizes = [int(s) * MiB for s in args.sizes.split(",") if s.strip()]
     except ValueError:
@@ -210,6 +243,7 @@ def main() -> None:
     if args.runs < 1 or not args.sizes or min(args.sizes) < MiB:
         parser.error("--runs must be at least 1 and every size at least 1 MiB")
     directory = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir=args.dir))
+    args.search_layout = None
     settings = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": _commit(), "runs": args.runs,
                 "phases": args.phases, "sizes_MiB": [s // MiB for s in args.sizes], "dir": str(args.dir),
                 "cpus": os.cpu_count(), "load_before": _load()}
@@ -217,7 +251,7 @@ def main() -> None:
         rows = measure(args, directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    results = {"settings": {**settings, "load_after": _load()}, "rows": rows}
+    results = {"settings": {**settings, "load_after": _load(), "search_layout": args.search_layout}, "rows": rows}
     emit(jsonable(results) if args.json else results, args.json, show)
 
 

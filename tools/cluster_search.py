@@ -22,8 +22,8 @@ After each measurement the victim restarts and the cluster settles again.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cluster_phases import Bench
 
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.kv import Kv
@@ -45,6 +46,10 @@ from shardmgr.store.client import StoreClient
 
 DIM = 128
 K = 10
+SEARCH = "search"
+"""The search phases' group: their state in ``Bench.state`` and their cluster prefixes."""
+TTL_S = 2
+"""The nodes' lease TTL: etcd's smallest, so that the takeover phase measures the fetch more than the wait."""
 SETTINGS = """
 [store]
 seal_bytes = {seal_bytes}
@@ -104,30 +109,56 @@ class Search:
     queries: np.ndarray
     seconds: float
     ttl: int
+    layout: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def prepare_search(config: ClusterConfig, objects: ObjectStore, directory: Path, env: dict[str, str], rows: int,
-                   seal_mib: int, seconds: float, ttl: int = 2) -> Search:
-    """Start n1, n2, n3 and one plain node; load ``rows`` rows into both; wait until every shard is served."""
+def prepare_search(bench: Bench, args: argparse.Namespace) -> None:
+    """Once for both phases: n1, n2, n3 and one plain node, ``args.rows`` rows loaded into n1 and into the
+    plain node alike, every shard sealed, published and served by its owner."""
+    if SEARCH in bench.state:
+        return
+    config = bench.config(SEARCH)
+    objects = ObjectStore(config, session=bench.session)
+    directory = bench.directory / SEARCH
+    directory.mkdir()
     settings = directory / "search.toml"
-    settings.write_text(SETTINGS.format(seal_bytes=seal_mib << 20, ttl=ttl))
+    settings.write_text(SETTINGS.format(seal_bytes=args.seal_mib << 20, ttl=TTL_S))
     cluster = ["--cluster", config.etcd_url, "--object-store", config.s3_url, "--s3-endpoint",
                str(config.s3_endpoint)]
-    nodes = {name: Node(directory, name, settings, [*cluster, "--node-id", name], env) for name in ("n1", "n2", "n3")}
+    nodes = {name: Node(directory, name, settings, [*cluster, "--node-id", name], bench.env)
+             for name in ("n1", "n2", "n3")}
     nodes["one"] = Node(directory, "one", settings, [], {})
+    search = bench.state[SEARCH] = Search(config, objects, nodes,
+                                          np.random.default_rng(7).random((1000, DIM), dtype=np.float32),
+                                          args.seconds, TTL_S)
     for node in nodes.values():
         node.start()
-    rng = np.random.default_rng(7)
     for name in ("n1", "one"):
         with StoreClient(nodes[name].address, timeout=600) as client:
             client.create_collection("bench", DIM)
-            for start in range(0, rows, 20_000):
-                count = min(20_000, rows - start)
+            for start in range(0, args.rows, 20_000):
+                count = min(20_000, args.rows - start)
                 local = np.random.default_rng(start)
                 client.append("bench", local.random((count, DIM), dtype=np.float32),
                               np.arange(start, start + count), durable=True)
     _settle(config, nodes, ["n1", "n2", "n3"])
-    return Search(config, objects, nodes, rng.random((1000, DIM), dtype=np.float32), seconds, ttl)
+    search.layout = describe(search)
+
+
+def finish_search(bench: Bench) -> None:
+    search: Search | None = bench.state.pop(SEARCH, None)
+    if search is not None:
+        for node in search.nodes.values():
+            node.stop()
+        search.objects.close()
+
+
+def fanout_cases(args: argparse.Namespace) -> list[SearchCase]:
+    return [SearchCase("fanout", system, nq) for nq in args.nq for system in ("cluster", "one-node")]
+
+
+def takeover_cases(args: argparse.Namespace) -> list[SearchCase]:
+    return [SearchCase("takeover", system) for system in ("ours", "model")]
 
 
 def _state(config: ClusterConfig) -> ClusterState:
@@ -155,7 +186,8 @@ def _settle(config: ClusterConfig, nodes: dict[str, Node], live: list[str], time
     raise TimeoutError("the cluster did not settle")
 
 
-def measure_fanout(search: Search, case: SearchCase) -> dict[str, float]:
+def measure_fanout(bench: Bench, case: SearchCase) -> dict[str, float]:
+    search: Search = bench.state[SEARCH]
     address = search.nodes["n2" if case.system == "cluster" else "one"].address
     done, calls, started = 0, 0, time.perf_counter()
     with StoreClient(address) as client:
@@ -169,10 +201,11 @@ def measure_fanout(search: Search, case: SearchCase) -> dict[str, float]:
     return {"QPS": done / (time.perf_counter() - started)}
 
 
-def measure_takeover(search: Search, case: SearchCase) -> dict[str, float]:
+def measure_takeover(bench: Bench, case: SearchCase) -> dict[str, float]:
     """Seconds from a SIGKILL to complete results (ours), or TTL + fetch of the victim's shards (model).
     Ours leaves the cluster as it found it: n1 leaves cleanly first (so that only owners serve), n3 is
     killed and timed, then both start again and the cluster settles."""
+    search: Search = bench.state[SEARCH]
     entries = _state(search.config).published["bench"]
     victim_shards = [e for s, e in entries.items() if owners(["n2", "n3"], "bench", s) == ["n3"]]
     if case.system == "model":
@@ -205,15 +238,9 @@ def _fetch_seconds(search: Search, entries: list[Any]) -> float:
     return took
 
 
-def stop_search(search: Search) -> None:
-    for node in search.nodes.values():
-        node.stop()
-
-
 def describe(search: Search) -> dict[str, Any]:
     with StoreClient(search.nodes["one"].address) as one:
         info = one.collection_info("bench")
     return {"rows": info["rows"], "shards": info["shards"], "dim": DIM, "k": K, "ttl_s": search.ttl,
-            "layout": json.dumps({n: len([s for s in range(1, info["shards"] + 1)
-                                          if owners(["n1", "n2", "n3"], "bench", s) == [n]])
-                                  for n in ("n1", "n2", "n3")})}
+            "owned": {n: len([s for s in range(1, info["shards"] + 1) if owners(["n1", "n2", "n3"], "bench", s) == [n]])
+                      for n in ("n1", "n2", "n3")}}
