@@ -179,6 +179,9 @@ class NodeConfig:
     cache_linger_s: float = 30.0
     #: a clean stop of a writer seals and publishes its shards for at most this long before leaving
     hand_off_s: float = 30.0
+    #: a write forwarded to the collection's writer waits this long for its answer (plus an allowance for
+    #: its bytes, as a client's append does), and this long at most to connect
+    forward_timeout_s: float = 30.0
 
     def validate(self) -> NodeConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
@@ -186,7 +189,8 @@ class NodeConfig:
             raise BadClusterConfig(f"lease_ttl_s must be a whole number of seconds >= {MIN_LEASE_TTL_S}, "
                                    f"got {self.lease_ttl_s!r}")
         for name in ("etcd_timeout_s", "scan_interval_s", "upload_retry_min_s", "upload_retry_max_s",
-                     "sweep_interval_s", "join_timeout_s", "hand_off_s"):
+                     "sweep_interval_s", "join_timeout_s", "hand_off_s",
+                     "forward_timeout_s"):
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")
