@@ -30,8 +30,11 @@ The rules, for ``shardmgr.append``, ``shardmgr.delete`` and
 Credentials: the writer checks this node like any client. With tokens on
 (``--auth-file``), every node's process needs ``SHARDMGR_NODE_TOKEN``: a
 token with the ``write`` role that every node's tokens file accepts. It is
-read once, at start. Forwarding speaks plain TCP; a node that serves TLS
-cannot forward yet (docs/cluster.md says what is left).
+read once, at start. With ``forward_ca`` (the ``[node]`` table) forwards
+use TLS, checking the writer's certificate against that CA and its host
+name; ``forward_cert``/``forward_key`` are presented to writers that
+require client certificates. Without ``forward_ca`` (or a certificate)
+forwards are plain TCP, and a writer that serves TLS cannot be reached.
 
 Threads: :meth:`Forwarder.handle` runs on connection threads, many at
 once. An RpcClient is used by one thread at a time: a thread takes one out
@@ -51,6 +54,7 @@ from typing import Any
 from common.wire.client import MAX_CLIENT_SECONDS, ConnectionLost, Reply, RpcClient, TlsFailed
 from common.wire.component import Request
 from common.wire.errors import Forbidden, ServiceError, Unauthenticated, Unavailable
+from common.wire.tls import client_context
 from shardmgr.cluster.config import NodeConfig
 from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable
 from shardmgr.store.client import APPEND_BYTES_PER_SECOND
@@ -85,6 +89,9 @@ class Forwarder:
         self.timeout_s = node.forward_timeout_s
         self.node_id = node_id
         self.token = (token if token is not None else os.environ.get(TOKEN_ENV)) or ""
+        tls = node.forward_ca is not None or node.forward_cert is not None
+        #: built once (ValueError naming a file that cannot be loaded); None: plain TCP
+        self.tls = client_context(node.forward_ca, node.forward_cert, node.forward_key) if tls else None
         self._lock = threading.Lock()
         self._idle: dict[str, list[RpcClient]] = {}
         self._closed = False
@@ -172,7 +179,7 @@ class Forwarder:
             if idle:
                 return idle.pop()
         return RpcClient(address, timeout=self.timeout_s, connect_timeout=min(CONNECT_TIMEOUT_S, self.timeout_s),
-                         retry_for=0.0, token=self.token)
+                         retry_for=0.0, token=self.token, tls=self.tls or False)
 
     def _put_back(self, address: str, client: RpcClient, reusable: bool) -> None:
         with self._lock:

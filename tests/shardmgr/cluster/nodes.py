@@ -56,15 +56,15 @@ join_timeout_s = 15.0
 
 def node(tmp_path: Path, node_id: str, config: ClusterConfig, *, hook: str | None = None,
          sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0, metrics_port: int | None = None,
-         flush_interval_ms: float = 5.0, extra: Sequence[str] = (), env: dict[str, str] | None = None
-         ) -> ServerProcess:
+         flush_interval_ms: float = 5.0, extra: Sequence[str] = (), env: dict[str, str] | None = None,
+         node_settings: str = "") -> ServerProcess:
     """A cluster node (not started) with data in ``tmp_path/node_id``; ``hook``: the uploader's test hook
     (with it, let the idle timer seal the shard, so that no client waits for a reply when the hook fires);
     ``metrics_port``: serve the metrics endpoint (and the cluster pages) there; ``extra``: more ``serve``
-    options; ``env``: more environment variables."""
+    options; ``env``: more environment variables; ``node_settings``: more lines of the ``[node]`` table."""
     settings = tmp_path / f"{node_id}.toml"
     settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s, idle_seal_s=idle_seal_s,
-                                        flush_interval_ms=flush_interval_ms))
+                                        flush_interval_ms=flush_interval_ms) + node_settings)
     variables = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
                  "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null", **(env or {})}
     if hook is not None:

@@ -13,7 +13,8 @@ connect_cluster").
 - With tokens on, a node forwards with ``SHARDMGR_NODE_TOKEN``; without it
   the writer refuses it, which the client sees as ``forward_denied``.
 - ``connect_cluster``: a dead member first in line is passed over; writes go
-  to the writer directly, and follow the role when it moves.
+  to the writer directly, and follow the role when it moves; an append
+  whose answer does not come is not sent again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import signal
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,7 @@ pytest.importorskip("boto3")
 pytest.importorskip("etcd3gw")
 
 import shardmgr  # noqa: E402
-from common.wire.client import RpcClient  # noqa: E402
+from common.wire.client import RpcClient, TimedOut  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.election import Election  # noqa: E402
 from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable  # noqa: E402
@@ -39,6 +41,7 @@ from shardmgr.errors import ShardmgrError  # noqa: E402
 from shardmgr.server.auth import add_token  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, wait_for  # noqa: E402
+from tests.shardmgr.server.certs import make_pki  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
 
@@ -50,6 +53,13 @@ def started() -> Iterator[list[ServerProcess]]:
     for proc in nodes:
         print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
         proc.kill()
+
+
+def start_all(started: list[ServerProcess], nodes: list[ServerProcess]) -> None:
+    """Start ``nodes`` at once (each start waits for its ready file), listed in ``started`` first."""
+    started.extend(nodes)
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(lambda proc: proc.start(), nodes))
 
 
 def cluster_stats(proc: ServerProcess, **options: str) -> dict[str, int]:
@@ -67,7 +77,7 @@ def test_writes_sent_to_a_non_writer_are_forwarded_to_the_writer_once(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
     n1 = node(tmp_path, "n1", cluster_config, flush_interval_ms=60_000)  # only a durable write makes it flush
     n2 = node(tmp_path, "n2", cluster_config)
-    started.extend([n1.start(), n2.start()])
+    start_all(started, [n1, n2])
     (first, first_ids), (second, second_ids), (third, third_ids) = batches(3)
     with StoreClient(n1.address) as writer, StoreClient(n2.address) as other:
         writer.create_collection("c", dim=DIM)  # created here: n1 campaigns and writes c
@@ -83,7 +93,8 @@ def test_writes_sent_to_a_non_writer_are_forwarded_to_the_writer_once(
         vectors = np.concatenate([first, second, third])
         assert np.array_equal(writer.get("c", refs), vectors)  # the refs name the writer's rows
         _, found_ids, found_refs = writer.search("c", third[:5], k=1)
-        assert found_ids[:, 0].tolist() == third_ids[:5].tolist() and found_refs[:, 0].tolist() == refs[-ROWS:][:5].tolist()
+        assert found_ids[:, 0].tolist() == third_ids[:5].tolist()
+        assert found_refs[:, 0].tolist() == refs[2 * ROWS:2 * ROWS + 5].tolist()
 
         assert other.delete("c", refs[:10], durable=True) == 10  # deletes are forwarded too
         assert other.delete_ids("c", second_ids[:5]) == 5
@@ -110,7 +121,7 @@ def test_writes_sent_to_a_non_writer_are_forwarded_to_the_writer_once(
 def test_a_killed_writer_gives_a_retryable_error_then_forwarding_resumes_to_the_next_writer(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
     nodes = [node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3)]
-    started.extend(proc.start() for proc in nodes)
+    start_all(started, nodes)
     n1, n2, n3 = nodes
     data = list(batches(4))
     with StoreClient(n1.address) as writer:
@@ -140,23 +151,30 @@ def test_a_killed_writer_gives_a_retryable_error_then_forwarding_resumes_to_the_
     assert cluster_stats(n2)["forwards_failed_total"] == 1
 
 
-def test_forwarding_with_tokens_uses_the_node_token(
+def test_forwarding_with_tokens_and_mutual_tls_uses_the_node_credentials(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    pki = make_pki(tmp_path / "pki")
     tokens = tmp_path / "tokens"
     node_token = add_token(tokens, "nodes", ["write"])
     client_token = add_token(tokens, "app", ["write", "read"])
-    auth = ("--auth-file", str(tokens))
-    n1 = node(tmp_path, "n1", cluster_config, extra=auth, env={"SHARDMGR_NODE_TOKEN": node_token})
-    n2 = node(tmp_path, "n2", cluster_config, extra=auth, env={"SHARDMGR_NODE_TOKEN": node_token})
-    n3 = node(tmp_path, "n3", cluster_config, extra=auth)  # no node token
-    started.extend([n1.start(), n2.start(), n3.start()])
+    secured = ("--auth-file", str(tokens), "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+               "--tls-client-ca", str(pki.ca))
+    forward_tls = (f'forward_ca = "{pki.ca}"\nforward_cert = "{pki.client_cert}"\n'
+                   f'forward_key = "{pki.client_key}"\n')
+    with_token = {"SHARDMGR_NODE_TOKEN": node_token}
+    nodes = [node(tmp_path, "n1", cluster_config, extra=secured, env=with_token, node_settings=forward_tls),
+             node(tmp_path, "n2", cluster_config, extra=secured, env=with_token, node_settings=forward_tls),
+             node(tmp_path, "n3", cluster_config, extra=secured, node_settings=forward_tls)]  # no node token
+    start_all(started, nodes)
+    n1, n2, n3 = nodes
     (first, first_ids), (second, second_ids) = batches(2)
-    with StoreClient(n1.address, token=client_token) as writer:
+    options = {"token": client_token, "ca": pki.ca, "client_cert": pki.client_cert, "client_key": pki.client_key}
+    with StoreClient(n1.address, **options) as writer:
         writer.create_collection("c", dim=DIM)
-        with StoreClient(n2.address, token=client_token) as other:
+        with StoreClient(n2.address, **options) as other:
             refs = other.append("c", first, first_ids, durable=True)
         assert np.array_equal(writer.get("c", refs), first)
-        with StoreClient(n3.address, token=client_token) as bare:
+        with StoreClient(n3.address, **options) as bare:
             with pytest.raises(ForwardDenied) as denied:
                 bare.append("c", second, second_ids)
         assert denied.value.code == "shardmgr.cluster.forward_denied"
@@ -175,7 +193,7 @@ def test_connect_cluster_passes_over_a_dead_member_and_writes_to_the_writer(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
     n1 = node(tmp_path, "n1", cluster_config)
     n2 = node(tmp_path, "n2", cluster_config)
-    started.extend([n1.start(), n2.start()])
+    start_all(started, [n1, n2])
     kv = Kv(cluster_config)  # a member whose process is gone (its key not yet expired)
     kv.put(cluster_config.key("members", "a-dead"), f'{{"node": "a-dead", "address": "{dead_address()}"}}'.encode())
     data = list(batches(3))
@@ -197,4 +215,11 @@ def test_connect_cluster_passes_over_a_dead_member_and_writes_to_the_writer(
         refs = np.concatenate([refs, client.append("c", *data[2])])
         assert np.array_equal(client.get("c", refs), np.concatenate([data[1][0], data[2][0]]))
         assert client.collection_info("c")["rows"] == 2 * ROWS  # reads moved to the live node too
+
+        second.signal(signal.SIGSTOP)  # an append sent, then no answer: it may apply later, so it is not retried
+        try:
+            with pytest.raises(TimedOut):
+                client.append("c", *data[0], timeout=0.5)
+        finally:
+            second.signal(signal.SIGCONT)
     kv.close()
