@@ -107,10 +107,13 @@ class Forwarder:
             if request.args.get(FORWARDED) is True:
                 raise  # one hop only: the sender answers this refusal
             address = refused.address
-            if address is None:
-                raise WriterUnreachable(f"{refused.message} (the writer is not a member just now: its lease is "
-                                        f"ending, or it is rejoining); nothing was written: retry, "
-                                        f"writer_address=unknown") from refused
+            if address is None:  # its writer key outlives its member key by an instant, or it is rejoining
+                with self._lock:
+                    self.counters["forwards_failed_total"] += 1
+                raise WriterUnreachable(f"{request.cmd}: node {self.node_id} could not forward this write: the "
+                                        f"collection's writer is not a member just now (its lease is ending, or "
+                                        f"it is rejoining); nothing was written; retry, writer_address=unknown"
+                                        ) from refused
         reply = self._forward(address, request)
         request.reply(reply.result, reply.parts)
 
