@@ -37,10 +37,10 @@ require client certificates. Without ``forward_ca`` (or a certificate)
 forwards are plain TCP, and a writer that serves TLS cannot be reached.
 
 Threads: :meth:`Forwarder.handle` runs on connection threads, many at
-once. An RpcClient is used by one thread at a time: a thread takes one out
-of the pool of its writer's address (or makes one) under ``_lock``, calls
-without the lock, and puts it back (at most POOL_IDLE idle per address;
-a client whose call failed is closed instead).
+once. Each forward borrows a connection to the writer from the
+forwarder's own :class:`Peers` pool (peers.py: one thread per connection
+at a time; a connection whose call failed is closed, not reused); the
+counters are under ``_lock``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from common.wire.errors import Forbidden, ServiceError, Unauthenticated, Unavail
 from common.wire.tls import client_context
 from shardmgr.cluster.config import NodeConfig
 from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable
+from shardmgr.cluster.peers import Peers
 from shardmgr.store.client import APPEND_BYTES_PER_SECOND
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,6 @@ FORWARDED = "forwarded"
 
 COMMANDS = frozenset({"shardmgr.append", "shardmgr.delete", "shardmgr.delete_ids"})
 """The commands a node forwards to the collection's writer."""
-
-POOL_IDLE = 4
-"""Idle connections kept per writer address; more threads than that open their own, closed after use."""
 
 CONNECT_TIMEOUT_S = 2.0
 """Longest a forward waits to connect (and authenticate) to the writer: a live writer answers in milliseconds."""
@@ -92,9 +90,9 @@ class Forwarder:
         tls = node.forward_ca is not None or node.forward_cert is not None
         #: built once (ValueError naming a file that cannot be loaded); None: plain TCP
         self.tls = client_context(node.forward_ca, node.forward_cert, node.forward_key) if tls else None
+        self._peers = Peers(timeout=self.timeout_s, connect_timeout=min(CONNECT_TIMEOUT_S, self.timeout_s),
+                            token=self.token, tls=self.tls or False)
         self._lock = threading.Lock()
-        self._idle: dict[str, list[RpcClient]] = {}
-        self._closed = False
         self.counters = {"writes_forwarded_total": 0, "forwards_failed_total": 0}
 
     def handle(self, request: Request, local: Callable[[Request], None]) -> None:
@@ -119,17 +117,11 @@ class Forwarder:
 
     def _forward(self, address: str, request: Request) -> Reply:
         """The writer's reply to ``request``, sent to ``address``; errors as the module docstring says."""
-        client = self._take(address)
-        done = False
-        try:
+        with self._peers.client(address) as client:
             self._connect(client, address, request.cmd)
             with self._lock:
                 self.counters["writes_forwarded_total"] += 1  # sent: the writer answers it, or may have
-            reply = self._call(client, address, request)
-            done = True
-            return reply
-        finally:
-            self._put_back(address, client, done)
+            return self._call(client, address, request)
 
     def _connect(self, client: RpcClient, address: str, cmd: str) -> None:
         """Connect now, so that a failure here is known to have sent nothing."""
@@ -160,8 +152,6 @@ class Forwarder:
     def _unreachable(self, address: str, cmd: str, what: str) -> WriterUnreachable:
         with self._lock:
             self.counters["forwards_failed_total"] += 1
-            for idle in self._idle.pop(address, []):  # likely as dead as this one
-                idle.close()
         log.warning("forwarding %s to the writer at %s failed: %s", cmd, address, what)
         return WriterUnreachable(f"{cmd}: node {self.node_id} could not forward this write to the collection's "
                                  f"writer: {what}; retry, writer_address={address}")
@@ -174,29 +164,6 @@ class Forwarder:
                              f"{token}: {e.code}: {e.message}; nothing was written (every node needs "
                              f"${TOKEN_ENV}, a token with the write role)")
 
-    # ------------------------------------------------------------------ pool
-
-    def _take(self, address: str) -> RpcClient:
-        with self._lock:
-            idle = self._idle.get(address)
-            if idle:
-                return idle.pop()
-        return RpcClient(address, timeout=self.timeout_s, connect_timeout=min(CONNECT_TIMEOUT_S, self.timeout_s),
-                         retry_for=0.0, token=self.token, tls=self.tls or False)
-
-    def _put_back(self, address: str, client: RpcClient, reusable: bool) -> None:
-        with self._lock:
-            idle = self._idle.setdefault(address, [])
-            if reusable and not self._closed and len(idle) < POOL_IDLE:
-                idle.append(client)
-                return
-        client.close()
-
     def close(self) -> None:
-        """Close every idle connection; calls still running close theirs when done."""
-        with self._lock:
-            self._closed = True
-            pools, self._idle = self._idle, {}
-        for idle in pools.values():
-            for client in idle:
-                client.close()
+        """Close every idle connection; forwards still running close theirs when done."""
+        self._peers.close()
