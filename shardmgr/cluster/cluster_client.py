@@ -47,6 +47,7 @@ from shardmgr.cluster.errors import CoordinationError, WriterElsewhere
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.membership import Member
 from shardmgr.store.client import StoreClient, Timeout
+from shardmgr.store.search import SearchResult
 
 T = TypeVar("T")
 
@@ -232,7 +233,8 @@ class ClusterClient:
         return self._client(address).compact(name, timeout)
 
     def search(self, name: str, queries: Any, k: int = 10, params: dict[str, int] | None = None,
-               timeout: Timeout = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               timeout: Timeout = ...) -> SearchResult:
+        """StoreClient.search on the reading node (which fans out across the cluster)."""
         return self._read(lambda c: c.search(name, queries, k, params, timeout))
 
     def get(self, name: str, refs: Any, timeout: Timeout = ...) -> np.ndarray:

@@ -215,6 +215,9 @@ def test_connect_cluster_passes_over_a_dead_member_and_writes_to_the_writer(
         refs = np.concatenate([refs, client.append("c", *data[2])])
         assert np.array_equal(client.get("c", refs), np.concatenate([data[1][0], data[2][0]]))
         assert client.collection_info("c")["rows"] == 2 * ROWS  # reads moved to the live node too
+        _, found_ids, found_refs = client.search("c", data[2][0][:3], k=1)
+        assert found_ids[:, 0].tolist() == data[2][1][:3].tolist()
+        assert found_refs[:, 0].tolist() == refs[ROWS:ROWS + 3].tolist()
 
         second.signal(signal.SIGSTOP)  # an append sent, then no answer: it may apply later, so it is not retried
         try:
