@@ -14,14 +14,17 @@ connect_cluster").
   the writer refuses it, which the client sees as ``forward_denied``.
 - ``connect_cluster``: a dead member first in line is passed over; writes go
   to the writer directly, and follow the role when it moves; an append
-  whose answer does not come is not sent again.
+  whose answer does not come is not sent again; a write refused with
+  ``writer_elsewhere`` (by a stand-in node, in process) is sent once more
+  to the address named, and no further.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,12 +36,16 @@ pytest.importorskip("etcd3gw")
 
 import shardmgr  # noqa: E402
 from common.wire.client import RpcClient, TimedOut  # noqa: E402
+from common.wire.component import Component, Request  # noqa: E402
+from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.election import Election  # noqa: E402
 from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.errors import ShardmgrError  # noqa: E402
 from shardmgr.server.auth import add_token  # noqa: E402
+from shardmgr.server.config import ServerConfig  # noqa: E402
+from shardmgr.server.server import Server  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, wait_for  # noqa: E402
 from tests.shardmgr.server.certs import make_pki  # noqa: E402
@@ -226,3 +233,57 @@ def test_connect_cluster_passes_over_a_dead_member_and_writes_to_the_writer(
         finally:
             second.signal(signal.SIGCONT)
     kv.close()
+
+
+class Refuser(Component):
+    """A stand-in node that refuses every append with WriterElsewhere naming ``target``."""
+
+    name = "refuser"
+
+    def __init__(self) -> None:
+        self.target = "unknown"
+        self.appends = 0
+
+    def commands(self) -> Iterable[str]:
+        return ["shardmgr.append"]
+
+    def handle(self, request: Request) -> None:
+        self.appends += 1
+        raise WriterElsewhere(f"collection {request.arg('name', str)!r} is written by another node, "
+                              f"writer_address={self.target}")
+
+
+def test_connect_cluster_sends_a_refused_write_once_more_to_the_address_the_refusal_names(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    n1 = node(tmp_path, "n1", cluster_config)
+    start_all(started, [n1])
+    refuser = Refuser()
+    stale = Server(ServerConfig(data_dir=tmp_path / "stale", port=0), [refuser])
+    stale.start()
+    try:
+        address = f"127.0.0.1:{stale.address[1]}"
+        kv = Kv(cluster_config)  # a member that refuses: what a node whose role just moved answers
+        kv.put(cluster_config.key("members", "a-stale"), json.dumps({"node": "a-stale", "address": address}).encode())
+        kv.close()
+        catalog = Catalog(cluster_config)  # collections no node writes yet
+        for name in ("c", "d"):
+            catalog.publish(CollectionMeta(name, DIM, "l2", "flat"))
+        catalog.kv.close()
+        with StoreClient(n1.address) as direct:
+            wait_for("n1 to know c and d", lambda: {"c", "d"} <= set(direct.collections()))
+        (first, first_ids), (second, second_ids) = batches(2)
+        with shardmgr.connect_cluster(cluster_config.etcd_url, prefer="a-stale") as client:
+            refuser.target = n1.address
+            refs = client.append("c", first, first_ids)  # no writer: sent to a-stale, refused, then to n1
+            assert refuser.appends == 1 and writer_of(cluster_config, "c") == "n1"
+            refs = np.concatenate([refs, client.append("c", second, second_ids)])  # straight to the writer now
+            assert refuser.appends == 1
+            with StoreClient(n1.address) as direct:  # (the client reads from a-stale, which serves no reads)
+                assert np.array_equal(direct.get("c", refs), np.concatenate([first, second]))
+
+            refuser.target = address  # a refusal naming the refuser itself: sent there once more, no further
+            with pytest.raises(WriterElsewhere):
+                client.append("d", first, first_ids)
+            assert refuser.appends == 3 and writer_of(cluster_config, "d") is None
+    finally:
+        stale.stop()
