@@ -11,6 +11,7 @@ Embedded::
 Over the network (``shardmgr serve``)::
 
     client = shardmgr.connect("127.0.0.1:7300")
+    client = shardmgr.connect_cluster("etcd://127.0.0.1:2379/prod")  # any node of a cluster
 
 The package: ``store/`` (the vector store, which runs embedded without any
 server), ``server/`` (``shardmgr serve``, the host of the store and the work
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from common.journal import FlusherConfig
+    from shardmgr.cluster.cluster_client import ClusterClient
     from shardmgr.store.client import StoreClient
     from shardmgr.store.config import StoreConfig
     from shardmgr.store.store import Store
@@ -74,3 +76,14 @@ def connect(address: str, **options: Any) -> StoreClient:
     from shardmgr.store.client import StoreClient
 
     return StoreClient(address, **options)
+
+
+def connect_cluster(url: str, **options: Any) -> ClusterClient:
+    """A client of the cluster at ``etcd://HOST:PORT/PREFIX`` (cluster mode,
+    docs/cluster.md): StoreClient's methods; it finds the live nodes in etcd,
+    moves to another when one fails, and sends writes to each collection's
+    writer. ``options``: ``prefer``, ``attempts``, ``etcd_timeout_s``, and
+    those of StoreClient (timeout, token, tls, ...). Needs the cluster extra."""
+    from shardmgr.cluster.cluster_client import ClusterClient
+
+    return ClusterClient(url, **options)

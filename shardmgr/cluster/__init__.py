@@ -16,10 +16,12 @@ collections (``catalog``), and a node's life: its writer roles (``roles``),
 upload on seal (``uploader``), upload of later deletes and built indexes
 (``extras_uploader``), retry pauses (``backoff``), the orphan sweep
 (``sweep``), and joining, the store's write gate and its thread (``node``);
-what an operator sees: one snapshot of it all (``status``), its live HTML
-page (``page``) and ``shardmgr cluster status`` (``commands``).
-``loopback`` starts real etcd and SeaweedFS servers on 127.0.0.1 for tests and
-benchmarks.
+the writes a node may not make, forwarded to the writer (``forwarding``);
+the client of a whole cluster, ``shardmgr.connect_cluster``
+(``cluster_client``); what an operator sees: one snapshot of it all
+(``status``), its live HTML page (``page``) and ``shardmgr cluster status``
+(``commands``). ``loopback`` starts real etcd and SeaweedFS servers on
+127.0.0.1 for tests and benchmarks.
 
 Needs the ``cluster`` extra (boto3, etcd3gw); importing this package does not
 import them, its modules do.

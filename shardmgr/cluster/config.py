@@ -179,6 +179,14 @@ class NodeConfig:
     cache_linger_s: float = 30.0
     #: a clean stop of a writer seals and publishes its shards for at most this long before leaving
     hand_off_s: float = 30.0
+    #: a write forwarded to the collection's writer waits this long for its answer (plus an allowance for
+    #: its bytes, as a client's append does), and this long at most to connect
+    forward_timeout_s: float = 30.0
+    #: forwards use TLS when set: the PEM CA file the writer's certificate is checked against (its host name too)
+    forward_ca: str | None = None
+    #: the PEM certificate and key a node presents when forwarding, to writers that require one (mutual TLS)
+    forward_cert: str | None = None
+    forward_key: str | None = None
 
     def validate(self) -> NodeConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
@@ -186,13 +194,16 @@ class NodeConfig:
             raise BadClusterConfig(f"lease_ttl_s must be a whole number of seconds >= {MIN_LEASE_TTL_S}, "
                                    f"got {self.lease_ttl_s!r}")
         for name in ("etcd_timeout_s", "scan_interval_s", "upload_retry_min_s", "upload_retry_max_s",
-                     "sweep_interval_s", "join_timeout_s", "hand_off_s"):
+                     "sweep_interval_s", "join_timeout_s", "hand_off_s",
+                     "forward_timeout_s"):
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")
         if not 0 <= self.sweep_grace_s < math.inf or self.upload_retry_max_s < self.upload_retry_min_s:
             raise BadClusterConfig("sweep_grace_s must be >= 0 and upload_retry_max_s >= upload_retry_min_s, got "
                                    f"{self.sweep_grace_s} and {self.upload_retry_max_s}")
+        if (self.forward_cert is None) != (self.forward_key is None):
+            raise BadClusterConfig("forward_cert and forward_key go together: give both or neither")
         if not isinstance(self.shard_id_block, int) or not 2 <= self.shard_id_block <= 1 << 16:
             raise BadClusterConfig(f"shard_id_block must be in 2..65536, got {self.shard_id_block!r}")
         if not isinstance(self.replicas, int) or not 1 <= self.replicas <= 16:

@@ -17,8 +17,9 @@ from common.wire.errors import BadRequest, Conflict, NotFound, Unavailable
 from shardmgr.errors import ShardmgrError
 
 __all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "LeaseLost",
-           "NodeIdTaken", "NotWriter", "WriterElsewhere", "ShardConflict", "ObjectStoreError", "ObjectStoreUnavailable",
-           "ObjectStoreDenied", "ObjectExists", "ObjectMissing", "ChecksumMismatch"]
+           "NodeIdTaken", "NotWriter", "WriterElsewhere", "WriterUnreachable", "ForwardDenied", "ShardConflict",
+           "ObjectStoreError", "ObjectStoreUnavailable", "ObjectStoreDenied", "ObjectExists", "ObjectMissing",
+           "ChecksumMismatch", "writer_address"]
 
 
 class ClusterError(ShardmgrError):
@@ -73,16 +74,40 @@ class WriterElsewhere(CoordinationError):
     """An append or delete reached a node that is not the collection's
     writer (another node holds the role); nothing was written. The message
     ends with ``writer_address=HOST:PORT`` (``unknown`` if the writer is not
-    a member just now): the node to send it to. Nodes do not forward writes
-    yet."""
+    a member just now): the node to send it to. A node forwards such writes
+    to the writer (forwarding.py); this reaches a client only for a request
+    that was already forwarded once (the role moved meanwhile)."""
 
     code = "shardmgr.cluster.writer_elsewhere"
 
     @property
     def address(self) -> str | None:
         """The writer's address from the message, or None if unknown."""
-        found = re.search(r"writer_address=(\S+)$", self.message)
-        return found.group(1) if found and found.group(1) != "unknown" else None
+        return writer_address(self.message)
+
+
+class WriterUnreachable(ClusterError, Unavailable):
+    """A node could not forward a write to the collection's writer (refused,
+    timed out, the connection broke, or the writer is not a member just
+    now). Retry. The message says whether the write may have applied (only
+    if the forwarded request was sent and its answer lost: treat that as any
+    lost reply) and ends with ``writer_address=HOST:PORT`` (or ``unknown``)."""
+
+    code = "shardmgr.cluster.writer_unreachable"
+
+    @property
+    def address(self) -> str | None:
+        """The writer's address from the message, or None if unknown."""
+        return writer_address(self.message)
+
+
+class ForwardDenied(ClusterError):
+    """The writer refused the forwarding node's own credentials (no token,
+    a wrong one, or one without the ``write`` role: see SHARDMGR_NODE_TOKEN
+    in docs/cluster.md); nothing was written. Not retryable until the nodes'
+    configuration is fixed."""
+
+    code = "shardmgr.cluster.forward_denied"
 
 
 class ShardConflict(CoordinationError, Conflict):
@@ -137,3 +162,9 @@ class ShardsUnavailable(ClusterError, Unavailable):
     Nothing is wrong with the data: retry."""
 
     code = "shardmgr.cluster.shards_unavailable"
+
+
+def writer_address(message: str) -> str | None:
+    """The ``writer_address=HOST:PORT`` a message ends with, or None (absent or ``unknown``)."""
+    found = re.search(r"writer_address=(\S+)$", message)
+    return found.group(1) if found and found.group(1) != "unknown" else None

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import etcd3gw
 import requests
 from etcd3gw import exceptions as etcd_exceptions
 
-from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.errors import CoordinationError, CoordinationUnavailable
 
 #: etcd3gw's errors that mean "try again later" rather than "refused"
@@ -118,10 +117,23 @@ def delete_op(key: str) -> dict[str, Any]:
     return {"request_delete_range": {"key": encode(key)}}
 
 
+class EtcdEndpoint(Protocol):
+    """What a Kv needs of its config: a ClusterConfig, or the endpoint of a client (cluster_client.py)."""
+
+    @property
+    def etcd_host(self) -> str: ...
+
+    @property
+    def etcd_port(self) -> int: ...
+
+    @property
+    def etcd_timeout_s(self) -> float: ...
+
+
 class Kv:
     """A client of the cluster's etcd (one HTTP session; use from one thread at a time)."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: EtcdEndpoint) -> None:
         self.config = config
         self.endpoint = f"{config.etcd_host}:{config.etcd_port}"
         # api_path given: no discovery round-trip; /v3/ is etcd >= 3.4's gateway

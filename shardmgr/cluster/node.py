@@ -70,6 +70,7 @@ from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
 from shardmgr.cluster.extras_uploader import ExtrasUploader
+from shardmgr.cluster.forwarding import Forwarder
 from shardmgr.cluster.holdings import Holdings
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
@@ -135,6 +136,7 @@ class ClusterNode:
         self.uploader = Uploader(config, self.node, store, self.objects, self._fenced)
         self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
                                      self._wake.set)
+        self.forwarder = Forwarder(self.node, self.node_id)  # the server hands it to the store's service
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side (the server hands it to the store service) and the holder keys
@@ -212,7 +214,7 @@ class ClusterNode:
             log.warning("leaving the cluster cleanly failed (the lease ends it): %s", e)
         self.lease.close(revoke=True)
         for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
-                         self.objects):
+                         self.objects, self.forwarder):
             closable.close()
         log.info("left the cluster (%s)", self.node_id)
 
@@ -240,7 +242,8 @@ class ClusterNode:
 
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
-                **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters}
+                **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters,
+                **self.forwarder.counters}
 
     # ----------------------------------------------------- the store's gate
 

@@ -139,7 +139,7 @@ class WriterRoles:
                                           f"{writer.lease:x}, which expires within {self.config.lease_ttl_s} s; retry")
         address = self._address(writer.node_id)
         raise WriterElsewhere(f"collection {name!r} is written by node {writer.node_id}, not by this node "
-                              f"({self.node_id}); nodes do not forward writes yet: send them to the writer, "
+                              f"({self.node_id}); send it to the writer, "
                               f"writer_address={address or 'unknown'}")
 
     def _address(self, node_id: str) -> str | None:

@@ -97,6 +97,7 @@ class Server:
             self.cluster = node.ClusterNode(cluster, config.node, services[0].store,
                                             config.node_id or node.default_node_id(config.data_dir))
             services[0].router = self.cluster.query  # searches and gets go across the cluster
+            services[0].forwarder = self.cluster.forwarder  # writes go to their writer
         self._routes: dict[str, Component] = {}
         for component in self.components:
             for cmd in component.commands():

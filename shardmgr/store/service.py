@@ -7,7 +7,8 @@ thread: searches and gets read snapshots concurrently (faiss releases the
 GIL), appends take the store's write lock, and an append with ``durable``
 waits on that thread for the flush that covers it (a few milliseconds), so
 replies keep their meaning: when the client sees the refs, the rows are on
-disk.
+disk. In cluster mode a ``forwarder`` serves appends and deletes: it sends
+those this node may not make to the collection's writer.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ class Router(Protocol):
     def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
+class WriteForwarder(Protocol):
+    """Cluster mode's forwarding of writes this node may not make (shardmgr/cluster/forwarding.py)."""
+
+    commands: frozenset[str]
+
+    def handle(self, request: Request, local: Callable[[Request], None]) -> None:
+        """Serve ``request`` with ``local``, or send it on to the node that may write it."""
+
+
 class StoreService(Component):
     name = "shardmgr"
 
@@ -57,6 +67,8 @@ class StoreService(Component):
         }
         #: cluster mode: searches go through the cluster (None: this store alone)
         self.router: Router | None = None
+        #: cluster mode: the writes this node is refused go to the collection's writer through it; None otherwise
+        self.forwarder: WriteForwarder | None = None
 
     def commands(self) -> Iterable[str]:
         return self._handlers
@@ -74,6 +86,9 @@ class StoreService(Component):
         return dict(self.store.stats())
 
     def handle(self, request: Request) -> None:
+        if self.forwarder is not None and request.cmd in self.forwarder.commands:
+            self.forwarder.handle(request, self._handlers[request.cmd])
+            return
         self._handlers[request.cmd](request)
 
     def _create(self, request: Request) -> None:

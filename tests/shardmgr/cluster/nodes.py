@@ -10,7 +10,7 @@ SeaweedFS, under the test's own key and object prefixes, with tiny shards
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +34,8 @@ DIM = 8
 ROWS = 50  # per batch: 1,600 bytes, so a shard (seal_bytes 4,096) takes two and the third seals it
 
 SETTINGS = """
+flush_interval_ms = {flush_interval_ms}
+
 [store]
 seal_bytes = 4096
 extent_bytes = 4096
@@ -53,21 +55,25 @@ join_timeout_s = 15.0
 
 
 def node(tmp_path: Path, node_id: str, config: ClusterConfig, *, hook: str | None = None,
-         sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0, metrics_port: int | None = None) -> ServerProcess:
+         sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0, metrics_port: int | None = None,
+         flush_interval_ms: float = 5.0, extra: Sequence[str] = (), env: dict[str, str] | None = None,
+         node_settings: str = "") -> ServerProcess:
     """A cluster node (not started) with data in ``tmp_path/node_id``; ``hook``: the uploader's test hook
     (with it, let the idle timer seal the shard, so that no client waits for a reply when the hook fires);
-    ``metrics_port``: serve the metrics endpoint (and the cluster pages) there."""
+    ``metrics_port``: serve the metrics endpoint (and the cluster pages) there; ``extra``: more ``serve``
+    options; ``env``: more environment variables; ``node_settings``: more lines of the ``[node]`` table."""
     settings = tmp_path / f"{node_id}.toml"
-    settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s, idle_seal_s=idle_seal_s))
-    env = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY, "AWS_CONFIG_FILE": "/dev/null",
-           "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s, idle_seal_s=idle_seal_s,
+                                        flush_interval_ms=flush_interval_ms) + node_settings)
+    variables = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
+                 "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null", **(env or {})}
     if hook is not None:
-        env[TEST_HOOK_ENV] = hook
+        variables[TEST_HOOK_ENV] = hook
     assert config.s3_endpoint is not None
     metrics = ("--metrics-port", str(metrics_port)) if metrics_port is not None else ()
     return ServerProcess(tmp_path / node_id, "--config", str(settings), "--cluster", config.etcd_url,
                          "--object-store", config.s3_url, "--s3-endpoint", config.s3_endpoint, "--node-id", node_id,
-                         *metrics, env=env)
+                         *metrics, *extra, env=variables)
 
 
 def bucket(config: ClusterConfig) -> ObjectStore:

@@ -3,8 +3,9 @@ and SeaweedFS (docs/cluster.md, "A node in a cluster").
 
 - A writer's sealed shards are uploaded, checked and published; their
   objects match the files on its disk byte for byte (crc32c). A second node
-  knows the collection, refuses appends naming the writer's address, and a
-  clean stop leaves membership at once.
+  knows the collection, refuses an append already forwarded once naming the
+  writer's address (test_forwarding.py tests the forwarding), and a clean
+  stop leaves membership at once.
 - An object store down for a while: appends go on, uploads are retried
   and succeed once it is back.
 - A writer SIGKILLed between the uploads of a shard and its publish: after a
@@ -13,7 +14,7 @@ and SeaweedFS (docs/cluster.md, "A node in a cluster").
   timer seals the shard, so no client is waiting for a reply when it fires.)
 - A writer SIGSTOPped past its lease, just before a publish: another node
   takes the role and publishes; the old one, resumed, is refused by the
-  fence, steps down, and then refuses appends naming the new writer.
+  fence, steps down, and then forwards appends to the new writer.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from common.wire.client import RpcClient  # noqa: E402
 from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.errors import CoordinationUnavailable, WriterElsewhere  # noqa: E402
+from shardmgr.cluster.errors import CoordinationUnavailable, WriterElsewhere, WriterUnreachable  # noqa: E402
 from shardmgr.cluster.membership import Membership  # noqa: E402
 from shardmgr.cluster.objects import file_crc32c  # noqa: E402
 from shardmgr.errors import CollectionConflict  # noqa: E402
@@ -105,8 +106,8 @@ def test_sealed_shards_are_published_with_matching_objects_and_other_nodes_refus
         with pytest.raises(CollectionConflict, match="dim 8"):
             other.create_collection("c", dim=DIM + 1)
         vectors, ids = next(batches(1, seed=99))
-        with pytest.raises(WriterElsewhere) as refused:
-            other.append("c", vectors, ids)
+        with pytest.raises(WriterElsewhere) as refused:  # a forwarded request is not forwarded again
+            other.rpc.call("shardmgr.append", {"name": "c", "forwarded": True}, {"vectors": vectors, "ids": ids})
         assert refused.value.code == "shardmgr.cluster.writer_elsewhere"
         assert refused.value.address == n1.address
         assert "node n1" in str(refused.value)
@@ -187,7 +188,7 @@ def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
             try:
                 for vectors, ids in batches(3, seed=1000):  # seals a shard of n2's
                     other.append("c", vectors, ids, durable=True)
-            except WriterElsewhere as e:  # n1's key lives until its lease's TTL has passed
+            except WriterUnreachable as e:  # n1's key lives until its lease's TTL has passed; n2 forwards to it
                 assert e.address in (n1.address, None)  # None: its member key went an instant before
                 return False
         return True
@@ -203,11 +204,12 @@ def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
     n1.wait_log("stepped down as writer of c")
     assert {e.writer for e in published(cluster_config, "c").values()} == {"n2"}
 
+    vectors, ids = next(batches(1, seed=2000))
+
     def refused_by_n1() -> str | None:
-        with StoreClient(n1.address) as client:
-            vectors, ids = next(batches(1, seed=2000))
+        with RpcClient(n1.address) as rpc:  # marked as forwarded once: n1 must refuse it, not write it
             try:
-                client.append("c", vectors, ids)
+                rpc.call("shardmgr.append", {"name": "c", "forwarded": True}, {"vectors": vectors, "ids": ids})
             except CoordinationUnavailable:  # rejoining with a new lease
                 return None
             except WriterElsewhere as e:
@@ -216,5 +218,8 @@ def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
 
     assert wait_for("n1 to refuse appends naming n2", refused_by_n1) == n2.address
     assert members(cluster_config) == {"n1": n1.address, "n2": n2.address}
-    with StoreClient(n1.address) as client:  # its unpublished shard stays on its disk
+    with StoreClient(n1.address) as client:  # a plain append is forwarded to n2; n1's unpublished shard stays
+        refs = client.append("c", vectors, ids)
         assert client.collection_info("c")["rows"] == 2 * ROWS
+    with StoreClient(n2.address) as other:
+        assert other.ids("c", refs).tolist() == ids.tolist() and other.collection_info("c")["rows"] == 4 * ROWS
