@@ -29,8 +29,9 @@ The rules, for ``shardmgr.append``, ``shardmgr.delete`` and
 
 Credentials: the writer checks this node like any client. With tokens on
 (``--auth-file``), every node's process needs ``SHARDMGR_NODE_TOKEN``: a
-token with the ``write`` role that every node's tokens file accepts. It is
-read once, at start. With ``forward_ca`` (the ``[node]`` table) forwards
+token with the ``read`` and ``write`` roles that every node's tokens file
+accepts (``read``: the searches and gets a node asks of the others, which
+use the same credentials: query.py). It is read once, at start. With ``forward_ca`` (the ``[node]`` table) forwards
 use TLS, checking the writer's certificate against that CA and its host
 name; ``forward_cert``/``forward_key`` are presented to writers that
 require client certificates. Without ``forward_ca`` (or a certificate)

@@ -61,7 +61,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import crc32c
 
@@ -113,8 +112,7 @@ def cluster_store_config(store: StoreConfig) -> StoreConfig:
 class ClusterNode:
     """This process as a node of the cluster ``config`` (module docstring)."""
 
-    def __init__(self, config: ClusterConfig, node: NodeConfig, store: Store, node_id: str,
-                 peer_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: ClusterConfig, node: NodeConfig, store: Store, node_id: str) -> None:
         self.config = config
         self.node = node.validate()
         self.node_id = check_node_id(node_id)
@@ -140,8 +138,9 @@ class ClusterNode:
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side (the server hands it to the store service) and the holder keys
+        # searches and gets of other nodes present the node's credentials, as forwards do
         self.query = QueryRouter(config, self.node, self.node_id, store, self.objects, lambda: self.lease,
-                                 peer_options)
+                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False})
         self.holdings = Holdings(config, self.node_id, self._all_published)
         self.roles.on_tenure = self.holdings.tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}

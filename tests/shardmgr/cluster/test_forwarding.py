@@ -162,7 +162,7 @@ def test_forwarding_with_tokens_and_mutual_tls_uses_the_node_credentials(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
     pki = make_pki(tmp_path / "pki")
     tokens = tmp_path / "tokens"
-    node_token = add_token(tokens, "nodes", ["write"])
+    node_token = add_token(tokens, "nodes", ["read", "write"])
     client_token = add_token(tokens, "app", ["write", "read"])
     secured = ("--auth-file", str(tokens), "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
                "--tls-client-ca", str(pki.ca))
@@ -180,6 +180,10 @@ def test_forwarding_with_tokens_and_mutual_tls_uses_the_node_credentials(
         writer.create_collection("c", dim=DIM)
         with StoreClient(n2.address, **options) as other:
             refs = other.append("c", first, first_ids, durable=True)
+            # n2's get and search ask n1 (which holds these rows) with the node's credentials too
+            assert np.array_equal(other.get("c", refs), first)
+            found = other.search("c", first[:3], k=1)
+            assert not found.partial and np.array_equal(found.refs[:, 0], refs[:3])
         assert np.array_equal(writer.get("c", refs), first)
         with StoreClient(n3.address, **options) as bare:
             with pytest.raises(ForwardDenied) as denied:
