@@ -230,6 +230,9 @@ def main() -> None:
     parser.add_argument("--seal-mib", type=int, default=16, help="fanout, takeover: shard size (seal_bytes), MiB")
     parser.add_argument("--seconds", type=float, default=3.0, help="fanout: seconds of searches per measurement")
     parser.add_argument("--nq", default="1,100", help="fanout: queries per call, comma-separated")
+    parser.add_argument("--node-threads", type=int, default=0,
+                        help="fanout, takeover: OMP_NUM_THREADS of each cluster node (0: faiss's default, every "
+                             "core); the plain node keeps the default")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.nq = [int(n) for n in args.nq.split(",") if n.strip()]

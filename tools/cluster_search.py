@@ -57,6 +57,7 @@ idle_seal_s = 1.0
 
 [node]
 lease_ttl_s = {ttl}
+etcd_timeout_s = 1.0
 scan_interval_s = 0.5
 cache_linger_s = 1.0
 join_timeout_s = 30.0
@@ -125,7 +126,8 @@ def prepare_search(bench: Bench, args: argparse.Namespace) -> None:
     settings.write_text(SETTINGS.format(seal_bytes=args.seal_mib << 20, ttl=TTL_S))
     cluster = ["--cluster", config.etcd_url, "--object-store", config.s3_url, "--s3-endpoint",
                str(config.s3_endpoint)]
-    nodes = {name: Node(directory, name, settings, [*cluster, "--node-id", name], bench.env)
+    threads = {"OMP_NUM_THREADS": str(args.node_threads)} if args.node_threads else {}
+    nodes = {name: Node(directory, name, settings, [*cluster, "--node-id", name], {**bench.env, **threads})
              for name in ("n1", "n2", "n3")}
     nodes["one"] = Node(directory, "one", settings, [], {})
     search = bench.state[SEARCH] = Search(config, objects, nodes,
