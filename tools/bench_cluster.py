@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +69,7 @@ from cluster_search import (
     takeover_cases,
 )
 from emit import emit  # tools/emit.py, beside this file
+from provenance import commit, load
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -204,21 +204,6 @@ def jsonable(results: dict[str, Any]) -> dict[str, Any]:
     return {**results, "rows": rows}
 
 
-def _commit() -> str:
-    """The commit of the tree measured, '+' if it has local changes."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path(os.environ.get("BENCH_DIR") or Path.cwd()))
@@ -247,14 +232,14 @@ def main() -> None:
         parser.error("--runs must be at least 1 and every size at least 1 MiB")
     directory = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir=args.dir))
     args.search_layout = None
-    settings = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": _commit(), "runs": args.runs,
+    settings = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "runs": args.runs,
                 "phases": args.phases, "sizes_MiB": [s // MiB for s in args.sizes], "dir": str(args.dir),
-                "cpus": os.cpu_count(), "load_before": _load()}
+                "cpus": os.cpu_count(), "load_before": load()}
     try:
         rows = measure(args, directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    results = {"settings": {**settings, "load_after": _load(), "search_layout": args.search_layout}, "rows": rows}
+    results = {"settings": {**settings, "load_after": load(), "search_layout": args.search_layout}, "rows": rows}
     emit(jsonable(results) if args.json else results, args.json, show)
 
 

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from typing import Any
 
 from emit import emit  # tools/emit.py, beside this file
 from measure import PAYLOAD, RESULT, WORKERS, Phases, Producers, measure_phases, measure_producers
 from peers import PEERS, PRODUCER_PEERS
+from provenance import commit
 from rich.console import Console
 from rich.table import Table
 from rounds import Spread, interleave, ratio, summarise
@@ -77,17 +77,6 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _commit() -> str:
-    """The commit of the tree measured (the CWD: ``shardmgr serve`` imports from there), '+' if modified."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-
-
 def _summaries(configs: list[Any], runs: list[list[dict[str, float]]]) -> list[dict[str, Any]]:
     return [{**vars(c), "system": PEERS[c.peer].name, "summary": summarise(r), "runs": r}
             for c, r in zip(configs, runs)]
@@ -103,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return measure_phases(config) if isinstance(config, Phases) else measure_producers(config)
 
     runs = interleave(configs, args.runs, measure)
-    settings = {"tree": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": args.runs,
+    settings = {"tree": commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "runs": args.runs,
                 "payload_B": PAYLOAD, "result_B": RESULT, "workers": WORKERS, "producer_seconds": args.producer_seconds}
     return {"settings": settings,
             "phases": _summaries(phases, runs[: len(phases)]),

@@ -56,6 +56,7 @@ from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.mirror import ClusterMirror, ClusterState, serving_value
 from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.placement import owners
 from shardmgr.cluster.shard_map import ShardObject
 from shardmgr.errors import ShardmgrError, UnknownCollection
@@ -119,19 +120,8 @@ class ShardCache:
     # ---------------------------------------------------------- the thread
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.node.scan_interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self._pass(self.mirror.state())
-            except ClusterError as e:
-                log.warning("shard cache: %s (retried)", e)
-                self._stop.wait(1.0)
-            except Exception:
-                log.exception("shard cache: a pass failed (retried)")
-                self._stop.wait(1.0)
+        run_passes(self._stop, self._wake, self.node.scan_interval_s, lambda: self._pass(self.mirror.state()),
+                   "shard cache")
 
     def _pass(self, state: ClusterState) -> None:
         if not self.address:

@@ -75,6 +75,7 @@ from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.membership import Membership
 from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.query import QueryRouter
 from shardmgr.cluster.roles import WriterRoles
 from shardmgr.cluster.shard_map import ShardMap
@@ -89,8 +90,6 @@ log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 5.0
 """How long a clean stop waits for the node's thread (an upload under way) before going on."""
-ERROR_PAUSE_S = 1.0
-"""The node's thread's pause after a pass failed unexpectedly."""
 
 
 def default_node_id(data_dir: Path) -> str:
@@ -341,19 +340,7 @@ class ClusterNode:
     # ---------------------------------------------------------- the thread
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.node.scan_interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self._pass()
-            except ClusterError as e:
-                log.warning("cluster node %s: %s (retried)", self.node_id, e)
-                self._stop.wait(ERROR_PAUSE_S)
-            except Exception:
-                log.exception("cluster node %s: a pass failed (retried)", self.node_id)
-                self._stop.wait(ERROR_PAUSE_S)
+        run_passes(self._stop, self._wake, self.node.scan_interval_s, self._pass, f"cluster node {self.node_id}")
 
     def _pass(self) -> None:
         if self.address is None:

@@ -10,6 +10,7 @@ that need a server are skipped, with the reason.
 from __future__ import annotations
 
 import importlib.util
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,3 +110,17 @@ def three_nodes(cluster_config: ClusterConfig, tmp_path: Path) -> Iterator[list[
             print(f"--- log of {proc.data_dir.name} ---", *proc.log[-40:], sep="\n")
             if proc.alive():
                 proc.kill()
+
+
+@pytest.fixture
+def started() -> Iterator[list[ServerProcess]]:
+    """Nodes (``shardmgr serve`` processes) a test starts: each is killed at
+    the end (resumed first if stopped), and its log's tail printed (shown if
+    the test failed)."""
+    nodes: list[ServerProcess] = []
+    yield nodes
+    for proc in nodes:
+        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-80:], sep="\n")
+        if proc.alive():
+            proc.signal(signal.SIGCONT)
+            proc.kill()

@@ -27,16 +27,6 @@ from tests.shardmgr.cluster.nodes import DIM, batches, node, search, wait_for  #
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
 
-@pytest.fixture
-def started() -> list[ServerProcess]:
-    nodes: list[ServerProcess] = []
-    yield nodes
-    for proc in nodes:
-        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-40:], sep="\n")
-        if proc.alive():
-            proc.kill()
-
-
 def cached(proc: ServerProcess, collection: str, shard_id: int, name: str) -> Path:
     return proc.data_dir / "cluster-cache" / "shards" / collection / f"{shard_id:08d}" / name
 

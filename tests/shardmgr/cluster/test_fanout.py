@@ -49,14 +49,6 @@ from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 K = 7  # nodes.search's k
 
 
-@pytest.fixture
-def started() -> list[ServerProcess]:
-    nodes: list[ServerProcess] = []
-    yield nodes
-    for proc in nodes:
-        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
-        if proc.alive():
-            proc.kill()
 
 
 def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,16 +50,6 @@ from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, wait_for  # noqa: E402
 from tests.shardmgr.server.certs import make_pki  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    """Nodes a test starts; each is killed at the end."""
-    nodes: list[ServerProcess] = []
-    yield nodes
-    for proc in nodes:
-        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-60:], sep="\n")  # shown if the test failed
-        proc.kill()
 
 
 def start_all(started: list[ServerProcess], nodes: list[ServerProcess]) -> None:

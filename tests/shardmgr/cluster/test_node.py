@@ -51,18 +51,6 @@ from tests.shardmgr.cluster.nodes import (  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
 
-@pytest.fixture
-def started() -> list[ServerProcess]:
-    """Nodes a test starts; each is killed at the end (resumed first if stopped)."""
-    nodes: list[ServerProcess] = []
-    yield nodes
-    for proc in nodes:
-        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-80:], sep="\n")  # shown if the test failed
-        if proc.alive():
-            proc.signal(signal.SIGCONT)
-            proc.kill()
-
-
 def members(config: ClusterConfig) -> dict[str, str]:
     return {m.node_id: m.address for m in Membership(config).members()[0]}
 

@@ -11,8 +11,6 @@ its delete log in its entry, and gets no deletes key for it.
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -33,18 +31,6 @@ from shardmgr.store.client import StoreClient  # noqa: E402
 from shardmgr.store.deletes import DeleteLog  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, bucket, node, published, wait_for  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    """Nodes a test starts; each is killed at the end."""
-    nodes: list[ServerProcess] = []
-    yield nodes
-    for proc in nodes:
-        print(f"--- log of {proc.data_dir.name} ---", *proc.log[-80:], sep="\n")  # shown if the test failed
-        if proc.alive():
-            proc.signal(signal.SIGCONT)
-            proc.kill()
 
 
 def deleted_rows(objects: ObjectStore, obj: ShardObject, where: Path) -> list[int]:
