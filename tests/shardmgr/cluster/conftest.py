@@ -92,12 +92,11 @@ def three_nodes(cluster_config: ClusterConfig, tmp_path: Path) -> Iterator[list[
     """Real nodes n1 (the writer of "docs": 4 published shards of batches(9, seed=11), one batch growing), n2
     and n3, every published shard served by its owner; killed at the end."""
     from shardmgr.store.client import StoreClient  # here: nodes.py needs the cluster extra (boto3)
-    from tests.shardmgr.cluster.nodes import DIM, batches, node, published, served_by_owners, wait_for
+    from tests.shardmgr.cluster.nodes import DIM, batches, node, published, served_by_owners, start_all, wait_for
 
     nodes = [node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3)]
     try:
-        for proc in nodes:
-            proc.start()
+        start_all([], nodes)
         with StoreClient(nodes[0].address) as client:
             client.create_collection("docs", dim=DIM)
             for vectors, ids in batches(9, seed=11):

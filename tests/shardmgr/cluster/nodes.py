@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -126,3 +127,10 @@ def search(address: str, queries: np.ndarray, collection: str = "docs", k: int =
     """One search through a fresh client of the node at ``address``."""
     with StoreClient(address) as client:
         return client.search(collection, queries, k=k)
+
+
+def start_all(started: list[ServerProcess], nodes: list[ServerProcess]) -> None:
+    """Start ``nodes`` at once (each start waits for its ready file), listed in ``started`` first."""
+    started.extend(nodes)
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(lambda proc: proc.start(), nodes))

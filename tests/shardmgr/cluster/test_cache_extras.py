@@ -23,7 +23,7 @@ from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
 from shardmgr.cluster.objects import file_crc32c  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, search, wait_for  # noqa: E402
+from tests.shardmgr.cluster.nodes import DIM, batches, node, search, start_all, wait_for  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
 
@@ -35,8 +35,7 @@ def test_the_cache_takes_the_writers_index_and_each_newer_delete_log(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
     name = next(c for c in (f"h{i}" for i in range(100)) if owners(["n1", "n2"], c, 1) == ["n2"])  # n2 caches 1
     n1, n2 = node(tmp_path, "n1", cluster_config), node(tmp_path, "n2", cluster_config)
-    for proc in (n1, n2):
-        started.append(proc.start())
+    start_all(started, [n1, n2])
     extras = ShardExtras(cluster_config)
     data = list(batches(3, seed=21))
     with StoreClient(n1.address) as client:

@@ -42,6 +42,7 @@ from tests.shardmgr.cluster.nodes import (  # noqa: E402
     published,
     search,
     served_by_owners,
+    start_all,
     wait_for,
 )
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
@@ -59,9 +60,8 @@ def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarra
 
 def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
-    n1, n2, n3 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3))
-    for proc in (n1, n2, n3):
-        started.append(proc.start())
+    n1, n2, n3 = nodes = [node(tmp_path, f"n{i}", cluster_config) for i in (1, 2, 3)]
+    start_all(started, nodes)
     with StoreClient(n1.address) as client:
         client.create_collection("docs", dim=DIM)
         for vectors, ids in batches(9, seed=5):  # two batches a shard: 4 sealed, one batch growing
@@ -112,9 +112,8 @@ def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
 
 def test_a_writer_stopped_cleanly_hands_off_and_searches_stay_complete(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
-    n1, n2 = (node(tmp_path, f"n{i}", cluster_config) for i in (1, 2))
-    for proc in (n1, n2):
-        started.append(proc.start())
+    n1, n2 = nodes = [node(tmp_path, f"n{i}", cluster_config) for i in (1, 2)]
+    start_all(started, nodes)
     rows = list(batches(3, seed=8))  # shard 1 sealed, shard 2 growing with one batch
     with StoreClient(n1.address) as client:
         client.create_collection("docs", dim=DIM)
@@ -133,8 +132,7 @@ def test_an_idle_writer_that_dies_costs_nothing_once_its_shards_are_taken_over(
         cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
     n1 = node(tmp_path, "n1", cluster_config, idle_seal_s=1.0)
     n2 = node(tmp_path, "n2", cluster_config)
-    for proc in (n1, n2):
-        started.append(proc.start())
+    start_all(started, [n1, n2])
     with StoreClient(n1.address) as client:
         client.create_collection("docs", dim=DIM)
         for vectors, ids in batches(4, seed=6):  # shard 1 sealed; shard 2 sealed by the idle timer

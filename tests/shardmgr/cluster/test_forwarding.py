@@ -25,7 +25,6 @@ import json
 import signal
 import socket
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -47,16 +46,9 @@ from shardmgr.server.auth import add_token  # noqa: E402
 from shardmgr.server.config import ServerConfig  # noqa: E402
 from shardmgr.server.server import Server  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, wait_for  # noqa: E402
+from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, start_all, wait_for  # noqa: E402
 from tests.shardmgr.server.certs import make_pki  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
-
-
-def start_all(started: list[ServerProcess], nodes: list[ServerProcess]) -> None:
-    """Start ``nodes`` at once (each start waits for its ready file), listed in ``started`` first."""
-    started.extend(nodes)
-    with ThreadPoolExecutor(len(nodes)) as pool:
-        list(pool.map(lambda proc: proc.start(), nodes))
 
 
 def cluster_stats(proc: ServerProcess, **options: str) -> dict[str, int]:
