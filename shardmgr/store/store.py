@@ -48,6 +48,8 @@ from .seam import ClusterSeam, WriteGate
 from .search import SearchResult
 
 log = logging.getLogger(__name__)
+NO_GATE = contextlib.nullcontext()
+"""The write gate around a write when there is none (reusable: it holds no state)."""
 T = TypeVar("T")
 MAX_REWRITES = 10_000
 """Most rewrites one compact() call runs (each removes a shard or a share of deleted rows)."""
@@ -318,17 +320,20 @@ class Store(ClusterSeam):
             _wait_durable(tickets)
         return deleted
 
+    def _gated(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """The write gate around one write: ``writing`` before (it may refuse),
+        ``written`` after; without a gate, a shared no-op (a generator-based
+        context manager would add ~1.4 us to every append on the one-row path)."""
+        return NO_GATE if self.gate is None else self._around(self.gate, name)
+
+    @staticmethod
     @contextlib.contextmanager
-    def _gated(self, name: str) -> Iterator[None]:
-        """The write gate around one write: ``writing`` before (it may refuse), ``written`` after."""
-        if self.gate is None:
-            yield
-            return
-        self.gate.writing(name)
+    def _around(gate: WriteGate, name: str) -> Iterator[None]:
+        gate.writing(name)
         try:
             yield
         finally:
-            self.gate.written(name)
+            gate.written(name)
 
     def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored") -> T:
         """Run a write; a full disk becomes DiskFull, saying what ``stored`` of it."""
