@@ -37,13 +37,12 @@ from shardmgr.cluster.peers import Peers
 from shardmgr.cluster.routing import Ask, Plan, holder_missing, plan, shard_missing
 from shardmgr.cluster.shard_search import ShardSearch
 from shardmgr.store import batch, index
+from shardmgr.store.client import SEARCH_SECONDS_PER_VALUE  # a peer search's allowance, as a client's
 from shardmgr.store.search import Hits, SearchResult, merge
 from shardmgr.store.store import Store
 
 log = logging.getLogger(__name__)
 
-SEARCH_SECONDS_PER_VALUE = 1e-3
-"""A peer search's timeout allowance per query value, as the client's (shardmgr/store/client.py)."""
 THREADS = 16
 
 Answer = tuple[Hits, list[int]]

@@ -28,10 +28,8 @@ from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.routing import Plan
 from shardmgr.errors import UnknownRef
 from shardmgr.store import batch
+from shardmgr.store.client import GET_SECONDS_PER_ROW  # a peer get's allowance, as a client's
 from shardmgr.store.refs import split_refs
-
-GET_SECONDS_PER_ROW = 1e-3
-"""A peer get's timeout allowance per ref, as the client's (shardmgr/store/client.py)."""
 
 
 class Lookup:
