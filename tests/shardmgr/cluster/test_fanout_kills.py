@@ -23,11 +23,12 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("etcd3gw")
 
-from common.wire.errors import ServiceError  # noqa: E402
+from common.wire.client import RpcClient  # noqa: E402
+from common.wire.errors import BadRequest, ServiceError  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.errors import ShardsUnavailable  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
-from shardmgr.errors import UnknownRef  # noqa: E402
+from shardmgr.errors import UnknownCollection, UnknownRef  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from shardmgr.store.search import SearchResult  # noqa: E402
 from tests.cluster_servers import EtcdServer  # noqa: E402
@@ -63,11 +64,31 @@ def test_gets_from_every_node_then_a_query_node_then_the_writer_killed(three_nod
             with pytest.raises(UnknownRef):
                 client.get("docs", [99 << 40])  # a shard nobody has
 
+    bad_parts_of_a_search_change_nothing(three_nodes[1], vectors, refs)
     through = query_node_killed_mid_search(three_nodes)
 
     n1.kill()  # the writer: its growing shard (5) is on no other node
     with StoreClient(through.address) as client, pytest.raises(ShardsUnavailable, match="shard"):
         client.get("docs", refs[-1:])
+
+
+def bad_parts_of_a_search_change_nothing(proc: ServerProcess, vectors: np.ndarray, refs: np.ndarray) -> None:
+    """A node's part of a search or get, asked with garbage, is refused with
+    the single store's errors, and every row still answers as before."""
+    good = {"queries": vectors[:2], "exclude": np.zeros(0, np.int64)}
+    with RpcClient(proc.address) as rpc:
+        for args, parts in (({"shards": ["x"]}, good), ({"shards": [1]}, {**good, "queries": vectors[:2, :3]}),
+                            ({"shards": [1]}, {**good, "queries": np.full((1, DIM), np.nan, np.float32)}),
+                            ({"shards": [1]}, {**good, "exclude": np.zeros(2, np.float32)})):
+            with pytest.raises(BadRequest):
+                rpc.call("shardmgr.search_shards", {"name": "docs", "k": 3, **args}, parts)
+        with pytest.raises(BadRequest):
+            rpc.call("shardmgr.get_shards", {"name": "docs"}, {"refs": np.zeros(2, np.float32)})
+        with pytest.raises(UnknownCollection):
+            rpc.call("shardmgr.get_shards", {"name": "nope"}, {"refs": refs[:1]})
+    with StoreClient(proc.address) as client:
+        np.testing.assert_array_equal(client.get("docs", refs), vectors)
+        assert not client.search("docs", vectors[:3], k=1).partial
 
 
 def query_node_killed_mid_search(three_nodes: list[ServerProcess]) -> ServerProcess:

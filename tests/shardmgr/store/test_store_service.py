@@ -222,3 +222,22 @@ def test_a_real_failed_fdatasync_fails_a_durable_append(tmp_path: Path, flusher:
     finally:
         monkeypatch.undo()
         service.stop()
+
+
+@pytest.mark.parametrize("cmd, parts", [("shardmgr.search_shards", {"queries": np.ones((1, 4), np.float32),
+                                                                   "exclude": np.zeros(0, np.int64)}),
+                                        ("shardmgr.get_shards", {"refs": np.zeros(1, np.int64)})])
+def test_the_cluster_commands_are_refused_by_a_single_node_and_change_nothing(
+        tmp_path: Path, flusher: Flusher, cmd: str, parts: dict[str, np.ndarray]) -> None:
+    service = StoreService(tmp_path, StoreConfig(), flusher)
+    service.recover()
+    service.start()
+    try:
+        service.store.create_collection("c", 4)
+        service.handle(append_request(Answers(), durable=True))
+        answers = Answers()
+        with pytest.raises(BadRequest, match="cluster command"):
+            service.handle(Request(2, cmd, {"name": "c", "shards": [1]}, parts, answers))
+        assert answers.headers == [] and service.store.collection_info("c")["rows"] == 2
+    finally:
+        service.stop()
