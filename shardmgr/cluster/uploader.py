@@ -33,8 +33,9 @@ directory from before cluster mode) is logged as an error and not retried.
 
 Test hook (crash tests): with ``SHARDMGR_CLUSTER_TEST_HOOK`` set to
 ``before_publish:kill`` or ``before_publish:stop`` in its environment, the
-process sends itself SIGKILL or SIGSTOP once, after the uploads of a shard
-and just before its publish.
+uploading thread sends itself SIGKILL or SIGSTOP once (which stops or kills
+the whole process), after the uploads of a shard and just before its
+publish.
 """
 
 from __future__ import annotations
@@ -229,4 +230,6 @@ class Uploader:
                     sealed.shard_id, sealed.collection)
         for handler in logging.getLogger().handlers:
             handler.flush()
-        os.kill(os.getpid(), sig)
+        # to this thread, not the process: a process-directed SIGSTOP wakes the main thread to stop the
+        # group, and until it runs this thread goes on (a publish slipped through that way on 2 busy cores)
+        signal.pthread_kill(threading.get_ident(), sig)
