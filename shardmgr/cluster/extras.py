@@ -65,8 +65,8 @@ from shardmgr.cluster.kv import (
 )
 from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
 from shardmgr.cluster.watch import PrefixWatch, WatchEvent
-from shardmgr.store.collection import check_name
 from shardmgr.store.deletes import FILE as DELETES
+from shardmgr.store.names import check_name
 
 #: attempts of a deletes publish whose compare on the deletes key failed (our own lost answer: re-read)
 PUBLISH_ATTEMPTS = 5

@@ -43,7 +43,7 @@ from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import CoordinationError, NotWriter, ShardConflict
 from shardmgr.cluster.kv import Kv, put_op, range_op, same_create, same_lease, same_mod
-from shardmgr.store.collection import check_name
+from shardmgr.store.names import check_name
 from shardmgr.store.refs import MAX_SHARD
 
 #: attempts of a reservation whose compare on the ids key failed (a lost answer of our own, re-read)

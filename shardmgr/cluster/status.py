@@ -46,7 +46,7 @@ from shardmgr.cluster.membership import Member
 from shardmgr.cluster.objects import ObjectInfo, ObjectStore
 from shardmgr.cluster.placement import owners
 from shardmgr.cluster.shard_map import ShardEntry
-from shardmgr.store.collection import check_name
+from shardmgr.store.names import check_name
 
 #: what a holder that is not a live member and not clean means for its collection
 HOLDER_GONE = "rows unavailable until node returns"

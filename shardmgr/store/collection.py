@@ -21,7 +21,6 @@ rows in place, concurrently with appends.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 
 from common.journal import Flusher, Journal, Ticket
 from common.journal.filesystem import fsync_dir, make_dirs
-from shardmgr.errors import BadName, BadVectors, CollectionConflict, NeedsReopen, NoShardIds, RowDeleted
+from shardmgr.errors import BadVectors, CollectionConflict, NeedsReopen, NoShardIds, RowDeleted
 
 from . import index as indexes
 from . import lineage, metadata, rewrite
@@ -48,21 +47,6 @@ from .view import View, gather
 log = logging.getLogger(__name__)
 
 META_KIND = b"SMCO"
-MAX_NAME = 128
-"""Longest collection name, in characters."""
-NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}")
-"""The collection name alphabet: ASCII letters and digits, then also '.', '_' and '-'.
-A name becomes a directory name, so no separators, control characters or leading dots."""
-
-
-def check_name(name: Any) -> str:
-    """``name`` if it is a valid collection name (it becomes a directory name); else BadName."""
-    if not isinstance(name, str) or not NAME.fullmatch(name):  # fullmatch: "$" would accept "abc\n"
-        raise BadName(f"collection name must be 1-{MAX_NAME} of letters, digits, '.', '_' or '-' (not first), "
-                      f"got {name!r}")
-    return name
-
-
 class Collection:
     """One collection's metadata and shards."""
 

@@ -41,9 +41,10 @@ from common.journal.lockfile import LockFile
 from shardmgr.errors import DiskFull, UnknownCollection
 
 from . import batch, index, rewrite
-from .collection import Collection, check_name
+from .collection import Collection
 from .config import StoreConfig
 from .copies import copy_collections
+from .names import check_name
 from .seam import ClusterSeam, WriteGate
 from .search import SearchResult
 
