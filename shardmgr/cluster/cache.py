@@ -50,6 +50,7 @@ from pathlib import Path
 from common.journal import Flusher
 from common.journal.filesystem import fsync_dir, make_dirs, replace_atomically
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.errors import ClusterError
 from shardmgr.cluster.extras import deletes_object
 from shardmgr.cluster.kv import Kv
@@ -78,7 +79,8 @@ class ShardCache:
     """Fetches, serves and announces this node's share of the published shards (module docstring)."""
 
     def __init__(self, config: ClusterConfig, node: NodeConfig, node_id: str, store: Store, objects: ObjectStore,
-                 mirror: ClusterMirror, lease: Callable[[], NodeLease], flusher: Flusher) -> None:
+                 mirror: ClusterMirror, lease: Callable[[], NodeLease], flusher: Flusher,
+                 merger: DeletesMerger | None = None) -> None:
         self.config = config
         self.node = node
         self.node_id = node_id
@@ -86,6 +88,7 @@ class ShardCache:
         self.objects = objects
         self.mirror = mirror
         self._lease = lease
+        self.merger = merger  # merges newer published deletes into the shards of the node's own store
         self.cache = Store(store.data_dir / CACHE_DIR, store.config, flusher=flusher)
         self.address = ""
         self._kv = Kv(config)
@@ -126,6 +129,8 @@ class ShardCache:
     def _pass(self, state: ClusterState) -> None:
         if not self.address:
             return
+        if self.merger is not None:
+            self.merger.catch_up(state, {name: self._local(name) for name in state.deletes})
         wanted = self._wanted(state)
         cached = self._cached()
         for key in sorted(wanted):
@@ -214,6 +219,13 @@ class ShardCache:
         self.counters["bytes_fetched_total"] += sum(obj.size for obj in fetched)
         log.info("shard cache: serving shard %d of %s (%d rows; fetched %s)", shard_id, name, rows,
                  ", ".join(sorted(obj.name for obj in fetched)) or "nothing")
+
+    def installed_file(self, name: str, shard_id: int, file: str, object_key: str) -> Path | None:
+        """Where the cache holds ``file`` of a shard as fetched from
+        ``object_key`` (None if it does not); it may be dropped at any time."""
+        if self._installed_of((name, shard_id)).get(file) != object_key:
+            return None
+        return self.cache.collection(name).shard_path(shard_id) / file
 
     def _source(self, key: Key) -> Path:
         """Where the object keys a cached shard's files came from are kept (JSON), across restarts."""

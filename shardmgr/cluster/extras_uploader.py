@@ -51,8 +51,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from common.journal.errors import JournalError
 from shardmgr.cluster.backoff import Backoff
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ChecksumMismatch, ClusterError, NotWriter, ObjectExists
 from shardmgr.cluster.extras import DeletesEntry, IndexEntry, Kind, ShardExtras
@@ -73,13 +75,14 @@ class ExtrasUploader:
 
     def __init__(self, config: ClusterConfig, node: NodeConfig, store: Store, objects: ObjectStore,
                  uploader: Uploader, on_fenced: Callable[[str, Writer, str], None],
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], merger: DeletesMerger | None = None) -> None:
         self.config = config
         self.store = store
         self.objects = objects
         self.uploader = uploader
         self._on_fenced = on_fenced  # (collection, token, why): step down
         self._wake = wake
+        self._merger = merger  # before a delete log goes up, the one published now is merged into it
         self._kv = Kv(config)
         self._extras = ShardExtras(config, self._kv)
         self._lock = threading.Lock()
@@ -193,7 +196,7 @@ class ExtrasUploader:
                 log.warning("publishing the %s of shard %d of %s refused by the fence: %s", kind, shard_id, name, e)
                 self._on_fenced(name, token, f"fenced: {e}")
                 return False
-            except (ClusterError, OSError) as e:
+            except (ClusterError, JournalError, OSError) as e:  # JournalError: a published log is not this shard's
                 self.counters["extras_failed_total"] += 1
                 done = False
                 log.warning("publishing the %s of shard %d of %s failed (retried in %.1f s): %s", kind, shard_id,
@@ -220,6 +223,10 @@ class ExtrasUploader:
         """A durable copy of the delete log, uploaded and published (module docstring)."""
         name, shard_id = sealed.collection, sealed.shard_id
         shard_map = ShardMap(self.config, name, self._kv)
+        if self._merger is not None:
+            now = self._extras.deletes(name).get(shard_id)
+            if now is not None:
+                self._merger.merge(now)  # a log published by another node may hold rows this one lacks
         with tempfile.TemporaryDirectory(prefix="shardmgr-deletes-") as scratch:
             copy = Path(scratch) / DELETES
             deleted = self.store.copy_deletes(name, shard_id, copy)

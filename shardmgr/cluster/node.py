@@ -66,6 +66,7 @@ import crc32c
 
 from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
+from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
 from shardmgr.cluster.extras_uploader import ExtrasUploader
@@ -80,6 +81,7 @@ from shardmgr.cluster.query import QueryRouter
 from shardmgr.cluster.roles import WriterRoles
 from shardmgr.cluster.shard_map import ShardMap
 from shardmgr.cluster.sweep import sweep_orphans
+from shardmgr.cluster.taker import ShardTaker
 from shardmgr.cluster.uploader import Uploader
 from shardmgr.cluster.watch import PrefixWatch
 from shardmgr.errors import CollectionConflict, ShardmgrError, UnknownCollection
@@ -131,15 +133,17 @@ class ClusterNode:
         self._swept: dict[str, tuple[int, float]] = {}  # collection -> (tenure revision, when) of the last sweep
         self.roles = WriterRoles(config, self.node, self.node_id, store, self.lease, self._wake.set)
         self.uploader = Uploader(config, self.node, store, self.objects, self._fenced)
+        self.merger = DeletesMerger(self.node_id, store, self.objects)
         self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
-                                     self._wake.set)
+                                     self._wake.set, self.merger)
         self.forwarder = Forwarder(self.node, self.node_id)  # the server hands it to the store's service
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side (the server hands it to the store service) and the holder keys
         # searches and gets of other nodes present the node's credentials, as forwards do
         self.query = QueryRouter(config, self.node, self.node_id, store, self.objects, lambda: self.lease,
-                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False})
+                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger)
+        self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache)
         self.holdings = Holdings(config, self.node_id, self._all_published)
         self.roles.on_tenure = self.holdings.tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}
@@ -241,6 +245,7 @@ class ClusterNode:
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
                 **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters,
+                **self.merger.counters, **self.taker.counters,
                 **self.forwarder.counters}
 
     # ----------------------------------------------------- the store's gate
@@ -282,6 +287,10 @@ class ClusterNode:
     def written(self, name: str) -> None:
         """After a write ``writing`` let through (done or failed)."""
         self.holdings.written(name)
+
+    def deleting(self, name: str, shards: frozenset[int] | None) -> None:
+        """Before a delete is written: the published shards it names, taken here (taker.py)."""
+        self.taker.take(name, shards)
 
     # ------------------------------------------------------------- catalog
 

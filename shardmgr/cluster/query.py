@@ -20,6 +20,7 @@ import numpy as np
 
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
@@ -38,10 +39,11 @@ class QueryRouter:
     """Searches and gets of a cluster node (module docstring)."""
 
     def __init__(self, config: ClusterConfig, node: NodeConfig, node_id: str, store: Store, objects: ObjectStore,
-                 lease: Callable[[], NodeLease], peer_options: dict[str, Any] | None = None) -> None:
+                 lease: Callable[[], NodeLease], peer_options: dict[str, Any] | None = None,
+                 merger: DeletesMerger | None = None) -> None:
         self.store = store
         self.mirror = ClusterMirror(config, Kv(config))
-        self.cache = ShardCache(config, node, node_id, store, objects, self.mirror, lease, store.flusher)
+        self.cache = ShardCache(config, node, node_id, store, objects, self.mirror, lease, store.flusher, merger)
         self.shard_search = ShardSearch(store, self.cache.cache)
         self.peers = Peers(**(peer_options or {}))
         self.fanout = FanOut(node_id, store, self.mirror, self.shard_search, self.peers)

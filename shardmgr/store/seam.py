@@ -5,8 +5,9 @@ unused otherwise, and then nothing here changes the store's behaviour).
 (a mixin over its collections and write lock). What the cluster node gets:
 
 - a write gate: ``Store.gate`` (a :class:`WriteGate`) is asked before every
-  create, append and delete, and may refuse; and told after each append and
-  delete it let through;
+  create, append and delete, and may refuse; told which shards a delete
+  names before it is written; and told after each append and delete it let
+  through;
 - callbacks, each called with (collection name, shard id) under the store's
   write lock (so they must be quick and must not call back into the store):
   ``on_sealed`` after an append or the idle timer sealed a shard,
@@ -18,8 +19,10 @@ unused otherwise, and then nothing here changes the store's behaviour).
   :meth:`~ClusterSeam.sealed_shards`, :meth:`~ClusterSeam.sealed_shard`;
 - a consistent, durable copy of a sealed shard's delete log, which keeps
   growing while it is read (:meth:`~ClusterSeam.copy_deletes`);
-- shards from elsewhere (a query node's cache of fetched shards):
-  :meth:`~ClusterSeam.adopt_shard`, :meth:`~ClusterSeam.drop_shard`;
+- shards from elsewhere (a query node's cache of fetched shards, a writer
+  deleting in a shard another node wrote): :meth:`~ClusterSeam.adopt_shard`,
+  :meth:`~ClusterSeam.drop_shard`; and another node's deletes of a shard
+  held here (:meth:`~ClusterSeam.merge_deletes`);
 - shard ids: with ``shard_ids_granted`` set before ``recover``, a collection
   starts new shards only under ids given by ``grant_shard_ids`` (so that
   two writers of one collection on two nodes never use one shard id).
@@ -31,8 +34,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from common.journal.copying import copy_journal
 
+from .deletes import DeleteLog
+from .refs import ref_of
 from .sealed import SealedShard, sealed_shard
 
 if TYPE_CHECKING:
@@ -56,6 +63,11 @@ class WriteGate(Protocol):
 
     def written(self, name: str) -> None:
         """After an append or delete that ``writing`` let through, done or failed."""
+
+    def deleting(self, name: str, shards: frozenset[int] | None) -> None:
+        """Within an allowed delete, before it is written: the shards its refs
+        name (None: a delete by id, which looks at every shard). Cluster mode
+        brings published shards written elsewhere here first."""
 
 
 class ClusterSeam:
@@ -110,6 +122,24 @@ class ClusterSeam:
                     return log.count
             ticket.journal.wait_durable(ticket)
         raise AssertionError("unreachable: the last attempt copies")
+
+    def merge_deletes(self, name: str, shard_id: int, directory: Path) -> int:
+        """Delete in sealed shard ``shard_id`` of ``name`` every row that the
+        delete log in ``directory`` (another node's copy of this shard's log)
+        deletes; durable when it returns. Returns the rows newly deleted.
+        FormatError if that log is not this shard's, ValueError if there is
+        no such sealed shard; nothing is deleted then."""
+        collection = self.collection(name)
+        with self._write:
+            shard = collection.shards.get(shard_id)
+            if shard is None or not shard.sealed:
+                raise ValueError(f"collection {name!r} has no sealed shard {shard_id}")
+            theirs = DeleteLog.open(directory, shard_id, shard.uuid, shard.rows, None)
+            rows = np.flatnonzero(theirs.mask)
+            deleted, tickets = collection.delete(ref_of(shard_id, rows)) if len(rows) else (0, [])
+        for ticket in tickets:
+            ticket.journal.wait_durable(ticket)
+        return deleted
 
     def adopt_shard(self, name: str, shard_id: int) -> int:
         """Serve the sealed shard whose checked files a caller put at

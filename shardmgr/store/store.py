@@ -45,6 +45,7 @@ from .collection import Collection
 from .config import StoreConfig
 from .copies import copy_collections
 from .names import check_name
+from .refs import split_refs
 from .seam import ClusterSeam, WriteGate
 from .search import SearchResult
 
@@ -299,24 +300,25 @@ class Store(ClusterSeam):
         append: at the next flush, or before returning with ``durable``; a
         crash before that flush may undo it (each shard's part of the call
         as a whole)."""
-        with self._gated(name):
-            collection = self.collection(name)
-            checked = batch.refs(refs, self.config.max_batch_rows)
-            with self._write:
-                deleted, tickets = self._writing(name, lambda: collection.delete(checked), PARTLY)
-        if durable:
-            _wait_durable(tickets)
-        return deleted
+        checked = batch.refs(refs, self.config.max_batch_rows)
+        shards = frozenset(np.unique(split_refs(checked)[0]).tolist())
+        return self._delete(name, shards, lambda collection: checked, durable)
 
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
         """Delete every live row carrying one of ``ids`` (every shard's ids
         are scanned); returns how many rows. Otherwise as :meth:`delete`."""
+        wanted = batch.ids(ids, None, self.config.max_batch_rows)
+        return self._delete(name, None, lambda collection: collection.refs_of_ids(wanted), durable)
+
+    def _delete(self, name: str, shards: frozenset[int] | None, refs: Callable[[Collection], np.ndarray],
+                durable: bool) -> int:
+        """One delete through the gate; ``refs`` runs under the write lock."""
         with self._gated(name):
             collection = self.collection(name)
-            wanted = batch.ids(ids, None, self.config.max_batch_rows)
+            if self.gate is not None:
+                self.gate.deleting(name, shards)
             with self._write:
-                deleted, tickets = self._writing(name, lambda: collection.delete(collection.refs_of_ids(wanted)),
-                                                 PARTLY)
+                deleted, tickets = self._writing(name, lambda: collection.delete(refs(collection)), PARTLY)
         if durable:
             _wait_durable(tickets)
         return deleted

@@ -81,9 +81,13 @@ def test_sealed_shards_are_published_with_matching_objects_and_other_nodes_refus
             objects.fetch(obj.key, fetched, size=obj.size, crc=obj.crc32c)  # ... and so do the stored ones
             assert fetched.read_bytes() == local.read_bytes()
     assert sum(e.rows for e in entries.values()) == 6 * ROWS
-    with RpcClient(n1.address) as rpc:
-        stats = rpc.call("stats").result["cluster"]
-    assert (stats["member"], stats["writer_roles"], stats["shards_published_total"]) == (1, 1, 3)
+
+    def counted() -> bool:  # an entry is in etcd an instant before the node's thread counts it
+        with RpcClient(n1.address) as rpc:
+            stats = rpc.call("stats").result["cluster"]
+        return (stats["member"], stats["writer_roles"], stats["shards_published_total"]) == (1, 1, 3)
+
+    wait_for("n1 to count itself a member, the writer of c, with 3 shards published", counted, timeout=5)
     assert Catalog(cluster_config).get("c") == CollectionMeta("c", DIM, "l2", "flat")
 
     n2 = node(tmp_path, "n2", cluster_config)

@@ -89,7 +89,11 @@ def test_a_writer_publishes_the_index_and_the_later_deletes_of_its_published_sha
         log_in_entry = next(o for o in entry.objects if o.name == "deletes")
         assert deleted_rows(objects, log_in_entry, tmp_path / "entry") == [0]
         assert 2 not in extras.deletes("h")  # the entry's log holds every delete: no key needed
-    with RpcClient(n1.address) as rpc:
-        stats = rpc.call("stats").result["cluster"]
-    assert (stats["indexes_published_total"], stats["deletes_published_total"], stats["extras_fenced_total"]) \
-        == (2, 2, 0)
+
+    def counted() -> bool:  # the keys are in etcd an instant before the node's thread counts them
+        with RpcClient(n1.address) as rpc:
+            stats = rpc.call("stats").result["cluster"]
+        return (stats["indexes_published_total"], stats["deletes_published_total"],
+                stats["extras_fenced_total"]) == (2, 2, 0)
+
+    wait_for("the node to count 2 indexes and 2 delete logs published, none fenced", counted, timeout=5)

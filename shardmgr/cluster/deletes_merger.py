@@ -1,0 +1,99 @@
+"""Deletes published by another node, merged into the copies of a shard in
+this node's own data directory.
+
+A published shard's deleted rows are a set that only grows, and the
+deletes key (extras.py) says how many the newest published delete log
+holds. Its publisher compares counts: "as many or more" means "the same
+rows or more" only while every log it compares holds the published one.
+Since a writer may take a shard another node wrote in order to delete in
+it (taker.py), two nodes can hold their own delete logs of one shard, each
+with rows the other lacks. So a node merges before it relies on its log:
+
+- a writer, before it copies a delete log to publish it
+  (extras_uploader.py), merges the log published now;
+- every node, when the watch shows a newer delete log of a shard it holds
+  in its own data directory (its first writer, or a writer that took it),
+  merges it, so that searches it answers from that copy skip those rows
+  (cache.py calls :meth:`DeletesMerger.catch_up` at each state change).
+
+Merging fetches the published log (checked against its key's size and
+crc32c), and deletes in the local shard every row it deletes
+(``Store.merge_deletes``: through the store's delete log, durable on
+return). A log this node published is never fetched back (its own log
+holds it: logs only grow), nor one already merged.
+
+Threads: any (a connection's, the node's, the cache's); one lock
+serialises merges.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from pathlib import Path
+
+from common.journal.errors import JournalError
+from shardmgr.cluster.errors import ClusterError
+from shardmgr.cluster.extras import DeletesEntry
+from shardmgr.cluster.mirror import ClusterState
+from shardmgr.cluster.objects import ObjectStore
+from shardmgr.errors import UnknownCollection
+from shardmgr.store.deletes import FILE as DELETES
+from shardmgr.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class DeletesMerger:
+    """Merges other nodes' published delete logs into this node's own shards (module docstring)."""
+
+    def __init__(self, node_id: str, store: Store, objects: ObjectStore) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.objects = objects
+        self._lock = threading.Lock()
+        self._merged: dict[tuple[str, int], str] = {}  # shard -> object key of the log last merged
+        self.counters = {"deletes_merged_total": 0, "delete_merges_failed_total": 0}
+
+    def merge(self, entry: DeletesEntry) -> int:
+        """Merge ``entry``'s log into the local shard if it may hold rows the
+        local log lacks; the rows newly deleted. Raises what fetching raises
+        (ClusterError), and FormatError for a log that is not this shard's
+        (nothing deleted then); 0 if the shard is not sealed here."""
+        key = (entry.collection, entry.shard_id)
+        if entry.node == self.node_id or self._merged.get(key) == entry.object.key:
+            return 0
+        with self._lock:
+            if self._merged.get(key) == entry.object.key or not self._here(entry):
+                return 0
+            with tempfile.TemporaryDirectory(prefix="shardmgr-merge-") as scratch:
+                self.objects.fetch(entry.object.key, Path(scratch) / DELETES, size=entry.object.size,
+                                   crc=entry.object.crc32c)
+                deleted = self.store.merge_deletes(entry.collection, entry.shard_id, Path(scratch))
+            self._merged[key] = entry.object.key
+        self.counters["deletes_merged_total"] += deleted
+        if deleted:
+            log.info("merged %d rows deleted by %s into shard %d of %s (%s)", deleted, entry.node, entry.shard_id,
+                     entry.collection, entry.object.key)
+        return deleted
+
+    def _here(self, entry: DeletesEntry) -> bool:
+        try:
+            return self.store.sealed_shard(entry.collection, entry.shard_id) is not None
+        except UnknownCollection:
+            return False
+
+    def catch_up(self, state: ClusterState, local: dict[str, set[int]]) -> None:
+        """Merge every published delete log of a shard in ``local`` (by
+        collection: the sealed shards of this node's own data directory)
+        that another node published; failures are logged and retried at
+        the next call."""
+        for name, entries in state.deletes.items():
+            for shard_id in sorted(local.get(name, set()) & entries.keys()):
+                try:
+                    self.merge(entries[shard_id])
+                except (ClusterError, JournalError, OSError) as e:
+                    self.counters["delete_merges_failed_total"] += 1
+                    log.warning("merging the published deletes of shard %d of %s failed (retried): %s", shard_id,
+                                name, e)
