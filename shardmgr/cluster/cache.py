@@ -31,6 +31,10 @@ with the node) lists what it can search now, and coordinators route by it.
 A shard no longer given to this node is dropped ``cache_linger_s`` later
 (searches routed by an older state still find it) and its files removed.
 
+Each pass first merges the delete logs other nodes published into the
+shards of this node's own data directory (deletes_merger.py), so the
+published shards it serves from there skip those rows too.
+
 Threads: one ``cluster-cache`` thread owns the fetching, dropping and the
 serving key; it is woken by every change of the cluster state, and by
 ``scan_interval_s``. Searches read the cache store's views concurrently.
