@@ -10,7 +10,11 @@
   ``shards_unavailable`` (retryable), not ``unknown_ref``;
 - etcd SIGKILLed for a few seconds: searches go on, complete, from each
   node's last known state; writes are refused as retryable while the
-  writer's lease cannot be renewed, and resume once etcd is back.
+  writer's lease cannot be renewed, and resume once etcd is back;
+- SeaweedFS SIGKILLed for a few seconds: searches through every node stay
+  complete and equal (shards are served from local disks), appends go on
+  and seal a shard whose upload waits; once S3 is back the shard is
+  published, its owners fetch it, and every node finds the new rows.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.errors import UnknownCollection, UnknownRef  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from shardmgr.store.search import SearchResult  # noqa: E402
-from tests.cluster_servers import EtcdServer  # noqa: E402
+from tests.cluster_servers import EtcdServer, WeedServer  # noqa: E402
 from tests.shardmgr.cluster.nodes import (  # noqa: E402
     DIM,
     batches,
+    published,
     search,
+    served_by_owners,
     wait_for,
 )
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
@@ -146,6 +152,33 @@ def test_etcd_killed_for_a_while_searches_go_on_and_writes_resume(
         wait_for("appends resume", lambda: _appended(client, vectors, ids), timeout=30)
     wait_for("complete results with the new rows", lambda: (lambda r: not r.partial and (
         r.ids[:, 0] == ids[:5]).all())(search(n2.address, vectors[:5], k=1)), timeout=30)
+
+
+def test_object_storage_killed_for_a_while_searches_stay_complete_and_appends_go_on(
+        three_nodes: list[ServerProcess], weed: WeedServer, cluster_config: ClusterConfig) -> None:
+    n1 = three_nodes[0]
+    queries = np.random.default_rng(4).random((20, DIM), dtype=np.float32)
+    want = search(n1.address, queries)
+    shards = len(published(cluster_config, "docs"))
+    data = list(batches(2, seed=77))  # with the growing batch: three, so that shard is sealed
+    weed.kill()
+    try:
+        assert all(equal(search(proc.address, queries), want) for proc in three_nodes)
+        with StoreClient(n1.address) as client:
+            for vectors, ids in data:
+                client.append("docs", vectors, ids + 50_000, durable=True)
+        n1.wait_log(r"uploading shard \d+ of docs failed \(retried in")
+        found = [search(proc.address, data[0][0], k=1) for proc in three_nodes]  # the holder answers its rows
+        assert all(not f.partial and (f.ids[:, 0] == data[0][1] + 50_000).all() for f in found)
+    finally:
+        weed.restart()
+    wait_for("the sealed shard published", lambda: len(published(cluster_config, "docs")) == shards + 1, timeout=30)
+    wait_for("its owners serve it", lambda: served_by_owners(cluster_config, "docs"), timeout=30)
+    vectors = np.concatenate([v for v, _ in data])
+    ids = np.concatenate([i for _, i in data]) + 50_000
+    for proc in three_nodes:
+        found = search(proc.address, vectors, k=1)
+        assert not found.partial and (found.ids[:, 0] == ids).all()
 
 
 def _refused(address: str, vectors: np.ndarray, ids: np.ndarray) -> ServiceError | None:

@@ -5,6 +5,7 @@ changes the store's behaviour."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from common.journal import FlusherConfig
+from common.journal.errors import FormatError
 from common.wire.errors import Unavailable
 from shardmgr.errors import NoShardIds
 from shardmgr.store.config import StoreConfig
@@ -95,20 +97,32 @@ def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_pat
         def written(self, name: str) -> None:
             asked.append(("written", name))
 
+        def deleting(self, name: str, shards: frozenset[int] | None) -> None:
+            asked.append(("deleting", name, "every" if shards is None else str(sorted(shards))))
+            if refuse_deletes:
+                raise Unavailable("shard not here")
+
+    refuse_deletes = False
     store = opened(tmp_path / "data")
     store.gate = Gate()
     try:
         store.create_collection("c", DIM, "ip")
         store.create_collection("closed", DIM)
-        refs = store.append("c", *batch(0))
-        store.delete("c", refs[:1])
+        refs = np.concatenate([store.append("c", *batch(seed)) for seed in range(3)])  # shard 1 sealed
+        store.delete("c", refs[[0, 2 * ROWS]])
         store.delete_ids("c", np.array([3], dtype=np.int64))
         with pytest.raises(Unavailable):
             store.append("closed", *batch(1))
         assert store.collection_info("closed")["rows"] == 0
         assert asked == [("creating", "c", "8", "ip", "flat"), ("creating", "closed", "8", "l2", "flat"),
-                         ("writing", "c"), ("written", "c"), ("writing", "c"), ("written", "c"), ("writing", "c"),
-                         ("written", "c"), ("writing", "closed")]  # a refused write is not written
+                         *[("writing", "c"), ("written", "c")] * 3,
+                         ("writing", "c"), ("deleting", "c", "[1, 2]"), ("written", "c"),
+                         ("writing", "c"), ("deleting", "c", "every"), ("written", "c"),
+                         ("writing", "closed")]  # a refused write is not written
+        refuse_deletes = True
+        with pytest.raises(Unavailable):
+            store.delete("c", refs[[5]])
+        assert store.ids("c", refs[[5]]).tolist() == [5]  # refused before anything was written (a deleted row raises)
     finally:
         store.close()
 
@@ -148,6 +162,46 @@ def test_deletes_of_sealed_shards_are_announced_and_their_log_copied_durably(tmp
         copied = DeleteLog.open(copy_dir, 1, shard.uuid, shard.rows, None)  # what a query node would read
         assert copied.count == 4 and np.flatnonzero(copied.mask).tolist() == [0, 1, 7, 56]
         assert shard.deletes.count == 5
+    finally:
+        store.close()
+
+
+def test_another_nodes_delete_log_of_a_shard_is_merged_into_this_ones(tmp_path: Path) -> None:
+    """Two copies of one sealed shard, each with deletes the other lacks: a
+    copy of one's log merged into the other deletes the union there, durably."""
+    store = opened(tmp_path / "data")
+    try:
+        store.create_collection("c", DIM)
+        refs = np.concatenate([store.append("c", *batch(seed)) for seed in range(3)])  # shard 1 sealed
+        store.close()
+        shutil.copytree(tmp_path / "data", tmp_path / "other")  # a second node's copy: the same shard and uuid
+        store = opened(tmp_path / "data")
+        store.delete("c", refs[[0, 1]])
+        other = opened(tmp_path / "other")
+        try:
+            other.delete("c", refs[[1, 7]])
+            (tmp_path / "theirs").mkdir()
+            assert other.copy_deletes("c", 1, tmp_path / "theirs" / "deletes") == 2
+        finally:
+            other.close()
+        stranger = opened(tmp_path / "stranger")  # a shard 1 of another store: another uuid
+        try:
+            stranger.create_collection("c", DIM)
+            stranger.delete("c", np.concatenate([stranger.append("c", *batch(seed)) for seed in range(3)])[[3]])
+            (tmp_path / "wrong").mkdir()
+            stranger.copy_deletes("c", 1, tmp_path / "wrong" / "deletes")
+        finally:
+            stranger.close()
+        with pytest.raises(FormatError, match="not of shard 1"):
+            store.merge_deletes("c", 1, tmp_path / "wrong")
+        assert store.collection("c").shards[1].deletes.count == 2  # the refused merge deleted nothing
+        assert store.merge_deletes("c", 1, tmp_path / "theirs") == 1  # row 7; row 1 was deleted here already
+        assert store.merge_deletes("c", 1, tmp_path / "theirs") == 0
+        with pytest.raises(ValueError, match="no sealed shard 2"):
+            store.merge_deletes("c", 2, tmp_path / "theirs")
+        store.close()
+        store = opened(tmp_path / "data")  # durable: a reopen keeps the union
+        assert np.flatnonzero(store.collection("c").shards[1].deletes.mask).tolist() == [0, 1, 7]
     finally:
         store.close()
 
