@@ -179,8 +179,9 @@ class ShardCache:
         ready: dict[str, set[int]] = {}
         for name, shard_id in self._cached():
             ready.setdefault(name, set()).add(shard_id)
+        late = self.merger.behind(state) if self.merger is not None else set()
         for name, entries in state.published.items():
-            ready.setdefault(name, set()).update(self._local(name) & entries.keys())
+            ready.setdefault(name, set()).update(s for s in self._local(name) & entries.keys() if (name, s) not in late)
         return ready
 
     # ------------------------------------------------------------ fetching
@@ -229,7 +230,10 @@ class ShardCache:
         ``object_key`` (None if it does not); it may be dropped at any time."""
         if self._installed_of((name, shard_id)).get(file) != object_key:
             return None
-        return self.cache.collection(name).shard_path(shard_id) / file
+        try:
+            return self.cache.collection(name).shard_path(shard_id) / file
+        except UnknownCollection:
+            return None
 
     def _source(self, key: Key) -> Path:
         """Where the object keys a cached shard's files came from are kept (JSON), across restarts."""

@@ -19,8 +19,16 @@ with rows the other lacks. So a node merges before it relies on its log:
 Merging fetches the published log (checked against its key's size and
 crc32c), and deletes in the local shard every row it deletes
 (``Store.merge_deletes``: through the store's delete log, durable on
-return). A log this node published is never fetched back (its own log
-holds it: logs only grow), nor one already merged.
+return). A log already merged is not fetched again, nor one that is not
+this shard's (FormatError, logged). At a state change, a log this node
+published is skipped while the local log holds as many rows (logs only
+grow; fewer means a data directory restored from a copy); before a
+publish, the published log is merged whoever published it.
+
+Until a log another node published is merged, the node does not announce
+its own copy of that shard as ready (:meth:`DeletesMerger.behind`, used by
+cache.py): searches go to other copies, or name the shard as missing, but
+never return rows deleted elsewhere from a copy that lacks those deletes.
 
 Threads: any (a connection's, the node's, the cache's); one lock
 serialises merges.
@@ -33,13 +41,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-from common.journal.errors import JournalError
+from common.journal.errors import FormatError, JournalError
 from shardmgr.cluster.errors import ClusterError
 from shardmgr.cluster.extras import DeletesEntry
 from shardmgr.cluster.mirror import ClusterState
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.errors import UnknownCollection
 from shardmgr.store.deletes import FILE as DELETES
+from shardmgr.store.sealed import SealedShard
 from shardmgr.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -54,23 +63,33 @@ class DeletesMerger:
         self.objects = objects
         self._lock = threading.Lock()
         self._merged: dict[tuple[str, int], str] = {}  # shard -> object key of the log last merged
+        self._refused: dict[tuple[str, int], str] = {}  # shard -> object key of a log that is not its own
         self.counters = {"deletes_merged_total": 0, "delete_merges_failed_total": 0}
 
-    def merge(self, entry: DeletesEntry) -> int:
-        """Merge ``entry``'s log into the local shard if it may hold rows the
-        local log lacks; the rows newly deleted. Raises what fetching raises
+    def merge(self, entry: DeletesEntry, *, always: bool = False) -> int:
+        """Merge ``entry``'s log into the local shard; the rows newly deleted
+        (0 if the shard is not sealed here). Without ``always``, a log this
+        node published is skipped unless the local log holds fewer rows (a
+        data directory restored from a copy). Raises what fetching raises
         (ClusterError), and FormatError for a log that is not this shard's
-        (nothing deleted then); 0 if the shard is not sealed here."""
+        (nothing deleted; that log is not fetched again)."""
         key = (entry.collection, entry.shard_id)
-        if entry.node == self.node_id or self._merged.get(key) == entry.object.key:
+        if entry.object.key in (self._merged.get(key), self._refused.get(key)):
             return 0
         with self._lock:
-            if self._merged.get(key) == entry.object.key or not self._here(entry):
+            sealed = self._sealed(entry)
+            if entry.object.key == self._merged.get(key) or sealed is None:
                 return 0
+            if not always and entry.node == self.node_id and sealed.deleted >= entry.deleted:
+                return 0  # its own log, and no shorter here: logs only grow
             with tempfile.TemporaryDirectory(prefix="shardmgr-merge-") as scratch:
                 self.objects.fetch(entry.object.key, Path(scratch) / DELETES, size=entry.object.size,
                                    crc=entry.object.crc32c)
-                deleted = self.store.merge_deletes(entry.collection, entry.shard_id, Path(scratch))
+                try:
+                    deleted = self.store.merge_deletes(entry.collection, entry.shard_id, Path(scratch))
+                except FormatError:
+                    self._refused[key] = entry.object.key
+                    raise
             self._merged[key] = entry.object.key
         self.counters["deletes_merged_total"] += deleted
         if deleted:
@@ -78,11 +97,29 @@ class DeletesMerger:
                      entry.collection, entry.object.key)
         return deleted
 
-    def _here(self, entry: DeletesEntry) -> bool:
+    def note(self, name: str, shard_id: int, object_key: str) -> None:
+        """The local log of a shard was made from ``object_key`` (a shard taken here): nothing to merge from it."""
+        with self._lock:
+            self._merged[(name, shard_id)] = object_key
+
+    def behind(self, state: ClusterState) -> set[tuple[str, int]]:
+        """The shards of this node's own store whose published log (in
+        ``state``) another node published and this one has not merged: its
+        copy may return rows deleted elsewhere, so it is not served."""
+        late = set()
+        for name, entries in state.deletes.items():
+            for shard_id, entry in entries.items():
+                key = (name, shard_id)
+                if entry.node != self.node_id and self._merged.get(key) != entry.object.key \
+                        and self._sealed(entry) is not None:
+                    late.add(key)
+        return late
+
+    def _sealed(self, entry: DeletesEntry) -> SealedShard | None:
         try:
-            return self.store.sealed_shard(entry.collection, entry.shard_id) is not None
+            return self.store.sealed_shard(entry.collection, entry.shard_id)
         except UnknownCollection:
-            return False
+            return None
 
     def catch_up(self, state: ClusterState, local: dict[str, set[int]]) -> None:
         """Merge every published delete log of a shard in ``local`` (by

@@ -226,7 +226,7 @@ class ExtrasUploader:
         if self._merger is not None:
             now = self._extras.deletes(name).get(shard_id)
             if now is not None:
-                self._merger.merge(now)  # a log published by another node may hold rows this one lacks
+                self._merger.merge(now, always=True)  # it may hold rows this log lacks (another node's)
         with tempfile.TemporaryDirectory(prefix="shardmgr-deletes-") as scratch:
             copy = Path(scratch) / DELETES
             deleted = self.store.copy_deletes(name, shard_id, copy)

@@ -37,6 +37,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +48,9 @@ from shardmgr.cluster.shard_map import ShardEntry
 from shardmgr.cluster.watch import PrefixWatch, WatchEvent
 
 log = logging.getLogger(__name__)
+
+CATCH_UP_POLL_S = 0.005
+"""How often ``caught_up`` looks at the watched revision (events arrive within milliseconds)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,6 +139,16 @@ class ClusterMirror:
                     {n: dict(s) for n, s in self._serving.items()}, dict(self._writers),
                     {c: dict(m) for c, m in self._deletes.items()}, {c: dict(m) for c, m in self._indexes.items()})
             return self._state
+
+    def caught_up(self, revision: int, timeout: float) -> bool:
+        """Whether this mirror has applied every change of the prefix up to
+        ``revision``, waiting up to ``timeout`` seconds for its watch."""
+        deadline = time.monotonic() + timeout
+        while self._revision < revision:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(CATCH_UP_POLL_S)
+        return True
 
     def _reset(self) -> None:
         self._reread()

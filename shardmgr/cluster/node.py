@@ -143,7 +143,7 @@ class ClusterNode:
         # searches and gets of other nodes present the node's credentials, as forwards do
         self.query = QueryRouter(config, self.node, self.node_id, store, self.objects, lambda: self.lease,
                                  {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger)
-        self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache)
+        self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache, self.merger)
         self.holdings = Holdings(config, self.node_id, self._all_published)
         self.roles.on_tenure = self.holdings.tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}
@@ -289,8 +289,13 @@ class ClusterNode:
         self.holdings.written(name)
 
     def deleting(self, name: str, shards: frozenset[int] | None) -> None:
-        """Before a delete is written: the published shards it names, taken here (taker.py)."""
-        self.taker.take(name, shards)
+        """Before a delete is written: the published shards it names, taken
+        here (taker.py); then the writer rule once more, since a take may
+        download for a while."""
+        token = self.roles.held().get(name)
+        if token is not None:  # (None: the role was lost an instant ago; ensure says so below)
+            self.taker.take(name, shards, token.revision, float(self.node.lease_ttl_s))
+        self.roles.ensure(name)
 
     # ------------------------------------------------------------- catalog
 

@@ -26,6 +26,13 @@ restarts, and others holding their own copy merge those deletes
 (deletes_merger.py). Taking fails with ShardsUnavailable (retryable) if
 the objects cannot be fetched, and nothing is deleted then.
 
+Every shard published before this node's writer tenure began is known
+only once the watched state (mirror.py) has reached the tenure's revision
+(the shards published after it are this node's own): a take waits for
+that, up to ``lease_ttl_s``, and otherwise fails with ShardsUnavailable.
+Then the node checks the writer rule once more (``roles.ensure``), since a
+take may download for a while.
+
 Threads: the deleting connection's; one lock serialises takes, so two
 deletes never fetch one shard twice.
 """
@@ -39,6 +46,7 @@ import threading
 
 from common.journal.filesystem import fsync_dir, make_dirs
 from shardmgr.cluster.cache import ShardCache, shard_objects
+from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.errors import ClusterError, ShardsUnavailable
 from shardmgr.cluster.mirror import ClusterMirror, ClusterState
 from shardmgr.cluster.objects import ObjectStore
@@ -54,18 +62,28 @@ log = logging.getLogger(__name__)
 class ShardTaker:
     """Brings published shards a delete names into this node's store (module docstring)."""
 
-    def __init__(self, store: Store, objects: ObjectStore, mirror: ClusterMirror, cache: ShardCache) -> None:
+    def __init__(self, store: Store, objects: ObjectStore, mirror: ClusterMirror, cache: ShardCache,
+                 merger: DeletesMerger) -> None:
         self.store = store
+        self.merger = merger
         self.objects = objects
         self.mirror = mirror
         self.cache = cache
         self._lock = threading.Lock()
         self.counters = {"shards_taken_total": 0}
 
-    def take(self, name: str, shards: frozenset[int] | None) -> None:
+    def take(self, name: str, shards: frozenset[int] | None, tenure: int, timeout: float) -> None:
         """Have every published shard of ``name`` among ``shards`` (None: all)
         in this node's store; shards not published are left to the store
-        (a ref to them is unknown there, or they are here already)."""
+        (a ref to them is unknown there, or they are here already).
+        ``tenure``: the revision of this node's writer tenure. Every shard
+        published before it is known only once the watched state has
+        reached it (those after are this node's own): ShardsUnavailable if
+        that takes over ``timeout`` seconds."""
+        if not self.mirror.caught_up(tenure, timeout):
+            raise ShardsUnavailable(f"collection {name!r}: this node's view of the cluster has not reached its own "
+                                    f"writer tenure (revision {tenure}) after {timeout} s, so the published shards "
+                                    "this delete may name are not known yet (nothing was deleted): retry")
         state = self.mirror.state()
         published = state.published.get(name, {})
         wanted = set(published) if shards is None else set(shards) & published.keys()
@@ -109,6 +127,8 @@ class ShardTaker:
             fsync_dir(final.parent)
             raise ShardsUnavailable(f"shard {shard_id} of {name!r}, brought here to delete in it, failed its "
                                     f"checks (nothing was deleted): {e}") from e
+        if DELETES in objects:
+            self.merger.note(name, shard_id, objects[DELETES].key)
         self.counters["shards_taken_total"] += 1
         log.info("took shard %d of %s (%d rows) into this node's store to delete in it (%s linked from the "
                  "cache, the rest fetched)", shard_id, name, rows, ", ".join(sorted(linked)) or "nothing")
