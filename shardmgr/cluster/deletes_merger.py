@@ -106,14 +106,21 @@ class DeletesMerger:
         """The shards of this node's own store whose published log (in
         ``state``) another node published and this one has not merged: its
         copy may return rows deleted elsewhere, so it is not served."""
-        late = set()
+        late: set[tuple[str, int]] = set()
         for name, entries in state.deletes.items():
-            for shard_id, entry in entries.items():
-                key = (name, shard_id)
-                if entry.node != self.node_id and self._merged.get(key) != entry.object.key \
-                        and self._sealed(entry) is not None:
-                    late.add(key)
+            foreign = [shard_id for shard_id, entry in entries.items()
+                       if entry.node != self.node_id and self._merged.get((name, shard_id)) != entry.object.key]
+            if foreign:
+                here = self._local(name)
+                late.update((name, shard_id) for shard_id in foreign if shard_id in here)
         return late
+
+    def _local(self, name: str) -> set[int]:
+        """The sealed shards of ``name`` in this node's own store (one snapshot of its views)."""
+        try:
+            return {view.shard for view in self.store.collection(name).views() if view.sealed}
+        except UnknownCollection:
+            return set()
 
     def _sealed(self, entry: DeletesEntry) -> SealedShard | None:
         try:
