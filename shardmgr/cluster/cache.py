@@ -67,6 +67,7 @@ from shardmgr.cluster.shard_map import ShardObject
 from shardmgr.errors import ShardmgrError, UnknownCollection
 from shardmgr.store.deletes import FILE as DELETES
 from shardmgr.store.shard import TMP_SUFFIX
+from shardmgr.store.shard_files import ShardDamaged
 from shardmgr.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class ShardCache:
         if not self.address:
             return
         if self.merger is not None:
-            self.merger.catch_up(state, {name: self._local(name) for name in state.deletes})
+            self.merger.catch_up(state)
         wanted = self._wanted(state)
         cached = self._cached()
         for key in sorted(wanted):
@@ -155,17 +156,10 @@ class ShardCache:
             return set()  # not a member (rejoining): others serve; keep what is cached until it lingers out
         replicas, wanted = self.node.replicas, set[Key]()
         for name, entries in state.published.items():
-            local = self._local(name)
+            local = self.store.sealed_ids(name)
             wanted.update((name, shard_id) for shard_id in entries
                           if shard_id not in local and self.node_id in owners(live, name, shard_id, replicas))
         return wanted
-
-    def _local(self, name: str) -> set[int]:
-        """The sealed shards of ``name`` in this node's own data directory."""
-        try:
-            return {v.shard for v in self.store.collection(name).views() if v.sealed}
-        except UnknownCollection:
-            return set()
 
     def _cached(self) -> set[Key]:
         found: set[Key] = set()
@@ -181,7 +175,8 @@ class ShardCache:
             ready.setdefault(name, set()).add(shard_id)
         late = self.merger.behind(state) if self.merger is not None else set()
         for name, entries in state.published.items():
-            ready.setdefault(name, set()).update(s for s in self._local(name) & entries.keys() if (name, s) not in late)
+            ours = self.store.sealed_ids(name) & entries.keys()
+            ready.setdefault(name, set()).update(s for s in ours if (name, s) not in late)
         return ready
 
     # ------------------------------------------------------------ fetching
@@ -194,26 +189,19 @@ class ShardCache:
             self._ensure_collection(name)
             final = self.cache.collection(name).shard_path(shard_id)
             tmp = final.with_name(final.name + TMP_SUFFIX)
-            shutil.rmtree(tmp, ignore_errors=True)
-            make_dirs(tmp)
-            for file, obj in objects.items():
-                if have.get(file) == obj.key and (final / file).exists():
-                    os.link(final / file, tmp / file)  # the same object as installed: no download
-                else:
-                    self.objects.fetch(obj.key, tmp / file, size=obj.size, crc=obj.crc32c)
-            fsync_dir(tmp)
+            fetched = gather_files(self.objects, tmp, objects,
+                                   lambda file, obj: final / file if have.get(file) == obj.key else None)
             self.cache.drop_shard(name, shard_id)  # searches ask elsewhere for this instant (not_here)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             fsync_dir(final.parent)
             rows = self.cache.adopt_shard(name, shard_id)
-        except (ClusterError, ShardmgrError, OSError) as e:
+        except (ClusterError, ShardmgrError, ShardDamaged, OSError) as e:
             self.counters["fetches_failed_total"] += 1
             self._failed[key] = time.monotonic() + self.node.upload_retry_min_s
             log.warning("shard cache: fetching shard %d of %s failed (retried): %s", shard_id, name, e)
             return
         self._failed.pop(key, None)
-        fetched = [obj for file, obj in objects.items() if have.get(file) != obj.key]
         self._installed[key] = {file: obj.key for file, obj in objects.items()}
         try:
             make_dirs(self._source(key).parent)
@@ -221,9 +209,9 @@ class ShardCache:
         except OSError as e:  # only costs a download at the next start
             log.warning("shard cache: recording where shard %d of %s came from failed: %s", key[1], key[0], e)
         self.counters["shards_fetched_total"] += 0 if have else 1
-        self.counters["bytes_fetched_total"] += sum(obj.size for obj in fetched)
+        self.counters["bytes_fetched_total"] += sum(objects[file].size for file in fetched)
         log.info("shard cache: serving shard %d of %s (%d rows; fetched %s)", shard_id, name, rows,
-                 ", ".join(sorted(obj.name for obj in fetched)) or "nothing")
+                 ", ".join(sorted(fetched)) or "nothing")
 
     def installed_file(self, name: str, shard_id: int, file: str, object_key: str) -> Path | None:
         """Where the cache holds ``file`` of a shard as fetched from
@@ -282,6 +270,29 @@ class ShardCache:
             return
         self._kv.put(self.config.key("serving", self.node_id), value, lease=lease.id)
         self._announced = (lease.id, value)
+
+
+def gather_files(store: ObjectStore, tmp: Path, objects: dict[str, ShardObject],
+                 local: Callable[[str, ShardObject], Path | None]) -> list[str]:
+    """Make the directory ``tmp`` anew with the files ``objects`` names: each
+    hard-linked from ``local(file, object)`` if that names a copy of the same
+    object (such a file never changes; gone since is fine), else fetched and
+    checked against the object's size and crc32c; then fsynced. Returns the
+    names of the files fetched."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    make_dirs(tmp)
+    fetched = []
+    for file, obj in objects.items():
+        source = local(file, obj)
+        try:
+            if source is None:
+                raise FileNotFoundError(file)
+            os.link(source, tmp / file)
+        except FileNotFoundError:
+            store.fetch(obj.key, tmp / file, size=obj.size, crc=obj.crc32c)
+            fetched.append(file)
+    fsync_dir(tmp)
+    return fetched
 
 
 def shard_objects(state: ClusterState, name: str, shard_id: int) -> dict[str, ShardObject]:

@@ -64,6 +64,7 @@ class DeletesMerger:
         self._lock = threading.Lock()
         self._merged: dict[tuple[str, int], str] = {}  # shard -> object key of the log last merged
         self._refused: dict[tuple[str, int], str] = {}  # shard -> object key of a log that is not its own
+        self._own: dict[tuple[str, int], str] = {}  # shard -> object key of its own log, skipped (not held)
         self.counters = {"deletes_merged_total": 0, "delete_merges_failed_total": 0}
 
     def merge(self, entry: DeletesEntry, *, always: bool = False) -> int:
@@ -74,13 +75,15 @@ class DeletesMerger:
         (ClusterError), and FormatError for a log that is not this shard's
         (nothing deleted; that log is not fetched again)."""
         key = (entry.collection, entry.shard_id)
-        if entry.object.key in (self._merged.get(key), self._refused.get(key)):
+        if entry.object.key in (self._merged.get(key), self._refused.get(key)) \
+                or (not always and entry.object.key == self._own.get(key)):
             return 0
         with self._lock:
             sealed = self._sealed(entry)
             if entry.object.key == self._merged.get(key) or sealed is None:
                 return 0
             if not always and entry.node == self.node_id and sealed.deleted >= entry.deleted:
+                self._own[key] = entry.object.key  # not looked at again at each pass
                 return 0  # its own log, and no shorter here: logs only grow
             with tempfile.TemporaryDirectory(prefix="shardmgr-merge-") as scratch:
                 self.objects.fetch(entry.object.key, Path(scratch) / DELETES, size=entry.object.size,
@@ -98,7 +101,8 @@ class DeletesMerger:
         return deleted
 
     def note(self, name: str, shard_id: int, object_key: str) -> None:
-        """The local log of a shard was made from ``object_key`` (a shard taken here): nothing to merge from it."""
+        """The local log of a shard holds every row of ``object_key`` (a log taken here, or published from
+        here): nothing to merge from it."""
         with self._lock:
             self._merged[(name, shard_id)] = object_key
 
@@ -111,16 +115,9 @@ class DeletesMerger:
             foreign = [shard_id for shard_id, entry in entries.items()
                        if entry.node != self.node_id and self._merged.get((name, shard_id)) != entry.object.key]
             if foreign:
-                here = self._local(name)
+                here = self.store.sealed_ids(name)
                 late.update((name, shard_id) for shard_id in foreign if shard_id in here)
         return late
-
-    def _local(self, name: str) -> set[int]:
-        """The sealed shards of ``name`` in this node's own store (one snapshot of its views)."""
-        try:
-            return {view.shard for view in self.store.collection(name).views() if view.sealed}
-        except UnknownCollection:
-            return set()
 
     def _sealed(self, entry: DeletesEntry) -> SealedShard | None:
         try:
@@ -128,13 +125,12 @@ class DeletesMerger:
         except UnknownCollection:
             return None
 
-    def catch_up(self, state: ClusterState, local: dict[str, set[int]]) -> None:
-        """Merge every published delete log of a shard in ``local`` (by
-        collection: the sealed shards of this node's own data directory)
-        that another node published; failures are logged and retried at
-        the next call."""
+    def catch_up(self, state: ClusterState) -> None:
+        """Merge the published delete log of every sealed shard in this
+        node's own store that :meth:`merge` would take; failures are logged
+        and retried at the next call."""
         for name, entries in state.deletes.items():
-            for shard_id in sorted(local.get(name, set()) & entries.keys()):
+            for shard_id in sorted(self.store.sealed_ids(name) & entries.keys()):
                 try:
                     self.merge(entries[shard_id])
                 except (ClusterError, JournalError, OSError) as e:

@@ -40,12 +40,11 @@ deletes never fetch one shard twice.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 
-from common.journal.filesystem import fsync_dir, make_dirs
-from shardmgr.cluster.cache import ShardCache, shard_objects
+from common.journal.filesystem import fsync_dir
+from shardmgr.cluster.cache import ShardCache, gather_files, shard_objects
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.errors import ClusterError, ShardsUnavailable
 from shardmgr.cluster.mirror import ClusterMirror, ClusterState
@@ -100,20 +99,9 @@ class ShardTaker:
         final = self.store.collection(name).shard_path(shard_id)
         tmp = final.with_name(final.name + TMP_SUFFIX)
         objects = shard_objects(state, name, shard_id)
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            make_dirs(tmp)
-            linked = []
-            for file, obj in objects.items():
-                cached = None if file == DELETES else self.cache.installed_file(name, shard_id, file, obj.key)
-                try:
-                    if cached is None:
-                        raise FileNotFoundError(file)
-                    os.link(cached, tmp / file)
-                    linked.append(file)
-                except FileNotFoundError:  # not cached, or dropped from the cache since
-                    self.objects.fetch(obj.key, tmp / file, size=obj.size, crc=obj.crc32c)
-            fsync_dir(tmp)
+        try:  # the delete log grows here: never a link to the cache's
+            fetched = gather_files(self.objects, tmp, objects, lambda file, obj: None if file == DELETES
+                                   else self.cache.installed_file(name, shard_id, file, obj.key))
             tmp.rename(final)
             fsync_dir(final.parent)
         except (ClusterError, OSError) as e:
@@ -130,5 +118,5 @@ class ShardTaker:
         if DELETES in objects:
             self.merger.note(name, shard_id, objects[DELETES].key)
         self.counters["shards_taken_total"] += 1
-        log.info("took shard %d of %s (%d rows) into this node's store to delete in it (%s linked from the "
-                 "cache, the rest fetched)", shard_id, name, rows, ", ".join(sorted(linked)) or "nothing")
+        log.info("took shard %d of %s (%d rows) into this node's store to delete in it (fetched %s, the rest "
+                 "linked from the cache)", shard_id, name, rows, ", ".join(sorted(fetched)) or "nothing")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from common.journal.copying import copy_journal
+from shardmgr.errors import UnknownCollection
 
 from .deletes import DeleteLog
 from .refs import ref_of
@@ -83,6 +84,15 @@ class ClusterSeam:
         collection = self.collection(name)
         with self._write:
             return [sealed_shard(name, s) for s in collection.shards.values() if s.sealed]
+
+    def sealed_ids(self, name: str) -> set[int]:
+        """Ids of the sealed shards ``name`` serves now (one snapshot of its
+        views, no lock); empty if there is no such collection."""
+        try:
+            views = self.collection(name).views()
+        except UnknownCollection:
+            return set()
+        return {view.shard for view in views if view.sealed}
 
     def sealed_shard(self, name: str, shard_id: int) -> SealedShard | None:
         """Sealed shard ``shard_id`` of ``name`` with its files, or None if
