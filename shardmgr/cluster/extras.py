@@ -188,6 +188,11 @@ class ShardExtras:
         """The published deletes of ``collection``'s shards, by shard id."""
         return self.read(collection).deletes
 
+    def deletes_of(self, collection: str, shard_id: int) -> DeletesEntry | None:
+        """The published deletes of one shard (one key read), or None."""
+        found = self.kv.get(self.key("deletes", collection, shard_id))
+        return self._deletes(found) if found is not None else None
+
     def indexes(self, collection: str) -> dict[int, IndexEntry]:
         """The published indexes of ``collection``'s shards, by shard id."""
         return self.read(collection).indexes

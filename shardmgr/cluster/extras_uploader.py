@@ -224,7 +224,7 @@ class ExtrasUploader:
         name, shard_id = sealed.collection, sealed.shard_id
         shard_map = ShardMap(self.config, name, self._kv)
         if self._merger is not None:
-            now = self._extras.deletes(name).get(shard_id)
+            now = self._extras.deletes_of(name, shard_id)
             if now is not None:
                 self._merger.merge(now, always=True)  # it may hold rows this log lacks (another node's)
         with tempfile.TemporaryDirectory(prefix="shardmgr-deletes-") as scratch:
@@ -238,6 +238,8 @@ class ExtrasUploader:
         there = self._extras.publish_deletes(token, DeletesEntry(name, shard_id, obj, deleted))
         self._deletes_there[(name, shard_id)] = there.deleted
         if there.object == obj:
+            if self._merger is not None:
+                self._merger.note(name, shard_id, obj.key)  # a copy of the log here: never fetched back
             self.counters["deletes_published_total"] += 1
             log.info("published the deletes of shard %d of %s: %d rows (%s)", shard_id, name, deleted, key)
 

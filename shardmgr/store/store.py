@@ -301,7 +301,7 @@ class Store(ClusterSeam):
         crash before that flush may undo it (each shard's part of the call
         as a whole)."""
         checked = batch.refs(refs, self.config.max_batch_rows)
-        shards = frozenset(np.unique(split_refs(checked)[0]).tolist())
+        shards = frozenset(np.unique(split_refs(checked)[0]).tolist()) if self.gate is not None else None
         return self._delete(name, shards, lambda collection: checked, durable)
 
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
@@ -312,7 +312,7 @@ class Store(ClusterSeam):
 
     def _delete(self, name: str, shards: frozenset[int] | None, refs: Callable[[Collection], np.ndarray],
                 durable: bool) -> int:
-        """One delete through the gate; ``refs`` runs under the write lock."""
+        """One delete through the gate (``shards``: for it alone); ``refs`` runs under the write lock."""
         with self._gated(name):
             collection = self.collection(name)
             if self.gate is not None:
