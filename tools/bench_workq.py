@@ -11,7 +11,8 @@ directory):
   ``complete_async``) and ``workq-one-trip`` (workers call
   ``complete_and_lease``: one round trip per item) are one item per call too;
 * Redis 7 streams with a consumer group, ``appendonly yes`` with
-  ``appendfsync everysec`` and ``always``;
+  ``appendfsync everysec`` and ``always``, and ``redis pipelined``
+  (``everysec``, the producer pipelining and each worker cycle one round trip);
 * beanstalkd with its binlog and ``-f 5`` (fsync at most every 5 ms);
 * NATS JetStream, file storage, work-queue retention (default sync).
 
@@ -26,7 +27,16 @@ time of the server process, from /proc) is reported for each phase.
 
 Concurrent producers (``--producers``, default 1, 8, 64): that many processes,
 each with its own connection, enqueue one item per call for a few seconds:
-workq ``durable=True`` against Redis ``always`` and ``everysec``.
+workq ``durable=True`` and Redis ``always``, workq's group commit and Redis
+``everysec``.
+
+Ratios pair like with like only (tools/peer.py, ``Peer.pairing``): the same
+durability (fsynced before the reply: workq ``durable=True``, Redis
+``always``; or after it, within the system's interval: the others), and for
+the enqueue figure the same producer (waiting for each reply, or pipelined:
+``workq pipelined``, ``redis pipelined``), for the work figure the same round
+trips per worker cycle (two; or one: ``workq pipelined``, ``workq one-trip``,
+``redis pipelined``). A figure whose pair differs is shown as —.
 
 Every configuration runs ``--runs`` times (default 3) in interleaved rounds;
 printed: the median of each figure with its min-max over the runs, and
@@ -103,15 +113,21 @@ PHASE_KEYS = ("enqueue_per_s", "work_per_s", "end_to_end_per_s")
 
 
 def ratios(rows: list[dict[str, Any]], match: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """workq / peer for every workq mode and every other peer measured with the same ``match``
-    (batch, or producer count), from the medians: one dict per pair, in ``match`` order."""
+    """workq / peer from the medians, like with like only: for every workq mode and every other
+    peer measured with the same ``match`` (batch, or producer count), the ratio of each figure in
+    ``keys`` whose pairing (tools/peer.py: durability, pipelining, worker round trips) is the
+    same on both sides, else None; pairs with no comparable figure are left out."""
     out = []
     for value in sorted({r[match] for r in rows}):
         group = [r for r in rows if r[match] == value]
         for mine in (r for r in group if r["peer"].startswith("workq")):
             for theirs in (r for r in group if not r["peer"].startswith("workq")):
-                out.append({match: value, "workq": mine["system"], "peer": theirs["system"],
-                            **{k: ratio(mine["summary"][k], theirs["summary"][k]) for k in keys}})
+                figures = {k: ratio(mine["summary"][k], theirs["summary"][k])
+                           if PEERS[mine["peer"]].pairing(k) == PEERS[theirs["peer"]].pairing(k) else None
+                           for k in keys}
+                if any(f is not None for f in figures.values()):
+                    out.append({match: value, "workq": mine["system"], "peer": theirs["system"],
+                                "pairing": PEERS[theirs["peer"]].driven(), **figures})
     return out
 
 
@@ -140,23 +156,31 @@ def show(results: dict[str, Any]) -> None:
 def _phase_table(console: Console, rows: list[dict[str, Any]], batch: int, spread: str) -> None:
     items = rows[0]["items"]
     table = Table(title=f"B={batch}: {items:,} items of {PAYLOAD} B, {WORKERS} workers, results of {RESULT} B; "
-                        f"items/s and server CPU µs/item, {spread}")
-    for col in ("system", "enqueue/s", "work/s", "end-to-end/s", "CPU µs/item enqueue", "CPU µs/item work"):
+                        f"items/s and server CPU µs/item, {spread}; driven as: ack before or after the fsync, "
+                        "producer waits for each reply or pipelines, worker round trips per cycle")
+    for col in ("system", "driven as", "enqueue/s", "work/s", "end-to-end/s", "CPU µs/item enqueue",
+                "CPU µs/item work"):
         table.add_column(col, justify="right")
     for row in rows:
         s: dict[str, Spread] = row["summary"]
-        table.add_row(row["system"], *(s[k].cell() for k in PHASE_KEYS),
+        table.add_row(row["system"], PEERS[row["peer"]].driven(), *(s[k].cell() for k in PHASE_KEYS),
                       *(s[k].cell("{:,.1f}") for k in ("enqueue_cpu_us", "work_cpu_us")))
         if s.get("leftover") and s["leftover"].high:
             console.print(f"[red]{row['system']} B={batch}: {s['leftover'].high:.0f} inputs left in the queue[/red]")
     console.print(table)
-    table = Table(title=f"B={batch}: workq / peer, ratios of the medians (higher is better for workq)")
-    for col in ("workq", "peer", "enqueue", "work", "end-to-end"):
+    table = Table(title=f"B={batch}: workq / peer, ratios of the medians (higher is better for workq), like with "
+                        "like only: equal durability, and for enqueue equal pipelining, for work equal round "
+                        "trips per cycle (— where they differ)")
+    for col in ("workq", "peer", "paired as", "enqueue", "work", "end-to-end"):
         table.add_column(col, justify="right")
     for pair in ratios(rows, "batch", PHASE_KEYS):
-        table.add_row(pair["workq"], pair["peer"], *(f"{pair[k]:.2f}" for k in PHASE_KEYS))
+        table.add_row(pair["workq"], pair["peer"], pair["pairing"], *(_figure(pair[k]) for k in PHASE_KEYS))
     if table.row_count:
         console.print(table)
+
+
+def _figure(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 def _memory_table(console: Console, rows: list[dict[str, Any]], runs: int) -> None:
@@ -180,11 +204,12 @@ def _producer_table(console: Console, rows: list[dict[str, Any]], spread: str, s
         table.add_row(row["system"], str(row["producers"]), s["enqueue_per_s"].cell(),
                       s["enqueue_cpu_us"].cell("{:,.1f}"), s["client_cpu_us"].cell("{:,.1f}"))
     console.print(table)
-    table = Table(title="concurrent producers: workq / peer enqueues/s, ratios of the medians")
-    for col in ("producers", "workq", "peer", "ratio"):
+    table = Table(title="concurrent producers: workq / peer enqueues/s, ratios of the medians, equal durability only")
+    for col in ("producers", "workq", "peer", "paired as", "ratio"):
         table.add_column(col, justify="right")
     for pair in ratios(rows, "producers", ("enqueue_per_s",)):
-        table.add_row(str(pair["producers"]), pair["workq"], pair["peer"], f"{pair['enqueue_per_s']:.2f}")
+        table.add_row(str(pair["producers"]), pair["workq"], pair["peer"], pair["pairing"],
+                      _figure(pair["enqueue_per_s"]))
     if table.row_count:
         console.print(table)
 

@@ -15,6 +15,12 @@ readings leave connection set-up out:
 * ``produce_single`` — enqueue one task per call, waiting for each reply,
   until ``seconds`` have passed; answers how many (the concurrent-producers
   mode runs many of these at once, each in its own process).
+
+Each Peer also says how it is driven, so that tools/bench_workq.py pairs only
+like with like (``pairing``): when an acknowledged write is durable
+(``durability``), whether its producer keeps calls in flight (``pipelined``)
+and how many round trips its worker spends per lease-and-complete cycle
+(``worker_trips``).
 """
 
 from __future__ import annotations
@@ -51,11 +57,39 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on port {port}")
 
 
+#: ``durability`` values: the reply comes after the fsync that covers the write (Redis ``always``,
+#: workq ``durable=True``), or before it, the write being fsynced within the system's interval
+#: (Redis ``everysec``, workq's group commit, beanstalkd ``-f 5``, JetStream's periodic sync)
+SYNCED = "ack after fsync"
+LATER = "ack before fsync"
+
+#: which of a Peer's properties must match for each phase's figure to be compared
+PHASE_PAIRING = {"enqueue_per_s": ("durability", "pipelined"),
+                 "work_per_s": ("durability", "worker_trips"),
+                 "end_to_end_per_s": ("durability", "pipelined", "worker_trips")}
+
+
 class Peer:
     """One system under test. Subclasses set ``name`` and implement the roles."""
 
     name = "peer"
+    durability = LATER
+    #: the producer sends its next call before the reply to the last (a pipeline, async calls)
+    pipelined = False
+    #: round trips per worker cycle: 2 = lease (read), then complete; 1 = the completion rides with the next lease
+    worker_trips = 2
     proc: subprocess.Popen[Any]
+
+    @classmethod
+    def pairing(cls, phase: str) -> tuple[object, ...]:
+        """What must be equal for this peer's ``phase`` figure to be compared with another's."""
+        return tuple(getattr(cls, attribute) for attribute in PHASE_PAIRING[phase])
+
+    @classmethod
+    def driven(cls) -> str:
+        """How it is driven, in words, for the tables."""
+        producer = "pipelined" if cls.pipelined else "waits"
+        return f"{cls.durability}, {producer}, {cls.worker_trips} trip{'s' if cls.worker_trips > 1 else ''}"
 
     @property
     def pid(self) -> int:

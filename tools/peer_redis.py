@@ -8,6 +8,12 @@ pipeline, an ``XADD`` to the results stream per task, one ``XACK`` and one
 (XACK alone leaves every entry in the stream). Producers with B > 1 pipeline
 B ``XADD`` per round trip; with B = 1 they call ``XADD`` once per item. The
 consumer reads results with ``XREAD`` from a cursor it keeps.
+
+``redis pipelined`` (``everysec``) is the pair of ``workq pipelined``: the
+producer sends PIPELINE_ITEMS ``XADD`` per round trip whatever B is (Redis's
+documentation on pipelining: send many commands, then read the replies), and
+a worker's pipeline ends with the next ``XREADGROUP``, so each cycle is one
+round trip, as workq's asynchronous completions and ``complete_and_lease`` are.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from peer import JOB, Begin, Peer, free_port, wait_port
+from peer import JOB, SYNCED, Begin, Peer, free_port, wait_port
 
 RESULTS = "results"
 GROUP = "g"
+#: XADDs per round trip of the pipelined producer (workq's pipelined client keeps up to 1,000 calls in flight)
+PIPELINE_ITEMS = 1000
 
 
 class Redis(Peer):
@@ -105,3 +113,41 @@ class Redis(Peer):
 class RedisAlways(Redis):
     name = "redis always"
     fsync = "always"
+    durability = SYNCED
+
+
+class RedisPipelined(Redis):
+    name = "redis pipelined"
+    pipelined = True
+    worker_trips = 1
+
+    def produce(self, items: int, batch: int, size: int, begin: Begin) -> None:
+        r = self._client()
+        r.xgroup_create(JOB, GROUP, id="0", mkstream=True)
+        payload = os.urandom(size)
+        per_trip = max(batch, PIPELINE_ITEMS)
+        begin()
+        for start in range(0, items, per_trip):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(min(per_trip, items - start)):
+                pipe.xadd(JOB, {"p": payload})
+            pipe.execute()
+
+    def work(self, index: int, batch: int, size: int, begin: Begin, stop: Any) -> None:
+        r = self._client()
+        r.ping()
+        result = os.urandom(size)
+        begin()
+        ids: list[bytes] = []
+        while True:  # each round trip: the last cycle's results, ack and delete, then the next read
+            pipe = r.pipeline(transaction=False)
+            if ids:
+                for _ in ids:
+                    pipe.xadd(RESULTS, {"r": result})
+                pipe.xack(JOB, GROUP, *ids)
+                pipe.xdel(JOB, *ids)
+            pipe.xreadgroup(GROUP, f"w{index}", {JOB: ">"}, count=batch, block=200)
+            reply = pipe.execute()[-1]
+            ids = [entry_id for entry_id, _ in reply[0][1]] if reply else []
+            if not ids and stop.is_set():
+                return

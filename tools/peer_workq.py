@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from peer import JOB, Begin, Peer
+from peer import JOB, SYNCED, Begin, Peer
 
 import workq
 from shardmgr.server import readiness
@@ -110,6 +110,7 @@ class Workq(Peer):
 class WorkqDurable(Workq):
     name = "workq durable"
     durable = True
+    durability = SYNCED
 
 
 class WorkqPipelined(Workq):
@@ -120,6 +121,7 @@ class WorkqPipelined(Workq):
 
     name = "workq pipelined"
     pipelined = True
+    worker_trips = 1  # the worker waits for its leases only
 
 
 class WorkqOneTrip(Workq):
@@ -129,6 +131,7 @@ class WorkqOneTrip(Workq):
 
     name = "workq one-trip"
     one_trip = True
+    worker_trips = 1
 
 
 def _memory(process: psutil.Process, queued: int) -> dict[str, Any]:

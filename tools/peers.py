@@ -9,17 +9,18 @@ from __future__ import annotations
 from peer import Peer
 from peer_beanstalkd import Beanstalkd
 from peer_nats import Nats
-from peer_redis import Redis, RedisAlways
+from peer_redis import Redis, RedisAlways, RedisPipelined
 from peer_workq import Workq, WorkqDurable, WorkqOneTrip, WorkqPipelined
 
 PEERS: dict[str, type[Peer]] = {
     "workq": Workq, "workq-durable": WorkqDurable, "workq-pipelined": WorkqPipelined, "workq-one-trip": WorkqOneTrip,
-    "redis": Redis, "redis-always": RedisAlways, "beanstalkd": Beanstalkd, "nats": Nats,
+    "redis": Redis, "redis-always": RedisAlways, "redis-pipelined": RedisPipelined, "beanstalkd": Beanstalkd,
+    "nats": Nats,
 }
 
-# The concurrent-producers mode compares durable single-item enqueues: workq's
-# durable=True against Redis with each fsync policy.
-PRODUCER_PEERS = ("workq-durable", "redis-always", "redis")
+# The concurrent-producers mode compares single-item enqueues, each waiting for its reply: workq's
+# durable=True with Redis always, workq's group commit with Redis everysec (bench_workq pairs them).
+PRODUCER_PEERS = ("workq-durable", "workq", "redis-always", "redis")
 
 
 def peer(name: str) -> Peer:
