@@ -186,6 +186,7 @@ def test_protected_mode_refuses_a_non_loopback_etcd_without_tls(tmp_path: Path, 
         shardmgr.connect_cluster(f"etcd://{far}:2379/p")
     for allowed in (EtcdSecurity(insecure=True), EtcdSecurity(ca=pki.ca), EtcdSecurity(tls=True)):
         ClusterConfig(etcd_host=far, etcd_port=2379, key_prefix="/p", bucket=BUCKET, etcd_security=allowed).validate()
+    assert ServerConfig(cluster=f"etcd://{far}/p", object_store="s3://bucket", insecure=True).validate()
     for command in (["serve", "--data", str(tmp_path / "data"), "--port", "0", "--cluster", f"etcd://{far}/p",
                      "--object-store", "s3://bucket"], ["cluster", "status", "--cluster", f"etcd://{far}/p"],
                     ["verify", "--cluster", f"etcd://{far}/p", "--object-store", "s3://bucket"]):
