@@ -52,7 +52,7 @@ from tests.cluster_servers import (  # noqa: E402
     etcd_binary,
 )
 from tests.shardmgr.cluster.conftest import BUCKET  # noqa: E402
-from tests.shardmgr.server.certs import Pki, make_pki  # noqa: E402
+from tests.shardmgr.server.certs import Pki, client_certificate, make_pki  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
 ROOT_PASSWORD = "root-pw-7d41c0"
@@ -145,11 +145,12 @@ def test_lapsed_tokens_and_an_etcd_restart_cost_a_new_token_not_an_error(secure:
 
 
 @pytest.mark.parametrize("case", ["wrong password", "unknown user", "no client certificate", "another CA",
-                                  "plain HTTP", "no user"])
+                                  "plain HTTP", "no user", "a certificate with a CN"])
 def test_refused_credentials_are_one_line_naming_the_cause_without_the_password(
         secure: EtcdServer, pki: Pki, tmp_path: Path, case: str) -> None:
     good = secure.security(USER, PASSWORD)
     other = make_pki(tmp_path / "other", prefix="other-")
+    named_cert, named_key = client_certificate(pki, tmp_path, "node1.example")
     security, expected = {
         "wrong password": (EtcdSecurity(ca=pki.ca, cert=pki.client_cert, key=pki.client_key, user=USER,
                                         password=PASSWORD + "x"), "wrong password or unknown user"),
@@ -160,6 +161,8 @@ def test_refused_credentials_are_one_line_naming_the_cause_without_the_password(
                                     password=PASSWORD), "etcd's certificate was not accepted"),
         "plain HTTP": (EtcdSecurity(user=USER, password=PASSWORD), "speaks TLS closes plain HTTP connections"),
         "no user": (EtcdSecurity(ca=pki.ca, cert=pki.client_cert, key=pki.client_key), "give an etcd user"),
+        "a certificate with a CN": (EtcdSecurity(ca=pki.ca, cert=named_cert, key=named_key, user=USER,
+                                                 password=PASSWORD), "issue the etcd client certificate without a CN"),
     }[case]
     cfg = config(secure, security)
     # plain HTTP is retryable: the way a TLS port refuses it is also how an etcd going away looks

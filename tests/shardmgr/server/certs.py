@@ -24,6 +24,8 @@ class Pki:
     server_key: Path
     client_cert: Path
     client_key: Path
+    #: the CA's own key (client_certificate signs more with it)
+    ca_key: Path | None = None
 
 
 def _name(common_name: str) -> x509.Name:
@@ -69,8 +71,11 @@ def make_pki(directory: Path, prefix: str = "", *, peer: bool = False, client_na
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = _issue(f"{prefix}test CA", ca_key, _name(f"{prefix}test CA"), ca_key, ca=True)
-    pki = Pki(*(directory / f"{prefix}{n}.pem" for n in ("ca", "server", "server-key", "client", "client-key")))
+    pki = Pki(*(directory / f"{prefix}{n}.pem" for n in ("ca", "server", "server-key", "client", "client-key",
+                                                          "ca-key")))
     pki.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    assert pki.ca_key is not None
+    _write_key(ca_key, pki.ca_key)
     for cert_path, key_path, server in ((pki.server_cert, pki.server_key, True),
                                         (pki.client_cert, pki.client_key, False)):
         key = ec.generate_private_key(ec.SECP256R1())
@@ -79,3 +84,16 @@ def make_pki(directory: Path, prefix: str = "", *, peer: bool = False, client_na
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, key_path)
     return pki
+
+
+def client_certificate(pki: Pki, directory: Path, name: str) -> tuple[Path, Path]:
+    """Another client certificate (and its key) signed by ``pki``'s CA, with common name ``name``."""
+    assert pki.ca_key is not None
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert_path, key_path = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    cert_path.write_bytes(_issue(name, key, ca_cert.subject, ca_key).public_bytes(serialization.Encoding.PEM))
+    _write_key(key, key_path)
+    return cert_path, key_path
