@@ -82,8 +82,10 @@ def connect_cluster(url: str, **options: Any) -> ClusterClient:
     """A client of the cluster at ``etcd://HOST:PORT/PREFIX`` (cluster mode,
     docs/cluster.md): StoreClient's methods; it finds the live nodes in etcd,
     moves to another when one fails, and sends writes to each collection's
-    writer. ``options``: ``prefer``, ``attempts``, ``etcd_timeout_s``, and
-    those of StoreClient (timeout, token, tls, ...). Needs the cluster extra."""
+    writer. ``options``: ``prefer``, ``attempts``, ``etcd_timeout_s``,
+    ``etcd_security`` (an EtcdSecurity from shardmgr.cluster.config: etcd's
+    TLS and user, docs/security.md), and those of StoreClient (timeout,
+    token, tls, ...). Needs the cluster extra."""
     from shardmgr.cluster.cluster_client import ClusterClient
 
     return ClusterClient(url, **options)

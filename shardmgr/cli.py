@@ -17,7 +17,8 @@ from rich.table import Table
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, RpcClient
-from shardmgr.cluster.commands import cluster
+from shardmgr.cluster.commands import cluster, etcd_client_options, etcd_options
+from shardmgr.cluster.config import EtcdSecurity
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 
 from . import __version__, tables
@@ -62,7 +63,8 @@ main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster sta
 @click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Tokens file ('shardmgr token create'): every connection must present a token.")
 @click.option("--insecure", is_flag=True, default=None,
-              help="Allow a non-loopback --host/--metrics-host without --auth-file (logs a warning).")
+              help="Allow a non-loopback --host/--metrics-host without --auth-file, and a non-loopback etcd "
+                   "without TLS (logs a warning).")
 @click.option("--metrics-host", default=None, help="Address of the metrics endpoint.",
               show_default=_DEFAULTS.metrics_host)
 @click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -80,6 +82,7 @@ main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster sta
               show_default="<host name>-<hash of the data directory>")
 @click.option("--advertise", default=None, metavar="HOST:PORT", help="Where other nodes and clients reach this node.",
               show_default="the listening address")
+@etcd_options
 def serve(config_file: Path | None, **options: object) -> None:
     """Run the service on one port until SIGTERM or SIGINT.
 
@@ -345,8 +348,9 @@ def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | 
 @click.option("--deep", is_flag=True, help="Also read everything and verify every checksum.")
 @click.option("--repair", is_flag=True, help="Offline: quarantine corrupt units, run recovery, then check again.")
 @click.option("--json", "as_json", is_flag=True, help="Print one machine-readable report.")
+@etcd_client_options
 def verify(data_dir: Path | None, cluster: str | None, object_store: str | None, s3_endpoint: str | None,
-           orphan_grace_s: float | None, deep: bool, repair: bool, as_json: bool) -> None:
+           orphan_grace_s: float | None, deep: bool, repair: bool, as_json: bool, etcd_security: EtcdSecurity) -> None:
     """Check every file of a data directory, or a cluster, for damage.
 
     Read-only and safe beside a running server, unless --repair, which
@@ -382,7 +386,7 @@ def verify(data_dir: Path | None, cluster: str | None, object_store: str | None,
         report = run(data_dir, deep=deep, repair=repair, on_file=progress.advance) if data_dir is not None else None
         if cluster is not None:
             checked = verify_cluster(cluster, object_store, s3_endpoint, deep=deep, orphan_grace_s=orphan_grace_s,
-                                     on_object=progress.advance, on_total=progress.expect)
+                                     on_object=progress.advance, on_total=progress.expect, etcd_security=etcd_security)
             report = checked if report is None else report.joined(checked)
     except CannotVerify as exc:
         click.echo(f"shardmgr verify: {exc}", err=True)

@@ -8,6 +8,7 @@ from shardmgr.cluster.loopback import (
     S3_REGION,
     S3_SECRET_KEY,
     EtcdServer,
+    EtcdTls,
     Server,
     ServerError,
     WeedServer,
@@ -16,5 +17,5 @@ from shardmgr.cluster.loopback import (
     weed_binary,
 )
 
-__all__ = ["S3_ACCESS_KEY", "S3_REGION", "S3_SECRET_KEY", "EtcdServer", "Server", "ServerError", "WeedServer",
-           "etcd_binary", "free_ports", "weed_binary"]
+__all__ = ["S3_ACCESS_KEY", "S3_REGION", "S3_SECRET_KEY", "EtcdServer", "EtcdTls", "Server", "ServerError",
+           "WeedServer", "etcd_binary", "free_ports", "weed_binary"]

@@ -6,7 +6,8 @@ and raw array parts), the client base with reconnects and pipelining
 the contract between the server and the components it hosts
 (``component``), the byte budget that bounds what frames still arriving
 may hold (``budget``) and their deadlines (``deadlines``), the errors that cross the wire with a stable code
-(``errors``) and TLS contexts for both ends (``tls``). docs/protocol.md
+(``errors``), TLS contexts for both ends (``tls``) and which hosts are
+loopback (``hosts``). docs/protocol.md
 describes the protocol, docs/security.md tokens and TLS.
 
 May import: ``common.errors``, ``common.units``; never ``common.journal``,

@@ -27,6 +27,9 @@ live members from etcd (``<prefix>/members/<node>``: JSON ``{"node",
 Options go to each StoreClient (and so to RpcClient: ``timeout``,
 ``token``, ``tls``, ``ca``, ...), except that ``retry_for`` defaults to
 MEMBER_RETRY_S here: a dead member is given up quickly for the next.
+``etcd_security`` (an EtcdSecurity: TLS, client certificate, etcd user) is
+how etcd is reached, as for the nodes; a non-loopback etcd without TLS is
+refused (BadClusterConfig) unless its ``insecure`` is set.
 
 Threads: not thread-safe (like StoreClient): one per thread.
 """
@@ -41,7 +44,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from common.wire.errors import ServiceError, Unavailable
-from shardmgr.cluster.config import parse_etcd_url
+from shardmgr.cluster.config import EtcdSecurity, parse_etcd_url
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import CoordinationError, WriterElsewhere
 from shardmgr.cluster.kv import Kv
@@ -60,17 +63,19 @@ DEFAULT_ATTEMPTS = 3
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EtcdAddress:
-    """A cluster's etcd endpoint and key prefix, from ``etcd://HOST[:PORT]/PREFIX``."""
+    """A cluster's etcd endpoint and key prefix, from ``etcd://HOST[:PORT]/PREFIX``, and how to reach it."""
 
     etcd_host: str
     etcd_port: int
     key_prefix: str
     etcd_timeout_s: float = 2.0
+    etcd_security: EtcdSecurity = EtcdSecurity()
 
     @classmethod
-    def parse(cls, url: str, etcd_timeout_s: float) -> EtcdAddress:
+    def parse(cls, url: str, etcd_timeout_s: float, etcd_security: EtcdSecurity | None = None) -> EtcdAddress:
+        """BadClusterConfig for a malformed URL, or security settings etcd_security.validate refuses."""
         host, port, prefix = parse_etcd_url(url)
-        return cls(host, port, prefix, etcd_timeout_s)
+        return cls(host, port, prefix, etcd_timeout_s, (etcd_security or EtcdSecurity()).validate(host))
 
     def key(self, *parts: str) -> str:
         return "/".join((self.key_prefix, *parts))
@@ -86,14 +91,15 @@ class ClusterClient:
     """A client of every node of one cluster (module docstring)."""
 
     def __init__(self, url: str, *, prefer: str | None = None, attempts: int = DEFAULT_ATTEMPTS,
-                 etcd_timeout_s: float = 2.0, **options: Any) -> None:
+                 etcd_timeout_s: float = 2.0, etcd_security: EtcdSecurity | None = None,
+                 **options: Any) -> None:
         """``url``: ``etcd://HOST[:PORT]/PREFIX``; ``prefer``: a node id to
         read from while it is a member; ``attempts``: nodes a call is tried on;
-        ``options``: for each node's StoreClient."""
+        ``etcd_security``: TLS and user for etcd; ``options``: for each node's StoreClient."""
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.url = url
-        self.etcd = EtcdAddress.parse(url, etcd_timeout_s)
+        self.etcd = EtcdAddress.parse(url, etcd_timeout_s, etcd_security)
         self.prefer = prefer
         self.attempts = attempts
         self.options = {"retry_for": MEMBER_RETRY_S, **options}

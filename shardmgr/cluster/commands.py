@@ -6,8 +6,11 @@ line works without the extra and says what is missing when asked for it.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -15,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shardmgr import tables
+from shardmgr.cluster.config import ETCD_PASSWORD_ENV, EtcdSecurity
 
 if TYPE_CHECKING:
     from shardmgr.cluster.config import ClusterConfig
@@ -24,6 +28,52 @@ EXIT_FAILED = 1  # as shardmgr/cli.py: the command could not do its job
 #: the bucket of a status read given no --object-store: a placeholder the status never asks for
 NO_OBJECT_STORE = "s3://no-object-store"
 NOT_REPORTED = "not reported"
+
+
+#: the etcd options' parameter names: ServerConfig's fields of the same names (``serve``)
+ETCD_OPTIONS = ("etcd_tls", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password_file")
+
+
+def etcd_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options of how etcd is reached (TLS, client certificate, user), as
+    keyword arguments named ETCD_OPTIONS. There is no password option: a
+    command line is visible to every user (``ps``)."""
+    file = click.Path(dir_okay=False, path_type=Path)
+    for name, help_text in reversed((
+            ("--etcd-tls", "Speak TLS to etcd, checking it against the system's CAs (--etcd-ca implies it)."),
+            ("--etcd-ca", "PEM CA file etcd's certificate is checked against (implies --etcd-tls)."),
+            ("--etcd-cert", "PEM client certificate, for an etcd started with --client-cert-auth."),
+            ("--etcd-key", "PEM key of --etcd-cert."),
+            ("--etcd-user", "etcd user to authenticate as (etcd with auth enabled)."),
+            ("--etcd-password-file", f"File whose first line is --etcd-user's password (else ${ETCD_PASSWORD_ENV})."))):
+        if name == "--etcd-tls":
+            command = click.option(name, is_flag=True, default=None, help=help_text)(command)
+        elif name == "--etcd-user":
+            command = click.option(name, default=None, metavar="NAME", help=help_text)(command)
+        else:
+            command = click.option(name, type=file, default=None, help=help_text)(command)
+    return command
+
+
+def etcd_security(options: dict[str, Any], insecure: bool) -> EtcdSecurity:
+    """The EtcdSecurity of the etcd options' values (not validated: ClusterConfig and EtcdAddress do that)."""
+    return EtcdSecurity(tls=bool(options.get("etcd_tls")), ca=options.get("etcd_ca"), cert=options.get("etcd_cert"),
+                        key=options.get("etcd_key"), user=options.get("etcd_user"),
+                        password_file=options.get("etcd_password_file"), insecure=insecure)
+
+
+def etcd_client_options(command: Callable[..., None]) -> Callable[..., None]:
+    """etcd_options and ``--insecure``, given to the command as one ``etcd_security`` (an EtcdSecurity)."""
+    inner = command
+
+    @functools.wraps(inner)
+    def with_etcd(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in ETCD_OPTIONS}
+        inner(etcd_security=etcd_security(given, bool(kwargs.pop("insecure"))), **kwargs)
+
+    command = click.option("--insecure", is_flag=True,
+                           help="Allow a non-loopback etcd without TLS (protected mode, docs/security.md).")(with_etcd)
+    return etcd_options(command)
 
 
 @click.group()
@@ -43,8 +93,9 @@ def cluster() -> None:
 @click.option("--timeout", type=click.FloatRange(min=0.1, max=60), default=2.0, show_default=True,
               help="Seconds per etcd request.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@etcd_client_options
 def status(cluster_url: str, object_store: str | None, s3_endpoint: str | None, replicas: int, timeout: float,
-           as_json: bool) -> None:
+           as_json: bool, etcd_security: EtcdSecurity) -> None:
     """Nodes, leases, collections, writers, published shards and where they
     are served, holders of unpublished rows, and bytes in object storage:
     one read of etcd, at one revision.
@@ -60,7 +111,7 @@ def status(cluster_url: str, object_store: str | None, s3_endpoint: str | None, 
     except ImportError as exc:
         raise click.UsageError(f"needs the cluster extra (pip install 'shardmgr[cluster]'): {exc}") from None
     try:
-        config = _config(cluster_url, object_store, s3_endpoint, timeout)
+        config = _config(cluster_url, object_store, s3_endpoint, timeout, etcd_security)
         objects = None
         if object_store is not None:
             from shardmgr.cluster.objects import ObjectStore
@@ -80,12 +131,13 @@ def status(cluster_url: str, object_store: str | None, s3_endpoint: str | None, 
         show(Console(), found)
 
 
-def _config(cluster_url: str, object_store: str | None, s3_endpoint: str | None, timeout: float) -> ClusterConfig:
+def _config(cluster_url: str, object_store: str | None, s3_endpoint: str | None, timeout: float,
+            security: EtcdSecurity) -> ClusterConfig:
     from shardmgr.cluster.config import ClusterConfig
 
     ttl = max(2, int(timeout) + 1)  # the config wants etcd_timeout_s below a lease TTL; no lease is taken here
     return ClusterConfig.from_urls(cluster_url, object_store or NO_OBJECT_STORE, s3_endpoint=s3_endpoint,
-                                   etcd_timeout_s=timeout, lease_ttl_s=ttl)
+                                   etcd_timeout_s=timeout, lease_ttl_s=ttl, etcd_security=security)
 
 
 def show(console: Console, found: ClusterStatus) -> None:

@@ -3,20 +3,26 @@
 :class:`ClusterConfig` (where etcd and the bucket are) is built from the two
 URLs of ``shardmgr serve --cluster etcd://HOST:PORT/PREFIX --object-store
 s3://BUCKET/PREFIX`` by :meth:`ClusterConfig.from_urls`; :class:`NodeConfig`
-(the ``[node]`` table of the server's TOML file) holds a node's timings. S3
-credentials are not part of it: boto3's standard chain finds them
-(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, the shared
-credentials file, instance roles), so no secret is ever in a config file or
-a command line.
+(the ``[node]`` table of the server's TOML file) holds a node's timings;
+:class:`EtcdSecurity` how etcd is reached (TLS, a user). S3 credentials are
+not part of it: boto3's standard chain finds them (``AWS_ACCESS_KEY_ID``/
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, the shared credentials file,
+instance roles), and etcd's password comes from a file or
+``SHARDMGR_ETCD_PASSWORD``, so no secret is ever in a config file, a repr
+or a command line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from common.wire import tls
+from common.wire.hosts import is_loopback
 from shardmgr.cluster.errors import BadClusterConfig
 
 #: etcd's smallest effective lease TTL: a 1 s lease still lives ~2.3 s (anchor)
@@ -27,6 +33,86 @@ PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: S3 bucket names (the portable subset: no dots, so path and virtual-host styles both work)
 BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+#: the environment variable etcd's password is read from when no password file is given
+ETCD_PASSWORD_ENV = "SHARDMGR_ETCD_PASSWORD"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EtcdSecurity:
+    """How etcd is reached: TLS (on when ``tls``, ``ca`` or ``cert`` is set)
+    and an etcd user. ``validate(host)`` checks it, protected mode included.
+
+    The password is never a field a file or a command line sets: it is
+    read, at each authentication (so a rotated file is picked up), from
+    ``password`` (the library's argument, left out of the repr), else
+    ``password_file`` (its first line), else ``$SHARDMGR_ETCD_PASSWORD``."""
+
+    #: speak TLS to etcd, checking its certificate against the default CAs (``ca`` or ``cert`` imply it)
+    tls: bool = False
+    #: PEM CA file etcd's certificate (and its host name) is checked against
+    ca: Path | None = None
+    #: PEM client certificate and key, for an etcd started with ``--client-cert-auth`` (mutual TLS)
+    cert: Path | None = None
+    key: Path | None = None
+    #: the etcd user to authenticate as (etcd with auth enabled); None: no authentication
+    user: str | None = None
+    #: a file whose first line is the user's password
+    password_file: Path | None = None
+    #: the password itself (library use); never shown
+    password: str | None = dataclasses.field(default=None, repr=False)
+    #: allow a non-loopback etcd over plain HTTP (protected mode; the server logs a warning at each start)
+    insecure: bool = False
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or self.ca is not None or self.cert is not None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.uses_tls else "http"
+
+    def read_password(self) -> str:
+        """The user's password now (class docstring); BadClusterConfig if there is none."""
+        if self.password is not None:
+            return self.password
+        if self.password_file is not None:
+            try:
+                with open(self.password_file, encoding="utf-8") as f:
+                    found = f.readline().rstrip("\r\n")
+            except (OSError, UnicodeDecodeError) as e:
+                raise BadClusterConfig(f"cannot read etcd's password file {self.password_file}: "
+                                       f"{getattr(e, 'strerror', None) or type(e).__name__}") from e
+            if not found:
+                raise BadClusterConfig(f"etcd's password file {self.password_file} is empty")
+            return found
+        found = os.environ.get(ETCD_PASSWORD_ENV, "")
+        if not found:
+            raise BadClusterConfig(f"etcd user {self.user!r} needs a password: give a password file "
+                                   f"(--etcd-password-file) or set ${ETCD_PASSWORD_ENV}")
+        return found
+
+    def validate(self, host: str) -> EtcdSecurity:
+        """This config, if its files load and it may talk to etcd at ``host``; else BadClusterConfig."""
+        if (self.cert is None) != (self.key is None):
+            raise BadClusterConfig("etcd's client certificate and key go together: give both or neither")
+        if self.uses_tls:
+            try:  # loaded once here so that a bad file is one clear line at start, not a failure later
+                tls.client_context(self.ca, self.cert, self.key)
+            except ValueError as e:
+                raise BadClusterConfig(f"etcd TLS: {e}") from e
+        if self.user is not None:
+            if not self.user or any(c.isspace() for c in self.user):
+                raise BadClusterConfig(f"etcd user name must be non-empty, without spaces, got {self.user!r}")
+            self.read_password()
+        elif self.password is not None or self.password_file is not None:
+            raise BadClusterConfig("an etcd password needs an etcd user (--etcd-user)")
+        if not self.uses_tls and not self.insecure and not is_loopback(host):
+            raise BadClusterConfig(
+                f"protected mode: refusing to talk to etcd at {host!r} (not loopback) without TLS. Whoever can "
+                f"read or change that traffic decides where writes are forwarded and searches go, and sees the "
+                f"etcd password. Give --etcd-ca (with --etcd-cert/--etcd-key for an etcd that wants client "
+                f"certificates), or pass --insecure to accept the risk (see docs/security.md)")
+        return self
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +142,8 @@ class ClusterConfig:
     multipart_threshold_bytes: int = 64 << 20
     multipart_chunk_bytes: int = 16 << 20
     transfer_concurrency: int = 4
+    #: how etcd is reached: TLS, client certificate, user (EtcdSecurity)
+    etcd_security: EtcdSecurity = EtcdSecurity()
 
     @classmethod
     def from_urls(cls, cluster: str, object_store: str, **fields: object) -> ClusterConfig:
@@ -91,6 +179,7 @@ class ClusterConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
         if not self.etcd_host or not 0 < self.etcd_port < 65536:
             raise BadClusterConfig(f"etcd endpoint must be host:port, got {self.etcd_host!r}:{self.etcd_port}")
+        self.etcd_security.validate(self.etcd_host)
         if not self.key_prefix.startswith("/") or not PATH.fullmatch(self.key_prefix[1:]):
             raise BadClusterConfig(f"key_prefix must be '/' and path segments of letters, digits, '.', '_', '-', "
                                    f"got {self.key_prefix!r}")

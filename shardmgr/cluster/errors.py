@@ -16,7 +16,8 @@ import re
 from common.wire.errors import BadRequest, Conflict, NotFound, Unavailable
 from shardmgr.errors import ShardmgrError
 
-__all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "LeaseLost",
+__all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "CoordinationDenied",
+           "LeaseLost",
            "NodeIdTaken", "NotWriter", "WriterElsewhere", "WriterUnreachable", "ForwardDenied", "ShardConflict",
            "ObjectStoreError", "ObjectStoreUnavailable", "ObjectStoreDenied", "ObjectExists", "ObjectMissing",
            "ChecksumMismatch", "writer_address"]
@@ -45,6 +46,16 @@ class CoordinationUnavailable(CoordinationError, Unavailable):
     that timed out took effect is unknown: read before retrying it."""
 
     code = "shardmgr.cluster.coordination_unavailable"
+
+
+class CoordinationDenied(CoordinationError):
+    """etcd refused this client's credentials or its TLS: a wrong password
+    or an unknown user, a certificate it does not accept (or none), a
+    server certificate the CA does not vouch for, or a user whose roles do
+    not cover the keys. Not retryable until the configuration is fixed;
+    the message names the cause and never holds the password."""
+
+    code = "shardmgr.cluster.coordination_denied"
 
 
 class LeaseLost(CoordinationError):

@@ -7,9 +7,17 @@ thread of its own (a lease's keepalive, a watch) makes its own ``Kv``.
 
 Every request is bounded by ``ClusterConfig.etcd_timeout_s``. A failure
 becomes a :class:`CoordinationUnavailable` (unreachable, timed out, etcd
-busy: retryable) or a :class:`CoordinationError` (refused), naming the
+busy: retryable), a :class:`CoordinationDenied` (etcd refused the password,
+the certificate or the user's permissions: one line saying which, never the
+password) or a :class:`CoordinationError` (refused otherwise), naming the
 endpoint and what was asked, with the library's exception as its cause. A
 write that timed out may or may not have been applied.
+
+TLS and users (``EtcdSecurity``): etcd3gw's session carries the CA and the
+client certificate; with a user, every request carries the process's
+token for it (etcd_auth.py), and a request etcd answers "invalid auth
+token" is repeated once with a new token, so an expired token or an etcd
+restart costs one authentication, not an error.
 """
 
 from __future__ import annotations
@@ -22,11 +30,17 @@ import etcd3gw
 import requests
 from etcd3gw import exceptions as etcd_exceptions
 
-from shardmgr.cluster.errors import CoordinationError, CoordinationUnavailable
+from shardmgr.cluster import etcd_auth
+from shardmgr.cluster.config import EtcdSecurity
+from shardmgr.cluster.errors import CoordinationDenied, CoordinationError, CoordinationUnavailable
 
 #: etcd3gw's errors that mean "try again later" rather than "refused"
 RETRYABLE = (etcd_exceptions.ConnectionFailedError, etcd_exceptions.ConnectionTimeoutError,
              etcd_exceptions.InternalServerError, requests.RequestException)
+#: how a TLS port of etcd answers plain HTTP (it also means an etcd that went away mid-request: still retryable)
+PLAIN_TO_TLS = "Remote end closed connection without response"
+#: what a request may raise: etcd3gw's errors, requests' (an OSError), an OSError loading a TLS file
+FAILURES = (etcd_exceptions.Etcd3Exception, OSError)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,6 +143,9 @@ class EtcdEndpoint(Protocol):
     @property
     def etcd_timeout_s(self) -> float: ...
 
+    @property
+    def etcd_security(self) -> EtcdSecurity: ...
+
 
 class Kv:
     """A client of the cluster's etcd (one HTTP session; use from one thread at a time)."""
@@ -136,22 +153,75 @@ class Kv:
     def __init__(self, config: EtcdEndpoint) -> None:
         self.config = config
         self.endpoint = f"{config.etcd_host}:{config.etcd_port}"
+        security = self.security = config.etcd_security
         # api_path given: no discovery round-trip; /v3/ is etcd >= 3.4's gateway
         self._client = etcd3gw.client(host=config.etcd_host, port=config.etcd_port,
-                                      timeout=config.etcd_timeout_s, api_path="/v3/")
+                                      timeout=config.etcd_timeout_s, api_path="/v3/", protocol=security.scheme,
+                                      ca_cert=None if security.ca is None else str(security.ca),
+                                      cert_cert=None if security.cert is None else str(security.cert),
+                                      cert_key=None if security.key is None else str(security.key))
+        # Per request too: requests lets $REQUESTS_CA_BUNDLE override a session's CA file, not a request's
+        self._tls: dict[str, Any] = {} if not security.uses_tls else {
+            "verify": True if security.ca is None else str(security.ca),
+            "cert": None if security.cert is None else (str(security.cert), str(security.key))}
+        #: this process's tokens for the user (None: no user, no token sent)
+        self.tokens = (etcd_auth.tokens_for(config.etcd_host, config.etcd_port, security)
+                       if security.user is not None else None)
 
     def close(self) -> None:
         self._client.session.close()
 
+    def token(self) -> str | None:
+        """The user's current token (authenticating first if there is none); None without a user."""
+        return None if self.tokens is None else self.tokens.current(self._login)
+
+    def renew_token(self, stale: str) -> str:
+        """A token other than ``stale`` (etcd refused it); see etcd_auth.py."""
+        assert self.tokens is not None
+        return self.tokens.renew(stale, self._login)
+
     def post(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-        """One gateway request; errors translated (module docstring)."""
+        """One gateway request; errors translated, a stale token renewed once (module docstring)."""
+        token = self.token()
         try:
-            answer: dict[str, Any] = self._client.post(self._client.get_url(path), json=body)
-        except RETRYABLE as e:
-            raise CoordinationUnavailable(f"etcd {self.endpoint}: {what}: {describe(e)}") from e
-        except etcd_exceptions.Etcd3Exception as e:
-            raise CoordinationError(f"etcd {self.endpoint}: {what}: {describe(e)}") from e
+            return self._post(path, body, token)
+        except FAILURES as e:
+            if token is None or not etcd_auth.is_stale_token(etcd_auth.etcd_message(getattr(e, "detail_text", None))):
+                raise self._translate(e, what) from e
+        try:
+            return self._post(path, body, self.renew_token(token))
+        except FAILURES as e:
+            raise self._translate(e, what) from e
+
+    def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
+        headers = {} if token is None else {"Authorization": token}
+        answer: dict[str, Any] = self._client.post(self._client.get_url(path), json=body, headers=headers,
+                                                   **self._tls)
         return answer
+
+    def _login(self) -> str:
+        """A new token for the user (the password read now; never in an error)."""
+        assert self.security.user is not None
+        credentials = {"name": self.security.user, "password": self.security.read_password()}
+        what = f"authenticate as user {self.security.user!r}"
+        try:
+            return str(self._post("/auth/authenticate", credentials, None)["token"])
+        except FAILURES as e:
+            raise self._translate(e, what) from e
+        except (KeyError, TypeError) as e:
+            raise CoordinationError(f"etcd {self.endpoint}: {what}: the answer holds no token") from e
+
+    def _translate(self, e: BaseException, what: str) -> CoordinationError:
+        """The error to raise for a failed request (module docstring)."""
+        message = etcd_auth.etcd_message(getattr(e, "detail_text", None))
+        refused = etcd_auth.tls_refusal(e, self.security) or etcd_auth.refusal(message, self.security.user)
+        if refused is not None:
+            return CoordinationDenied(f"etcd {self.endpoint}: {what}: {refused}")
+        if isinstance(e, RETRYABLE):
+            hint = "" if self.security.uses_tls or PLAIN_TO_TLS not in describe(e) else (
+                " (an etcd port that speaks TLS closes plain HTTP connections so: give --etcd-ca if this one does)")
+            return CoordinationUnavailable(f"etcd {self.endpoint}: {what}: {describe(e)}{hint}")
+        return CoordinationError(f"etcd {self.endpoint}: {what}: {describe(e)}")
 
     def get(self, key: str) -> Entry | None:
         """The key's entry, or None if absent."""

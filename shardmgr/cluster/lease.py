@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.errors import CoordinationError, CoordinationUnavailable, LeaseLost
+from shardmgr.cluster.errors import CoordinationDenied, CoordinationError, CoordinationUnavailable, LeaseLost
 from shardmgr.cluster.kv import Kv
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class NodeLease:
             sent = time.monotonic()
             try:
                 ttl = self._kv.keepalive(self.id)
-            except CoordinationUnavailable as e:
+            except (CoordinationUnavailable, CoordinationDenied) as e:  # denied: a renewed token was refused
                 log.warning("lease %x keepalive failed (%.1f s left): %s", self.id, self.remaining_s(), e)
                 wait = interval / 2
                 continue

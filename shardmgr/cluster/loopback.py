@@ -10,12 +10,20 @@ bounded polls; ``stop`` sends TERM, waits a bounded time, then KILL, and reaps.
 the data directory and the ports. Only the processes started here are ever
 signalled, by their PID.
 
+etcd can also run as a secured one does (docs/security.md): over TLS with
+client certificates (``EtcdTls``; the files are the caller's, e.g. from the
+tests' certs.py) and with users and auth enabled (``enable_auth``,
+``add_user``, through the HTTP gateway, so no password is on a command
+line); ``auth_token_ttl_s`` shortens the life of etcd's tokens.
+
 Recipes and pitfalls: shared/anchors/scaleout-feasibility.md.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -29,6 +37,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO, Any
+
+from common.wire import tls as tls_contexts
+from shardmgr.cluster.config import EtcdSecurity
 
 S3_ACCESS_KEY = "testaccess"
 S3_SECRET_KEY = "testsecret0123456789"
@@ -188,10 +199,37 @@ class Server:
             return "(no log)"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """PEM files of an etcd serving TLS. With ``client_cert_auth`` clients
+    must present a certificate ``ca`` signed; then etcd's HTTP gateway
+    presents ``cert`` to etcd's own gRPC port, so ``cert`` must allow client
+    authentication too, and with auth enabled the gateway refuses client
+    certificates that have a Common Name. ``client_cert``/``client_key``:
+    what this class's own requests (readiness, users) present."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+    client_cert_auth: bool = True
+
+
 class EtcdServer(Server):
-    """A single-member etcd on two loopback ports (client, peer)."""
+    """A single-member etcd on two loopback ports (client, peer); over TLS
+    with ``tls``; ``auth_token_ttl_s``: etcd's ``--auth-token-ttl``."""
 
     name = "etcd"
+
+    def __init__(self, binary: str, workdir: Path, *, tls: EtcdTls | None = None,
+                 auth_token_ttl_s: int | None = None) -> None:
+        super().__init__(binary, workdir)
+        self.tls = tls
+        self.auth_token_ttl_s = auth_token_ttl_s
+        self._root_password: str | None = None  # set by enable_auth
+        self._context = (tls_contexts.client_context(tls.ca, tls.client_cert, tls.client_key)
+                         if tls is not None else None)
 
     def port_count(self) -> int:
         return 2
@@ -200,20 +238,81 @@ class EtcdServer(Server):
     def client_port(self) -> int:
         return self.ports[0]
 
+    @property
+    def client_url(self) -> str:
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.client_port}"
+
     def url(self, prefix: str) -> str:
         return f"etcd://127.0.0.1:{self.client_port}/{prefix}"
 
+    def security(self, user: str | None = None, password: str | None = None) -> EtcdSecurity:
+        """How a client reaches this etcd: its TLS files, and ``user`` with ``password`` if given."""
+        if self.tls is None:
+            return EtcdSecurity(user=user, password=password)
+        return EtcdSecurity(ca=self.tls.ca, cert=self.tls.client_cert, key=self.tls.client_key, user=user,
+                            password=password)
+
     def argv(self) -> list[str]:
-        client, peer = (f"http://127.0.0.1:{p}" for p in self.ports)
-        return [self.binary, "--name", "s0", "--data-dir", str(self.workdir / "data"),
+        client, peer = self.client_url, f"http://127.0.0.1:{self.ports[1]}"
+        argv = [self.binary, "--name", "s0", "--data-dir", str(self.workdir / "data"),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"s0={peer}", "--initial-cluster-state", "new",
                 "--log-level", "warn"]
+        if self.tls is not None:
+            argv += ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key),
+                     "--trusted-ca-file", str(self.tls.ca)]
+            if self.tls.client_cert_auth:
+                argv.append("--client-cert-auth")
+        if self.auth_token_ttl_s is not None:
+            argv += ["--auth-token-ttl", str(self.auth_token_ttl_s)]
+        return argv
 
     def probe(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.client_port}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"{self.client_url}/health", timeout=1, context=self._context) as r:
             return bool(json.loads(r.read()).get("health") == "true")
+
+    def gateway(self, path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+        """POST ``body`` to the gateway's ``/v3/<path>``; ServerError with etcd's answer if it refuses."""
+        request = urllib.request.Request(f"{self.client_url}/v3/{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": token} if token else {})})
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=self._context) as r:
+                answer: dict[str, Any] = json.loads(r.read())
+                return answer
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"etcd refused {path}: HTTP {e.code} {e.read(500)!r}") from e
+
+    def _root_token(self) -> str | None:
+        if self._root_password is None:
+            return None
+        return str(self.gateway("auth/authenticate", {"name": "root", "password": self._root_password})["token"])
+
+    def add_user(self, name: str, password: str, prefix: str | None = None) -> None:
+        """A user ``name`` with a role of its own granting read and write on
+        every key under ``prefix`` (None: every key)."""
+        token = self._root_token()
+        key, end = (b"\0", b"\0") if prefix is None else (prefix.encode(), _after(prefix.encode()))
+        self.gateway("auth/user/add", {"name": name, "password": password}, token)
+        self.gateway("auth/role/add", {"name": name}, token)
+        self.gateway("auth/role/grant", {"name": name, "perm": {
+            "key": base64.b64encode(key).decode(), "range_end": base64.b64encode(end).decode(),
+            "permType": "READWRITE"}}, token)
+        self.gateway("auth/user/grant", {"user": name, "role": name}, token)
+
+    def enable_auth(self, root_password: str) -> None:
+        """Create the ``root`` user (etcd wants it first) and turn authentication on."""
+        self.gateway("auth/user/add", {"name": "root", "password": root_password})
+        self.gateway("auth/role/add", {"name": "root"})
+        self.gateway("auth/user/grant", {"user": "root", "role": "root"})
+        self.gateway("auth/enable", {})
+        self._root_password = root_password
+
+
+def _after(prefix: bytes) -> bytes:
+    """The range end covering every key that starts with ``prefix``."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 class WeedServer(Server):

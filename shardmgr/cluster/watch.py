@@ -16,6 +16,14 @@ lost: ``on_reset`` is called (the consumer must read the state again) and
 the watch goes on from the oldest revision etcd still has. ``stop()`` ends
 it within a bounded time.
 
+With TLS and an etcd user (EtcdSecurity) the stream is HTTPS and carries
+the process's token (etcd_auth.py). A stream already open outlives its
+token; a new one etcd cancels as "permission denied" when the token has
+expired (or etcd restarted): the watch gets a new token and reconnects.
+If a fresh token is refused too, the user lacks the permission: that is
+logged as an error, and the watch goes on trying (a fix of the user's
+roles in etcd takes effect without a restart).
+
 Not detected: an etcd that hangs without closing the stream (SIGSTOP) keeps
 ``connected`` set and delivers nothing until it resumes; the node's lease
 (lease.py) is what notices a hung etcd.
@@ -29,17 +37,24 @@ import http.client
 import json
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
+from common.wire import tls
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.kv import Entry, encode, entry, prefix_end
+from shardmgr.cluster.errors import CoordinationError
+from shardmgr.cluster.kv import Entry, Kv, encode, entry, prefix_end
 
 log = logging.getLogger(__name__)
 
 MIN_PAUSE_S = 0.1
 MAX_PAUSE_S = 2.0
+
+
+class StaleToken(Exception):
+    """etcd cancelled a new watch for want of permission: its token may have expired."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +84,13 @@ class PrefixWatch:
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+        #: the watch thread's own etcd client: it authenticates (the token is the process's) and holds no stream
+        self._kv = Kv(config)
+        security = config.etcd_security
+        self._tls: ssl.SSLContext | None = (tls.client_context(security.ca, security.cert, security.key)
+                                            if security.uses_tls else None)
+        self._token: str | None = None  # the token the last stream was opened with
+        self._fresh = False  # ... which was just renewed, and no watch created with it yet
 
     def start(self) -> PrefixWatch:
         self._thread.start()
@@ -84,6 +106,8 @@ class PrefixWatch:
                     self._conn.sock.shutdown(socket.SHUT_RDWR)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.config.etcd_timeout_s + MAX_PAUSE_S + 1)
+        if not self._thread.is_alive():
+            self._kv.close()
 
     def _run(self) -> None:
         pause = MIN_PAUSE_S
@@ -91,7 +115,9 @@ class PrefixWatch:
             try:
                 if self._stream():
                     pause = MIN_PAUSE_S  # the stream was up: retry soon
-            except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
+            except StaleToken as e:
+                self._renew(e)
+            except (OSError, http.client.HTTPException, ValueError, KeyError, CoordinationError) as e:
                 log.warning("watch %s on etcd %s:%d dropped (resuming from revision %d): %s", self.prefix,
                             self.config.etcd_host, self.config.etcd_port, self.next_revision, e)
             finally:
@@ -101,17 +127,37 @@ class PrefixWatch:
                 return
             pause = min(pause * 2, MAX_PAUSE_S)
 
+    def _renew(self, cause: StaleToken) -> None:
+        """After a new watch was refused for want of permission: a new token (the old one may have expired)."""
+        if self._token is None:
+            log.error("watch %s on etcd %s:%d refused: %s (etcd has authentication enabled: give an etcd user)",
+                      self.prefix, self.config.etcd_host, self.config.etcd_port, cause)
+            return
+        if self._fresh:  # a token just renewed was refused too: the user's roles do not cover the prefix
+            log.error("watch %s on etcd %s:%d refused to etcd user %r with a new token: %s (its roles must grant "
+                      "read on the prefix)", self.prefix, self.config.etcd_host, self.config.etcd_port,
+                      self.config.etcd_security.user, cause)
+        try:
+            self._token = self._kv.renew_token(self._token)
+        except CoordinationError as e:
+            log.warning("watch %s: could not get a new etcd token: %s", self.prefix, e)
+            return
+        self._fresh = True
+
     def _stream(self) -> bool:
         """One stream, until it ends; True if it was created."""
-        conn = http.client.HTTPConnection(self.config.etcd_host, self.config.etcd_port,
-                                          timeout=self.config.etcd_timeout_s)
+        host, port, timeout = self.config.etcd_host, self.config.etcd_port, self.config.etcd_timeout_s
+        self._token = self._kv.token()  # the process's current one (None without a user)
+        conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=self._tls) if self._tls is not None
+                else http.client.HTTPConnection(host, port, timeout=timeout))
         with self._lock:
             if self._stop.is_set():
                 return False
             self._conn = conn
         body = {"create_request": {"key": encode(self.prefix), "range_end": prefix_end(self.prefix),
                                    "start_revision": self.next_revision}}
-        conn.request("POST", "/v3/watch", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **({"Authorization": self._token} if self._token else {})}
+        conn.request("POST", "/v3/watch", body=json.dumps(body), headers=headers)
         response = conn.getresponse()
         if response.status != 200:
             raise http.client.HTTPException(f"watch answered HTTP {response.status}: {response.read(500)!r}")
@@ -139,8 +185,11 @@ class PrefixWatch:
                 self.next_revision = compacted
                 if self.on_reset is not None:
                     self.on_reset()
+            elif "permission denied" in result.get("cancel_reason", "").lower():
+                raise StaleToken(result["cancel_reason"])
             raise ValueError(f"watch canceled: {result.get('cancel_reason', 'compacted')}")
         if result.get("created"):
+            self._fresh = False
             self.connected.set()
             return True
         for event in result.get("events", []):

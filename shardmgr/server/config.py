@@ -18,7 +18,7 @@ from typing import Any
 from common.journal import FlusherConfig
 from common.units import GiB, MiB
 from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
-from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
+from shardmgr.cluster.config import ClusterConfig, EtcdSecurity, NodeConfig, check_node_id
 from shardmgr.store.config import StoreConfig
 from workq.config import WorkqConfig
 
@@ -116,6 +116,16 @@ class ServerConfig:
     advertise: str | None = None
     #: A cluster node's timings (TOML table ``[node]``).
     node: NodeConfig = NodeConfig()
+    #: How the cluster's etcd is reached (cluster/config.py's EtcdSecurity says what each means):
+    #: TLS, its CA, a client certificate and key, an etcd user and the file its password is in (else
+    #: ``$SHARDMGR_ETCD_PASSWORD``; never the password itself). ``insecure`` also allows a non-loopback
+    #: etcd without TLS.
+    etcd_tls: bool = False
+    etcd_ca: Path | None = None
+    etcd_cert: Path | None = None
+    etcd_key: Path | None = None
+    etcd_user: str | None = None
+    etcd_password_file: Path | None = None
 
     @property
     def flusher(self) -> FlusherConfig:
@@ -181,11 +191,19 @@ class ServerConfig:
             raise ValueError("cluster and object_store go together: give both (--cluster etcd://HOST:PORT/PREFIX "
                              "--object-store s3://BUCKET/PREFIX) or neither")
         return ClusterConfig.from_urls(self.cluster, self.object_store, s3_endpoint=self.s3_endpoint,
-                                       lease_ttl_s=self.node.lease_ttl_s, etcd_timeout_s=self.node.etcd_timeout_s)
+                                       lease_ttl_s=self.node.lease_ttl_s, etcd_timeout_s=self.node.etcd_timeout_s,
+                                       etcd_security=self.etcd_security)
+
+    @property
+    def etcd_security(self) -> EtcdSecurity:
+        """The ``etcd_*`` settings, with ``insecure``."""
+        return EtcdSecurity(tls=self.etcd_tls, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
+                            user=self.etcd_user, password_file=self.etcd_password_file, insecure=self.insecure)
 
     def _validate_cluster(self) -> None:
         self.node.validate()
-        self.cluster_config()
+        if self.cluster_config() is None and self.etcd_security != EtcdSecurity(insecure=self.insecure):
+            raise ValueError("the etcd_* settings (--etcd-ca, --etcd-user, ...) are for cluster mode: give --cluster")
         if self.node_id is not None:
             check_node_id(self.node_id)
         if self.advertise is not None and not ADVERTISE.fullmatch(self.advertise):
@@ -208,7 +226,8 @@ class ServerConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ValueError(f"unknown configuration keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-        for name in ("data_dir", "ready_file", "auth_file", "tls_cert", "tls_key", "tls_client_ca"):
+        for name in ("data_dir", "ready_file", "auth_file", "tls_cert", "tls_key", "tls_client_ca", "etcd_ca",
+                     "etcd_cert", "etcd_key", "etcd_password_file"):
             if name in values:
                 values[name] = Path(values[name])
         for table, kind in (("workq", WorkqConfig), ("store", StoreConfig), ("node", NodeConfig)):

@@ -10,23 +10,9 @@ interface.
 
 from __future__ import annotations
 
-import ipaddress
-import socket
+from common.wire.hosts import is_loopback
 
-
-def is_loopback(host: str) -> bool:
-    """True if listening on ``host`` is reachable from this machine only."""
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        pass  # a name: look at what it resolves to
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+__all__ = ["exposed", "is_loopback", "refusal"]
 
 
 def exposed(addresses: dict[str, str]) -> list[str]:

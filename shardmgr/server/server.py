@@ -163,6 +163,11 @@ class Server:
             log.warning("INSECURE: listening on %s (not loopback) without a tokens file: anyone who can reach "
                         "the port can read, write and delete data (--insecure; see docs/security.md)",
                         ", ".join(found))
+        etcd = self.cluster.config if self.cluster is not None else None
+        if etcd is not None and not etcd.etcd_security.uses_tls and not exposure.is_loopback(etcd.etcd_host):
+            log.warning("INSECURE: etcd at %s:%d (not loopback) without TLS: whoever can read or change that "
+                        "traffic decides where writes are forwarded and searches go (--insecure; see "
+                        "docs/security.md)", etcd.etcd_host, etcd.etcd_port)
         if self.config.metrics_port is not None and not exposure.is_loopback(self.config.metrics_host):
             log.warning("the metrics endpoint on %s:%s checks no tokens: it shows counters to anyone who "
                         "reaches it", self.config.metrics_host, self.config.metrics_port)

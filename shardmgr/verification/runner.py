@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.journal.check import Findings, Problem, Severity
 from common.journal.errors import CannotCheck
@@ -35,6 +36,9 @@ from shardmgr.errors import CannotVerify
 
 from . import queue_checks as queue_check
 from . import shard_checks as store_check
+
+if TYPE_CHECKING:
+    from shardmgr.cluster.config import EtcdSecurity
 
 EXIT_CLEAN, EXIT_REPAIRABLE, EXIT_CORRUPT, EXIT_CANNOT_RUN = 0, 1, 2, 3
 QUARANTINE = "quarantine"  # DATA/quarantine: what --repair moved aside (shards go to their collection's)
@@ -113,11 +117,13 @@ def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
 
 def verify_cluster(cluster: str, object_store: str | None, s3_endpoint: str | None = None, *, deep: bool = False,
                    orphan_grace_s: float | None = None, on_object: Callable[[Path, int], None] | None = None,
-                   on_total: Callable[[int], None] | None = None) -> Report:
+                   on_total: Callable[[int], None] | None = None,
+                   etcd_security: EtcdSecurity | None = None) -> Report:
     """``verify --cluster``: the cluster's shard map against its bucket
     (cluster_checks.py; ``orphan_grace_s``: the age from which an orphan is
-    repairable, None for its default). CannotVerify if the URLs are malformed, the cluster
-    extra is not installed, or etcd or the bucket cannot be read."""
+    repairable, None for its default; ``etcd_security``: an EtcdSecurity, how
+    etcd is reached). CannotVerify if the URLs or the etcd settings are
+    malformed, the cluster extra is not installed, or etcd or the bucket cannot be read."""
     if not object_store:
         raise CannotVerify("--cluster needs --object-store s3://BUCKET/PREFIX (where the shards' objects are)")
     try:  # the cluster extra (boto3, etcd3gw) is optional: imported only here
@@ -129,7 +135,8 @@ def verify_cluster(cluster: str, object_store: str | None, s3_endpoint: str | No
     except ImportError as exc:
         raise CannotVerify(f"--cluster needs the cluster extra (pip install 'shardmgr[cluster]'): {exc}") from exc
     try:
-        config = ClusterConfig.from_urls(cluster, object_store, s3_endpoint=s3_endpoint)
+        config = ClusterConfig.from_urls(cluster, object_store, s3_endpoint=s3_endpoint,
+                                         **({} if etcd_security is None else {"etcd_security": etcd_security}))
     except BadClusterConfig as exc:
         raise CannotVerify(str(exc)) from exc
     return check(config, deep=deep, orphan_grace_s=ORPHAN_GRACE_S if orphan_grace_s is None else orphan_grace_s,

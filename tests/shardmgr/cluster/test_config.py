@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.config import ETCD_PASSWORD_ENV, ClusterConfig
 from shardmgr.cluster.errors import BadClusterConfig, ClusterError
 
 
@@ -18,8 +18,8 @@ def test_urls_give_endpoint_prefixes_and_bucket() -> None:
     assert (c.bucket, c.object_prefix, c.s3_endpoint) == ("vectors", "prod", "http://h:8333")
     assert c.key("members", "n1") == "/prod/eu/members/n1"
     assert c.object_key("docs", "shards", "1") == "prod/docs/shards/1"
-    assert ClusterConfig.from_urls("etcd://e/p", "s3://b-1").etcd_port == 2379
-    assert ClusterConfig.from_urls("etcd://e/p", "s3://b-1").object_key("x") == "x"
+    assert ClusterConfig.from_urls("etcd://localhost/p", "s3://b-1").etcd_port == 2379
+    assert ClusterConfig.from_urls("etcd://localhost/p", "s3://b-1").object_key("x") == "x"
     assert ClusterConfig.from_urls(c.etcd_url, c.s3_url) == dataclasses.replace(c, s3_endpoint=None)
 
 
@@ -71,19 +71,34 @@ def test_serve_takes_the_cluster_flags_and_the_node_table(tmp_path: Path) -> Non
     assert (config.node_id, config.advertise) == ("n1", "h:7300")
 
 
+CLUSTER = {"cluster": "etcd://127.0.0.1/p", "object_store": "s3://bucket"}
+
+
 @pytest.mark.parametrize("fields, says", [
-    ({"cluster": "etcd://h/p"}, "go together"),
+    ({"cluster": "etcd://127.0.0.1/p"}, "go together"),
     ({"object_store": "s3://bucket"}, "go together"),
-    ({"cluster": "etcd://h", "object_store": "s3://bucket"}, "cluster URL"),
-    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "node_id": "-x"}, "node id"),
-    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "advertise": "nohost"}, "HOST:PORT"),
-    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "node": {"lease_ttl_s": 1}}, "lease_ttl_s"),
-    ({"cluster": "etcd://h/p", "object_store": "s3://bucket", "node": {"etcd_timeout_s": 20.0}}, "below lease_ttl_s"),
+    ({"cluster": "etcd://127.0.0.1", "object_store": "s3://bucket"}, "cluster URL"),
+    ({"cluster": "etcd://127.0.0.1/p", "object_store": "s3://bucket", "node_id": "-x"}, "node id"),
+    ({"cluster": "etcd://127.0.0.1/p", "object_store": "s3://bucket", "advertise": "nohost"}, "HOST:PORT"),
+    ({"cluster": "etcd://127.0.0.1/p", "object_store": "s3://bucket", "node": {"lease_ttl_s": 1}}, "lease_ttl_s"),
+    ({"cluster": "etcd://127.0.0.1/p", "object_store": "s3://bucket", "node": {"etcd_timeout_s": 20.0}},
+     "below lease_ttl_s"),
     ({"node": {"shard_id_block": 1}}, "shard_id_block"),
     ({"node": {"upload_retry_min_s": 5.0, "upload_retry_max_s": 1.0}}, "upload_retry_max_s"),
+    ({**CLUSTER, "etcd_cert": "/c.pem"}, "certificate and key go together"),
+    ({**CLUSTER, "etcd_ca": "/no/such/ca.pem"}, "etcd TLS: cannot load the CA file /no/such/ca.pem"),
+    ({**CLUSTER, "etcd_password_file": "/p"}, "needs an etcd user"),
+    ({**CLUSTER, "etcd_user": "node"}, "needs a password: give a password file"),
+    ({**CLUSTER, "etcd_user": "node", "etcd_password_file": "/no/such/file"}, "cannot read etcd's password file"),
+    ({**CLUSTER, "etcd_user": "two words", "etcd_password_file": "/p"}, "etcd user name"),
+    ({"etcd_ca": "/ca.pem"}, "for cluster mode"),
+    ({"cluster": "etcd://192.0.2.1/p", "object_store": "s3://bucket"}, "protected mode: refusing to talk to etcd"),
 ])
-def test_bad_cluster_settings_are_refused_at_start(fields: dict[str, object], says: str, tmp_path: Path) -> None:
+def test_bad_cluster_settings_are_refused_at_start(fields: dict[str, object], says: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from shardmgr.server.config import ServerConfig
+
+    monkeypatch.delenv(ETCD_PASSWORD_ENV, raising=False)
 
     settings = tmp_path / "serve.toml"
     lines = [f'{k} = "{v}"' for k, v in fields.items() if not isinstance(v, dict)]
