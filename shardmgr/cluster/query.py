@@ -13,6 +13,7 @@ once the node joined, :meth:`stop` at a clean stop.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.counts import CollectionCount, count
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
@@ -69,6 +71,25 @@ class QueryRouter:
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
         """A search of the whole collection across the cluster (fanout.py)."""
         return self.fanout.search(name, queries, k, params)
+
+    def count(self, name: str) -> CollectionCount:
+        """``name``'s whole count across the cluster, as this node watches it (counts.py)."""
+        state = self.mirror.state()
+        return count(name, state.published.get(name, {}),
+                     {i: d.deleted for i, d in state.deletes.get(name, {}).items()}, state.holders.get(name, {}),
+                     set(state.members), {n: r for n, (r, _) in self.mirror.reports().items()}, time.time())
+
+    def info(self, name: str) -> dict[str, Any]:
+        """``collection_info`` in cluster mode: the collection's parameters, and
+        its counts over the whole cluster (counts.py), the same on every node;
+        ``partial`` and ``missing`` say what could not be counted."""
+        local = self.store.collection_info(name)  # UnknownCollection if no node created it
+        c = self.count(name)
+        shards = c.published_shards + c.unpublished_shards
+        return {**{k: local[k] for k in ("name", "dim", "metric", "index", "quarantined")},
+                "rows": c.rows, "deleted": c.deleted, "shards": shards, "sealed": shards - c.growing,
+                "growing": c.growing, "bytes": (c.published_rows + c.unpublished_rows) * (local["dim"] * 4 + 8),
+                "partial": c.partial, "missing": list(c.missing), "cluster": c.as_dict()}
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Rows by ref wherever they are in the cluster (lookup.py)."""

@@ -31,7 +31,7 @@ from .store import Store
 
 class Router(Protocol):
     """Cluster mode's searches (shardmgr/cluster/node.py): a whole collection across the nodes, and
-    this node's part of another node's search."""
+    this node's part of another node's search; and ``collection_info``'s counts over the whole cluster."""
 
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult: ...
 
@@ -39,6 +39,8 @@ class Router(Protocol):
                       unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]: ...
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def info(self, name: str) -> dict[str, Any]: ...
 
     def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
@@ -99,7 +101,8 @@ class StoreService(Component):
         request.reply({"names": self.store.collections()})
 
     def _info(self, request: Request) -> None:
-        request.reply(self.store.collection_info(request.arg("name", str)))
+        name = request.arg("name", str)
+        request.reply(self.store.collection_info(name) if self.router is None else self.router.info(name))
 
     def _append(self, request: Request) -> None:
         name = request.arg("name", str)
