@@ -146,6 +146,7 @@ class ClusterNode:
                                  {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger)
         self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache, self.merger)
         self.holdings = Holdings(config, self.node_id, self._all_published)
+        self.query.report_here = self._report
         self.reporter = Reporter(config, self.node, self.node_id, self._report, self.query.mirror.reports,
                                  lambda: self.query.mirror.state().members)
         self.roles.on_tenure = self.holdings.tenure_started

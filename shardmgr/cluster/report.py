@@ -114,14 +114,22 @@ class NodeReport:
                                 for name, r in sorted(self.collections.items())},
                 "failing": [dataclasses.asdict(f) for f in self.failing]}
 
+    def as_json(self) -> dict[str, Any]:
+        """The report as JSON values (its key's value; ``shardmgr.report``'s answer)."""
+        return {**self.content(), "at": self.at}
+
     def encode(self) -> bytes:
-        return json.dumps({**self.content(), "at": self.at}, separators=(",", ":")).encode()
+        return json.dumps(self.as_json(), separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, node_id: str, data: bytes) -> NodeReport:
         """The report in ``data``, the value of ``node_id``'s key (ValueError,
         KeyError or TypeError if it is not one)."""
-        raw = json.loads(data)
+        return cls.from_json(node_id, json.loads(data))
+
+    @classmethod
+    def from_json(cls, node_id: str, raw: dict[str, Any]) -> NodeReport:
+        """The report in ``raw`` (``as_json``), which must name ``node_id``."""
         if raw["node"] != node_id:
             raise ValueError(f"the report names node {raw['node']!r}")
         collections = {check_name(str(name)): CollectionReport(

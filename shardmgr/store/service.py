@@ -42,6 +42,8 @@ class Router(Protocol):
 
     def info(self, name: str) -> dict[str, Any]: ...
 
+    def report(self) -> dict[str, Any]: ...
+
     def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
@@ -65,7 +67,7 @@ class StoreService(Component):
             "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
             "shardmgr.delete": self._delete, "shardmgr.delete_ids": self._delete_ids,
             "shardmgr.compact": self._compact, "shardmgr.search_shards": self._search_shards,
-            "shardmgr.get_shards": self._get_shards,
+            "shardmgr.get_shards": self._get_shards, "shardmgr.report": self._report,
         }
         #: cluster mode: searches go through the cluster (None: this store alone)
         self.router: Router | None = None
@@ -160,6 +162,12 @@ class StoreService(Component):
             raise BadRequest("shardmgr.get_shards is a cluster command: this server is not a cluster node")
         vectors, ids, here = self.router.rows_here(request.arg("name", str), request.part("refs"))
         request.reply({}, {"vectors": vectors, "ids": ids, "here": here.astype(np.uint8)})
+
+    def _report(self, request: Request) -> None:
+        """A node's report now (shardmgr/cluster/report.py), for another node's collection_info."""
+        if self.router is None:
+            raise BadRequest("shardmgr.report is a cluster command: this server is not a cluster node")
+        request.reply(self.router.report())
 
     def _flush(self, request: Request) -> None:
         self.store.flush()
