@@ -10,7 +10,8 @@ bounded polls; ``stop`` sends TERM, waits a bounded time, then KILL, and reaps.
 the data directory and the ports. Only the processes started here are ever
 signalled, by their PID.
 
-Recipes and pitfalls: shared/anchors/scaleout-feasibility.md.
+The same servers by hand, for trying cluster mode: docs/cluster.md, "Quick
+start" (its commands are run by tests/shardmgr/cluster/test_quickstart.py).
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ class WeedServer(Server):
 
     name = "weed"
     start_timeout_s = 60.0
-    #: SIGTERM takes over 15 s (anchor): do not wait long for it
+    #: SIGTERM takes over 15 s: do not wait long for it
     term_grace_s = 1.0
     PORT_NAMES = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                   "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
@@ -264,7 +265,7 @@ class WeedServer(Server):
                                           retries={"max_attempts": 1, "mode": "standard"}), **kwargs)
 
     def probe(self) -> bool:
-        # A 200/403 on / comes before the volume server registers (anchor):
+        # A 200/403 on / comes before the volume server registers:
         # only a real put and get says S3 works.
         try:
             with urllib.request.urlopen(self.endpoint + "/", timeout=1):
