@@ -123,14 +123,16 @@ class QueryRouter:
     def info(self, name: str) -> dict[str, Any]:
         """``collection_info`` in cluster mode: the collection's parameters, and
         its counts over the whole cluster (counts.py), the same on every node;
-        ``partial`` and ``missing`` say what could not be counted."""
+        ``partial`` and ``missing`` say what could not be counted; ``here``:
+        this node's own data directory (what one store would answer)."""
         local = self.store.collection_info(name)  # UnknownCollection if no node created it
         c = self.count(name)
         shards = c.published_shards + c.unpublished_shards
         return {**{k: local[k] for k in ("name", "dim", "metric", "index", "quarantined")},
                 "rows": c.rows, "deleted": c.deleted, "shards": shards, "sealed": shards - c.growing,
                 "growing": c.growing, "bytes": (c.published_rows + c.unpublished_rows) * (local["dim"] * 4 + 8),
-                "partial": c.partial, "missing": list(c.missing), "cluster": c.as_dict()}
+                "partial": c.partial, "missing": list(c.missing), "cluster": c.as_dict(),
+                "here": {k: local[k] for k in ("rows", "deleted", "shards", "sealed", "growing")}}
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Rows by ref wherever they are in the cluster (lookup.py)."""
