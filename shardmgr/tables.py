@@ -53,14 +53,20 @@ def cell(value: Cell) -> Text:
     return Text(value)
 
 
-def show(console: Console, table: Table, rows: Iterable[Sequence[Cell]], *lead: str) -> None:
+def show(console: Console, table: Table, rows: Iterable[Sequence[Cell]], *lead: str, header: bool = False) -> None:
     """On a terminal, ``rows`` in ``table`` (its columns already added);
-    elsewhere one line per row: the ``lead`` fields, then the row's."""
+    elsewhere one line per row: the ``lead`` fields, then the row's. With
+    ``header``, off a terminal the rows follow a line naming the columns:
+    ``#`` and the lead fields, then the columns' names (so ``grep`` on a
+    lead finds rows only)."""
     if console.is_terminal:
         for row in rows:
             table.add_row(*map(cell, row))
         console.print(table)
         return
+    if header:
+        names = (str(c.header) for c in table.columns)
+        _line(console, "#" + "\t".join(map(field, (*lead, *names))))
     for row in rows:
         _line(console, "\t".join(map(field, (*lead, *row))))
 

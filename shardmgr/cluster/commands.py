@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,13 @@ EXIT_FAILED = 1  # as shardmgr/cli.py: the command could not do its job
 #: the bucket of a status read given no --object-store: a placeholder the status never asks for
 NO_OBJECT_STORE = "s3://no-object-store"
 NOT_REPORTED = "not reported"
+#: the columns of each table (on a terminal, its header; piped, the line before its rows)
+NODE_COLUMNS = ("node", "address", "lease", "ttl", "state", "report", "writes", "serving", "unpublished rows",
+                "failing uploads")
+COLLECTION_COLUMNS = ("collection", "dim", "metric", "writer", "shards", "rows", "deleted", "published rows",
+                      "unpublished rows", "deletes unpublished", "failing uploads", "bytes", "owners", "served")
+FAILING_COLUMNS = ("node", "collection", "shard", "what", "tries", "since", "last error")
+GONE_COLUMNS = ("node", "address", "last report", "unpublished rows", "holds unpublished")
 
 
 #: the etcd options' parameter names: ServerConfig's fields of the same names (``serve``)
@@ -96,14 +103,27 @@ def cluster() -> None:
 @etcd_client_options
 def status(cluster_url: str, object_store: str | None, s3_endpoint: str | None, replicas: int, timeout: float,
            as_json: bool, etcd_security: EtcdSecurity) -> None:
-    """Nodes, leases, collections, writers, published shards and where they
-    are served, holders of unpublished rows, and bytes in object storage:
-    one read of etcd, at one revision.
+    """Nodes (their leases, health, reports, rows not yet published and
+    failing uploads), collections (writers, live, deleted, published and
+    unpublished rows, where shards are served), failing uploads, nodes gone
+    without a clean stop, holders of unpublished rows, and bytes in object
+    storage: one read of etcd, at one revision.
 
     Exit status 0 once read (problems found in keys are shown, not fatal),
-    1 if etcd or the object store cannot be read. On a terminal, tables;
-    piped or redirected, one tab-separated line per row, led by its table's
-    name (node, collection, holder, orphan, problem).
+    1 if etcd or the object store cannot be read. On a terminal, tables.
+    Piped or redirected, one tab-separated line per row, led by its table's
+    name: node, collection, partial, failing, gone, holder, orphan,
+    problem; before each table's rows, a line naming its columns, led by
+    "#" and the table's name ("#node", "node", "address", ...).
+
+    
+    node: NODE ADDRESS LEASE TTL STATE REPORT WRITES SERVING UNPUBLISHED_ROWS FAILING_UPLOADS
+    collection: COLLECTION DIM METRIC WRITER SHARDS ROWS DELETED PUBLISHED_ROWS UNPUBLISHED_ROWS
+      DELETES_UNPUBLISHED FAILING_UPLOADS BYTES OWNERS SERVED
+    partial: COLLECTION NOT_COUNTED
+    failing: NODE COLLECTION SHARD WHAT TRIES SINCE LAST_ERROR
+    gone: NODE ADDRESS LAST_REPORT UNPUBLISHED_ROWS HOLDS_UNPUBLISHED
+    holder: COLLECTION NODE STATE
     """
     try:
         from shardmgr.cluster.errors import ClusterError
@@ -141,35 +161,55 @@ def _config(cluster_url: str, object_store: str | None, s3_endpoint: str | None,
 
 
 def show(console: Console, found: ClusterStatus) -> None:
-    """``found`` as a summary line and tables (tables.py: plain lines off a terminal)."""
+    """``found`` as a summary line and tables (tables.py: plain lines off a
+    terminal, each table's led by a line naming its columns)."""
     tables.say(console, f"cluster {found.etcd} at revision {found.revision}: {len(found.nodes)} nodes, "
-                        f"{len(found.collections)} collections, {found.shards} shards, {found.rows:,} rows, "
-                        f"{found.bytes:,} bytes in object storage")
-    nodes = Table("node", "address", "lease", "ttl", "writes", "serving", title="nodes")
-    tables.show(console, nodes, [_node_row(n) for n in found.nodes], "node")
+                        f"{len(found.collections)} collections, {found.shards} shards published, {found.rows:,} "
+                        f"live rows, {found.bytes:,} bytes in object storage")
+    nodes = Table(*NODE_COLUMNS, title="nodes")
+    tables.show(console, nodes, [_node_row(n) for n in found.nodes], "node", header=True)
     collections = Table(title=f"collections (owners: rendezvous, {found.replicas} per shard)")
-    for column in ("collection", "dim", "metric", "writer", "shards", "rows", "bytes", "owners", "served"):
-        collections.add_column(column, justify="right" if column in ("dim", "shards", "rows", "bytes") else "left")
-    tables.show(console, collections, [_collection_row(c) for c in found.collections], "collection")
+    for column in COLLECTION_COLUMNS:
+        collections.add_column(column, justify="left" if column in ("collection", "metric", "writer", "owners",
+                                                                     "served") else "right")
+    tables.show(console, collections, [_collection_row(c) for c in found.collections], "collection", header=True)
+    partial = [(c.name, why) for c in found.collections for why in c.missing]
+    if partial:
+        tables.show(console, Table("collection", "not counted", title="counts that are not whole"), partial,
+                    "partial", header=True)
+    failing = [(n.node_id, f) for n in found.nodes for f in n.failing] + \
+        [(g.node_id, f) for g in found.gone for f in g.failing]
+    if failing:
+        tables.show(console, Table(*FAILING_COLUMNS, title="uploads failing (retried)"),
+                    [(node, f.collection, f.shard_id, f.what, f.tries, _ago(found.read_at - f.since), f.error)
+                     for node, f in failing], "failing", header=True)
+    if found.gone:
+        tables.show(console, Table(*GONE_COLUMNS, title="gone: not members, did not stop cleanly"),
+                    [(g.node_id, g.address, _ago(g.report_age_s), _rows(g.unpublished_rows), ", ".join(g.holds))
+                     for g in found.gone], "gone", header=True)
     if found.holders:
         holders = Table("collection", "node", "state", title="holders of unpublished rows")
         tables.show(console, holders, [(h.collection, h.node_id, _holder_state(h)) for h in found.holders],
-                    "holder")
+                    "holder", header=True)
     if found.objects is not None:
         o = found.objects
         tables.say(console, f"objects under {o.url}: {o.objects} ({o.bytes:,} bytes); {len(o.orphans)} orphans "
                             f"({o.orphan_bytes:,} bytes) no published entry names")
-        tables.show(console, Table("orphan", title="orphans"), [(key,) for key in o.orphans], "orphan")
+        tables.show(console, Table("orphan", title="orphans"), [(key,) for key in o.orphans], "orphan", header=True)
     if found.problems:
         tables.show(console, Table("key", "problem", title="keys that did not decode"),
-                    [(p.key, p.error) for p in found.problems], "problem")
+                    [(p.key, p.error) for p in found.problems], "problem", header=True)
 
 
-def _node_row(n: NodeStatus) -> tuple[str, str, str, str, str, str]:
+def _node_row(n: NodeStatus) -> tuple[str | Text, ...]:
     ttl = "-" if n.ttl_s is None else ("expired" if n.ttl_s < 0 else f"{n.ttl_s}/{n.granted_ttl_s} s")
     serving = NOT_REPORTED if n.serving is None else (
         ", ".join(f"{name} {len(ids)}" for name, ids in sorted(n.serving.items())) or "nothing")
-    return n.node_id, n.address, n.lease, ttl, ", ".join(n.writes), serving
+    state: str | Text = Text(f"suspect: {n.suspect}", style="red") if n.suspect else "ok"
+    return (n.node_id, n.address, n.lease, ttl, state, NOT_REPORTED if n.report_age_s is None else
+            _ago(n.report_age_s), ", ".join(n.writes), serving,
+            NOT_REPORTED if n.unpublished_rows is None else _rows(n.unpublished_rows),
+            Text(str(len(n.failing)), style="red") if n.failing else "0")
 
 
 def _collection_row(c: CollectionStatus) -> tuple[str | int | Text | None, ...]:
@@ -185,9 +225,19 @@ def _collection_row(c: CollectionStatus) -> tuple[str | int | Text | None, ...]:
             placed[node] = placed.get(node, 0) + 1
         for node in shard.served_by or ():
             served[node] = served.get(node, 0) + 1
-    return (c.name, c.dim, c.metric, writer, len(c.shards), c.rows, c.bytes, _counts(placed),
+    rows: int | Text = Text(f"{c.rows:,} (partial)", style="red") if c.missing else c.rows
+    return (c.name, c.dim, c.metric, writer, len(c.shards), rows, c.deleted, c.published_rows, c.unpublished_rows,
+            c.deletes_unpublished, Text(str(c.failing), style="red") if c.failing else 0, c.bytes, _counts(placed),
             NOT_REPORTED if c.served is None else f"{c.served}/{len(c.shards)}" + (
                 f" ({_counts(served)})" if served else ""))
+
+
+def _rows(by_collection: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {rows}" for name, rows in sorted(by_collection.items())) or "0"
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f} s ago"
 
 
 def _counts(by_node: dict[str, int]) -> str:

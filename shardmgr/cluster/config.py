@@ -276,6 +276,12 @@ class NodeConfig:
     #: the PEM certificate and key a node presents when forwarding, to writers that require one (mutual TLS)
     forward_cert: str | None = None
     forward_key: str | None = None
+    #: how often the node's report (its rows not yet published, its failing uploads: report.py) is
+    #: rebuilt, and written if it changed; so its counts lag the node by at most this (plus one etcd write)
+    report_interval_s: float = 1.0
+    #: the report of a node that has not been a member for this long is removed (until then the status
+    #: lists the node as gone, with what it held)
+    gone_keep_s: float = 86400.0
 
     def validate(self) -> NodeConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
@@ -284,7 +290,7 @@ class NodeConfig:
                                    f"got {self.lease_ttl_s!r}")
         for name in ("etcd_timeout_s", "scan_interval_s", "upload_retry_min_s", "upload_retry_max_s",
                      "sweep_interval_s", "join_timeout_s", "hand_off_s",
-                     "forward_timeout_s"):
+                     "forward_timeout_s", "report_interval_s", "gone_keep_s"):
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise BadClusterConfig(f"{name} must be a positive, finite number of seconds, got {value}")

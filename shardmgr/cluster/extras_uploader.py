@@ -48,11 +48,11 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from common.journal.errors import JournalError
-from shardmgr.cluster.backoff import Backoff
+from shardmgr.cluster.backoff import Backoff, Failure
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
@@ -131,6 +131,12 @@ class ExtrasUploader:
                 continue
         # announcements of collections not held are dropped: a tenure's start looks at every shard
 
+    def failures(self) -> Mapping[tuple[str, int, str], Failure]:
+        """The deletes and indexes whose publish is failing now, by
+        (collection, shard id, "deletes" or "indexes"): a snapshot, safe from
+        any thread (the node's report)."""
+        return self._retry.failures()  # type: ignore[return-value]  # its keys are (collection, shard id, kind)
+
     def unpublished(self, name: str) -> bool:
         """Whether deletes or an index of a published shard of ``name`` are
         here and not published (as etcd says now, if the last look left
@@ -200,7 +206,7 @@ class ExtrasUploader:
                 self.counters["extras_failed_total"] += 1
                 done = False
                 log.warning("publishing the %s of shard %d of %s failed (retried in %.1f s): %s", kind, shard_id,
-                            name, self._retry.failed(retry), e)
+                            name, self._retry.failed(retry, f"{type(e).__name__}: {e}"), e)
                 continue
             self._retry.succeeded(retry)
         if done:

@@ -16,7 +16,8 @@ tests' certs.py) and with users and auth enabled (``enable_auth``,
 ``add_user``, through the HTTP gateway, so no password is on a command
 line); ``auth_token_ttl_s`` shortens the life of etcd's tokens.
 
-Recipes and pitfalls: shared/anchors/scaleout-feasibility.md.
+The same servers by hand, for trying cluster mode: docs/cluster.md, "Quick
+start" (its commands are run by tests/shardmgr/cluster/test_quickstart.py).
 """
 
 from __future__ import annotations
@@ -322,7 +323,7 @@ class WeedServer(Server):
 
     name = "weed"
     start_timeout_s = 60.0
-    #: SIGTERM takes over 15 s (anchor): do not wait long for it
+    #: SIGTERM takes over 15 s: do not wait long for it
     term_grace_s = 1.0
     PORT_NAMES = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                   "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
@@ -363,7 +364,7 @@ class WeedServer(Server):
                                           retries={"max_attempts": 1, "mode": "standard"}), **kwargs)
 
     def probe(self) -> bool:
-        # A 200/403 on / comes before the volume server registers (anchor):
+        # A 200/403 on / comes before the volume server registers:
         # only a real put and get says S3 works.
         try:
             with urllib.request.urlopen(self.endpoint + "/", timeout=1):

@@ -12,6 +12,7 @@ decide where a collection's rows are searched:
 | ``<P>/writers/<collection>`` | collection -> writer node id |
 | ``<P>/deletes/<collection>/<id>`` | a published shard's delete log since its publish (extras.py) |
 | ``<P>/indexes/<collection>/<id>`` | a published shard's index files (extras.py) |
+| ``<P>/reports/<node>`` | each node's report (report.py), apart from the routing state: :meth:`ClusterMirror.reports` |
 
 A node writes ``holders/<collection>/<node>`` (no lease: it outlives the
 node) when it takes the collection's writer role, before any write under
@@ -26,6 +27,9 @@ and not clean is what makes a search ``partial``.
 :meth:`ClusterMirror.state` returns an immutable :class:`ClusterState`,
 rebuilt only after a change (a search takes it at no cost). Keys that do
 not decode are logged once and ignored: one bad key never stops routing.
+
+A report changes every few seconds on a busy node and routes nothing, so a
+change of one neither rebuilds the state nor calls the listeners.
 
 Threads: the watch thread applies events under ``_lock``; any thread reads
 ``state()``; listeners run on the watch thread and must be quick.
@@ -44,6 +48,7 @@ from typing import Any
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.extras import DeletesEntry, IndexEntry
 from shardmgr.cluster.kv import Entry, Kv
+from shardmgr.cluster.report import NodeReport
 from shardmgr.cluster.shard_map import ShardEntry
 from shardmgr.cluster.watch import PrefixWatch, WatchEvent
 
@@ -103,6 +108,7 @@ class ClusterMirror:
         self._writers: dict[str, str] = {}
         self._deletes: dict[str, dict[int, DeletesEntry]] = {}
         self._indexes: dict[str, dict[int, IndexEntry]] = {}
+        self._reports: dict[str, tuple[NodeReport, int]] = {}  # node -> (report, its key's mod_revision)
         self._revision = 0
         self._state: ClusterState | None = EMPTY
         self._listeners: list[Callable[[], None]] = []
@@ -140,6 +146,11 @@ class ClusterMirror:
                     {c: dict(m) for c, m in self._deletes.items()}, {c: dict(m) for c, m in self._indexes.items()})
             return self._state
 
+    def reports(self) -> dict[str, tuple[NodeReport, int]]:
+        """Every node's report (report.py), with its key's mod_revision: a copy."""
+        with self._lock:
+            return dict(self._reports)
+
     def caught_up(self, revision: int, timeout: float) -> bool:
         """Whether this mirror has applied every change of the prefix up to
         ``revision``, waiting up to ``timeout`` seconds for its watch."""
@@ -157,7 +168,7 @@ class ClusterMirror:
         entries, revision = self._kv.get_prefix(self._root)
         with self._lock:
             for table in (self._members, self._published, self._holders, self._serving, self._writers,
-                          self._deletes, self._indexes):
+                          self._deletes, self._indexes, self._reports):
                 table.clear()
             for e in entries:
                 self._apply(e.key, e, deleted=False)
@@ -166,10 +177,14 @@ class ClusterMirror:
         return revision
 
     def _event(self, event: WatchEvent) -> None:
+        routes = not event.entry.key.startswith(self._root + "reports/")
         with self._lock:
             self._apply(event.entry.key, event.entry, deleted=event.kind == "DELETE")
-            self._revision, self._state = event.entry.mod_revision, None
-        self._notify()
+            self._revision = event.entry.mod_revision
+            if routes:
+                self._state = None
+        if routes:
+            self._notify()
 
     def _notify(self) -> None:
         for listener in self._listeners:
@@ -181,11 +196,11 @@ class ClusterMirror:
     def _apply(self, key: str, e: Entry, *, deleted: bool) -> None:
         parts = key[len(self._root):].split("/")
         try:
-            self._apply_parts(parts, None if deleted else e.value)
+            self._apply_parts(parts, None if deleted else e.value, e.mod_revision)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("cluster mirror: key %s does not decode (ignored): %s", key, exc)
 
-    def _apply_parts(self, parts: list[str], value: bytes | None) -> None:
+    def _apply_parts(self, parts: list[str], value: bytes | None, revision: int) -> None:
         kind = parts[0]
         if kind == "members" and len(parts) == 2:
             _set(self._members, parts[1], None if value is None else str(json.loads(value).get("address", "")))
@@ -207,6 +222,8 @@ class ClusterMirror:
                  None if value is None else IndexEntry.decode(parts[1], shard_id, value))
         elif kind == "serving" and len(parts) == 2:
             _set(self._serving, parts[1], None if value is None else _serving(json.loads(value)))
+        elif kind == "reports" and len(parts) == 2:
+            _set(self._reports, parts[1], None if value is None else (NodeReport.decode(parts[1], value), revision))
 
 
 def _set(table: dict[Any, Any], key: Any, value: Any) -> None:

@@ -78,6 +78,7 @@ from shardmgr.cluster.membership import Membership
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.query import QueryRouter
+from shardmgr.cluster.report import NodeReport, Reporter, build, failing_uploads
 from shardmgr.cluster.roles import WriterRoles
 from shardmgr.cluster.shard_map import ShardMap
 from shardmgr.cluster.sweep import sweep_orphans
@@ -145,6 +146,9 @@ class ClusterNode:
                                  {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger)
         self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache, self.merger)
         self.holdings = Holdings(config, self.node_id, self._all_published)
+        self.query.report_here = self._report
+        self.reporter = Reporter(config, self.node, self.node_id, self._report, self.query.mirror.reports,
+                                 lambda: self.query.mirror.state().members)
         self.roles.on_tenure = self.holdings.tenure_started
         self.counters = {"leases_lost_total": 0, "rejoins_total": 0, "orphans_swept_total": 0}
         store.shard_ids_granted = True
@@ -171,6 +175,7 @@ class ClusterNode:
         self._watch = self._catalog.watch(self._adopt, start_revision=revision, on_reset=self._reread)
         self.query.start()
         self._thread.start()
+        self.reporter.start()
         log.info("cluster node %s: etcd %s, objects %s, %d collections known", self.node_id, self.config.etcd_url,
                  self.config.s3_url, len(self._known))
 
@@ -182,6 +187,7 @@ class ClusterNode:
         self._join(self.lease, address, Membership(self.config, self._kv))
         self.address = address
         self.query.announce(address)
+        self.reporter.wake()
         self._wake.set()
 
     def _join(self, lease: NodeLease, address: str, members: Membership) -> None:
@@ -209,11 +215,15 @@ class ClusterNode:
         self._joined.clear()
         try:
             self._hand_off()
+            # a node leaving rows unpublished keeps its report: it shows as gone, with what it holds
+            self.reporter.stop(remove=all(self._all_published(name) and not self.extras.unpublished(name)
+                                          for name in self.store.collections()))
             self.roles.resign_all()
             if self.address is not None and self.lease.alive():
                 Membership(self.config, self._kv).leave(self.node_id, self.lease)
         except ClusterError as e:
             log.warning("leaving the cluster cleanly failed (the lease ends it): %s", e)
+        self.reporter.stop(remove=False)  # (no-op after the one above; else only the thread, if that failed)
         self.lease.close(revoke=True)
         for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
                          self.objects, self.forwarder):
@@ -245,7 +255,7 @@ class ClusterNode:
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
                 **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters,
-                **self.merger.counters, **self.taker.counters,
+                **self.merger.counters, **self.taker.counters, **self.reporter.counters,
                 **self.forwarder.counters}
 
     # ----------------------------------------------------- the store's gate
@@ -375,6 +385,16 @@ class ClusterNode:
         for name, token in self.roles.held().items():
             if name in held and not self._stop.is_set():
                 self._sweep(name, token)
+
+    def _report(self) -> NodeReport | None:
+        """This node's report now (report.py), None before it joined."""
+        if self.address is None:
+            return None
+        state = self.query.mirror.state()
+        deletes = {name: {i: d.deleted for i, d in shards.items()} for name, shards in state.deletes.items()}
+        failing = failing_uploads(self.uploader.failures(), self.extras.failures())
+        failed = self.uploader.counters["uploads_failed_total"] + self.extras.counters["extras_failed_total"]
+        return build(self.node_id, self.address, self.store, state.published, deletes, failing, failed)
 
     def _all_published(self, name: str) -> bool:
         """No row of ``name`` here that is not published (growing shard empty, every sealed one published)."""

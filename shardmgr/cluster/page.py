@@ -4,9 +4,11 @@ node's metrics port; shardmgr/server/metrics.py serves it).
 The page has no external assets (no CDN, fonts or images: it must work
 offline) and no data in its HTML: its script fetches ``cluster.json`` (the
 same directory: ``/cluster.json``, :meth:`ClusterStatus.as_dict`) at once
-and every ``REFRESH_MS``, and renders nodes, collections with their
-writers, shards with their owners and where they are served, holders and
-bytes. Every value from etcd is put into the page as text
+and every ``REFRESH_MS``, and renders nodes (their health, report age,
+rows not yet published, failing uploads), collections with their writers
+and whole counts (live, deleted, published, not yet published), failing
+uploads, nodes gone without a clean stop, shards with their owners and
+where they are served, holders and bytes. Every value from etcd is put into the page as text
 (``textContent``, never ``innerHTML``), so an address or key holding markup
 shows as what it is. A failed fetch (or one taking over 10 s) shows a red
 banner saying what failed and since when, and keeps the last data shown;
@@ -100,6 +102,11 @@ function tile(label, value, field) {
             el("div", {class: "l"}, label));
 }
 
+function ago(seconds) { return seconds === null || seconds === undefined ? "-" : seconds.toFixed(1) + " s ago"; }
+function rowsBy(m) {
+  if (m === null || m === undefined) return el("span", {class: "muted"}, "not reported");
+  return Object.keys(m).sort().map(c => c + " " + num(m[c])).join(", ") || "0";
+}
 function nodeRows(s) {
   return s.nodes.map(n => {
     const ttl = n.ttl_s === null ? "-" : (n.ttl_s < 0 ? "expired" : n.ttl_s + " / " + n.granted_ttl_s + " s");
@@ -107,8 +114,28 @@ function nodeRows(s) {
       : (Object.keys(n.serving).sort().map(c => c + " " + n.serving[c].length).join(", ") || "nothing");
     return el("tr", {"data-node": n.node_id}, cell("node", n.node_id, "mono"), cell("address", n.address, "mono"),
               cell("lease", n.lease, "mono"), cell("ttl", ttl, n.ttl_s !== null && n.ttl_s < 0 ? "bad" : ""),
-              cell("writes", n.writes.join(", ")), cell("serving", serving));
+              n.suspect ? cell("state", "suspect: " + n.suspect, "bad") : cell("state", "ok", "ok"),
+              cell("report", n.report_age_s === null ? "not reported" : ago(n.report_age_s)),
+              cell("writes", n.writes.join(", ")), cell("serving", serving),
+              cell("unpublished", rowsBy(n.unpublished_rows)),
+              cell("failing", n.failing.length, "num" + (n.failing.length ? " bad" : "")));
   });
+}
+function failingRows(s) {
+  const rows = [];
+  for (const n of s.nodes.concat(s.gone)) for (const f of n.failing) {
+    rows.push(el("tr", {"data-node": n.node_id, "data-collection": f.collection, "data-shard": f.shard_id},
+                 cell("node", n.node_id, "mono"), cell("collection", f.collection, "mono"),
+                 cell("shard", f.shard_id, "num"), cell("what", f.what), cell("tries", f.tries, "num"),
+                 cell("since", ago(s.read_at - f.since)), cell("error", f.error, "mono bad")));
+  }
+  return rows;
+}
+function goneRows(s) {
+  return s.gone.map(g => el("tr", {"data-node": g.node_id}, cell("node", g.node_id, "mono"),
+    cell("address", g.address, "mono"), cell("report", ago(g.report_age_s)),
+    cell("unpublished", rowsBy(g.unpublished_rows)),
+    cell("holds", g.holds.join(", ") || "-", g.holds.length ? "bad" : "")));
 }
 function writerCell(c) {
   if (!c.writer) return cell("writer", el("span", {class: "muted"}, "none"));
@@ -123,7 +150,13 @@ function collectionRows(s) {
     const params = c.dim === null ? el("span", {class: "bad"}, "not in the catalog")
       : c.dim + "-d, " + c.metric + ", " + c.index;
     return el("tr", {"data-collection": c.name}, cell("collection", c.name, "mono"), cell("params", params),
-              writerCell(c), cell("shards", c.shards.length, "num"), cell("rows", num(c.rows), "num"),
+              writerCell(c), cell("shards", c.shards.length, "num"),
+              cell("rows", num(c.rows) + (c.missing.length ? " (partial)" : ""),
+                   "num" + (c.missing.length ? " bad" : "")),
+              cell("deleted", num(c.deleted), "num"), cell("published_rows", num(c.published_rows), "num"),
+              cell("unpublished_rows", num(c.unpublished_rows), "num"),
+              cell("deletes_unpublished", num(c.deletes_unpublished), "num"),
+              cell("failing", num(c.failing), "num" + (c.failing ? " bad" : "")),
               el("td", {"data-field": "bytes", class: "num", title: num(c.bytes) + " bytes"}, bytes(c.bytes)),
               cell("owners", counts(c.shards.flatMap(x => x.owners))), cell("served", served));
   });
@@ -136,6 +169,7 @@ function shardRows(s) {
       : (x.served_by.length ? x.served_by.join(", ") : el("span", {class: "bad"}, "nowhere"));
     rows.push(el("tr", {"data-collection": c.name, "data-shard": x.shard_id}, cell("collection", c.name, "mono"),
                  cell("shard", x.shard_id, "num"), cell("rows", num(x.rows), "num"),
+                 cell("deleted", x.deleted === null ? "unknown" : num(x.deleted), "num"),
                  el("td", {"data-field": "bytes", class: "num", title: num(x.bytes) + " bytes"}, bytes(x.bytes)),
                  cell("published", x.writer + " (token " + x.writer_revision + ")", "mono"),
                  cell("owners", x.owners.join(", ") || "-", "mono"), cell("served_by", served, "mono")));
@@ -152,19 +186,34 @@ function holderRows(s) {
 function render(s) {
   document.getElementById("where").textContent = s.etcd + " @ revision " + s.revision;
   const main = document.getElementById("main");
+  const unpublished = s.collections.reduce((sum, c) => sum + c.unpublished_rows, 0);
+  const failing = failingRows(s);
   const parts = [
     el("div", {class: "tiles"}, tile("nodes", s.nodes.length, "nodes"), tile("collections", s.collections.length,
-       "collections"), tile("published shards", num(s.shards), "shards"), tile("published rows", num(s.rows), "rows"),
-       tile("in object storage", bytes(s.bytes), "bytes")),
+       "collections"), tile("published shards", num(s.shards), "shards"), tile("live rows", num(s.rows), "rows"),
+       tile("not yet published", num(unpublished), "unpublished"), tile("failing uploads", failing.length, "failing"),
+       tile("gone nodes", s.gone.length, "gone"), tile("in object storage", bytes(s.bytes), "bytes")),
     el("h2", {}, "Nodes"),
-    table(["node", "address", "lease", "ttl", "writes", "serving"], nodeRows(s), "no live nodes"),
+    table(["node", "address", "lease", "ttl", "state", "report", "writes", "serving", "not yet published",
+           "failing uploads"], nodeRows(s), "no live nodes"),
     el("h2", {}, "Collections"),
-    table(["collection", "parameters", "writer", "shards", "rows", "bytes", "owners (rendezvous, " + s.replicas +
-           " per shard)", "served"], collectionRows(s), "no collections"),
-    el("h2", {}, "Published shards"),
-    table(["collection", "shard", "rows", "bytes", "published by", "owners", "served by"], shardRows(s),
-          "no published shards"),
+    table(["collection", "parameters", "writer", "shards", "live rows", "deleted", "published", "not yet published",
+           "deletes not yet published", "failing uploads", "bytes",
+           "owners (rendezvous, " + s.replicas + " per shard)", "served"], collectionRows(s), "no collections"),
   ];
+  const partial = s.collections.flatMap(c => c.missing.map((m, i) =>
+    el("tr", {"data-collection": c.name, "data-missing": i}, cell("collection", c.name, "mono"),
+       cell("missing", m, "bad"))));
+  if (partial.length) parts.push(el("h2", {}, "Counts that are not whole"), table(["collection", "not counted"],
+                                 partial, ""));
+  parts.push(el("h2", {}, "Failing uploads (retried)"),
+             table(["node", "collection", "shard", "what", "tries", "since", "last error"], failing, "none"),
+             el("h2", {}, "Gone: not members, did not stop cleanly"),
+             table(["node", "address", "last report", "not yet published", "holds unpublished rows of"], goneRows(s),
+                   "none"),
+             el("h2", {}, "Published shards"),
+             table(["collection", "shard", "rows", "deleted", "bytes", "published by", "owners", "served by"],
+                   shardRows(s), "no published shards"));
   if (s.shards > MAX_SHARD_ROWS) parts.push(el("div", {class: "empty"}, "first " + MAX_SHARD_ROWS + " of " +
                                                 num(s.shards) + " shards shown; cluster.json has them all"));
   parts.push(el("h2", {}, "Holders of unpublished rows"),

@@ -13,13 +13,17 @@ once the node joined, :meth:`stop` at a clean stop.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from common.errors import CommonError
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.counts import CollectionCount, count
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
@@ -28,11 +32,15 @@ from shardmgr.cluster.lookup import Lookup
 from shardmgr.cluster.mirror import ClusterMirror
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.peers import Peers
+from shardmgr.cluster.report import NodeReport
 from shardmgr.cluster.shard_search import ShardSearch
 from shardmgr.errors import BadVectors
 from shardmgr.store import batch, index
 from shardmgr.store.search import Hits, SearchResult
 from shardmgr.store.store import Store
+
+REPORT_TIMEOUT_S = 2.0
+"""How long a count waits for a node's report (it is built from memory: milliseconds)."""
 
 
 class QueryRouter:
@@ -42,6 +50,9 @@ class QueryRouter:
                  lease: Callable[[], NodeLease], peer_options: dict[str, Any] | None = None,
                  merger: DeletesMerger | None = None) -> None:
         self.store = store
+        self.node_id = node_id
+        #: this node's report now (node.py sets it; None before it joined)
+        self.report_here: Callable[[], NodeReport | None] = lambda: None
         self.mirror = ClusterMirror(config, Kv(config))
         self.cache = ShardCache(config, node, node_id, store, objects, self.mirror, lease, store.flusher, merger)
         self.shard_search = ShardSearch(store, self.cache.cache)
@@ -69,6 +80,59 @@ class QueryRouter:
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
         """A search of the whole collection across the cluster (fanout.py)."""
         return self.fanout.search(name, queries, k, params)
+
+    def count(self, name: str) -> CollectionCount:
+        """``name``'s whole count across the cluster (counts.py), the same on
+        every node: the watched shard map and deletes keys, and the nodes'
+        reports, those of the live nodes that may hold rows of ``name`` not
+        published (its writer, holders not clean) asked now, so that a count
+        follows the writes acknowledged before it. One that does not answer
+        is counted from its report in etcd, and the answer says so."""
+        state = self.mirror.state()
+        reports = {n: r for n, (r, _) in self.mirror.reports().items()}
+        late: list[str] = []
+        holders = state.holders.get(name, {})
+        asked = {n for n, clean in holders.items() if not clean} | {state.writers.get(name, "")}
+        for node_id in sorted(asked & set(state.members)):
+            try:
+                fresh = self._report_of(node_id, state.members[node_id])
+            except (CommonError, ValueError, KeyError, TypeError) as e:  # a node gone or slow; a bad answer
+                age = f"{max(0.0, time.time() - reports[node_id].at):.0f} s old" if node_id in reports else "none"
+                late.append(f"node {node_id} did not answer ({e}): its rows not yet published are counted from "
+                            f"its report in etcd ({age})")
+                continue
+            if fresh is not None:
+                reports[node_id] = fresh
+        found = count(name, state.published.get(name, {}),
+                      {i: d.deleted for i, d in state.deletes.get(name, {}).items()}, holders,
+                      set(state.members), reports, time.time())
+        return dataclasses.replace(found, missing=found.missing + tuple(late)) if late else found
+
+    def _report_of(self, node_id: str, address: str) -> NodeReport | None:
+        if node_id == self.node_id:
+            return self.report_here()
+        with self.peers.client(address) as client:
+            answer = client.call("shardmgr.report", {}, timeout=REPORT_TIMEOUT_S).result
+        return NodeReport.from_json(node_id, answer) if answer else None
+
+    def report(self) -> dict[str, Any]:
+        """This node's report now (report.py), for another node's count; {} before it joined."""
+        mine = self.report_here()
+        return mine.as_json() if mine is not None else {}
+
+    def info(self, name: str) -> dict[str, Any]:
+        """``collection_info`` in cluster mode: the collection's parameters, and
+        its counts over the whole cluster (counts.py), the same on every node;
+        ``partial`` and ``missing`` say what could not be counted; ``here``:
+        this node's own data directory (what one store would answer)."""
+        local = self.store.collection_info(name)  # UnknownCollection if no node created it
+        c = self.count(name)
+        shards = c.published_shards + c.unpublished_shards
+        return {**{k: local[k] for k in ("name", "dim", "metric", "index", "quarantined")},
+                "rows": c.rows, "deleted": c.deleted, "shards": shards, "sealed": shards - c.growing,
+                "growing": c.growing, "bytes": (c.published_rows + c.unpublished_rows) * (local["dim"] * 4 + 8),
+                "partial": c.partial, "missing": list(c.missing), "cluster": c.as_dict(),
+                "here": {k: local[k] for k in ("rows", "deleted", "shards", "sealed", "growing")}}
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Rows by ref wherever they are in the cluster (lookup.py)."""

@@ -72,6 +72,9 @@ class ShardEntry:
     #: the node that published it, and the writer tenure (fencing revision) it was published under
     writer: str = ""
     writer_revision: int = 0
+    #: deleted rows in the delete log among ``objects`` (0: none); None in entries published before it was
+    #: recorded (a reader then knows the shard's deleted rows only from a deletes key: extras.py)
+    deleted: int | None = None
 
     def encode(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":")).encode()

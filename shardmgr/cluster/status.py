@@ -17,7 +17,13 @@ port's ``/cluster`` page show it: one snapshot of etcd, typed.
 From these it derives, per published shard, its rendezvous owners over the
 live members (``placement.owners``) and the nodes that report it ready
 (``/P/serving/<node-id>``). A node that publishes no serving key shows
-"not reported" (``serving`` None), never "serves nothing".
+"not reported" (``serving`` None), never "serves nothing". From the nodes'
+reports (``/P/reports/<node-id>``, report.py) it takes what each node holds
+unpublished and which uploads fail on it, and each collection's counts
+(counts.py: the same as ``collection_info``'s). A member is *suspect* when
+etcd has had no keepalive of its lease for two thirds of its TTL, or its
+report is older than ``report.STALE_S``; a node that is not a member but
+left a report (it did not stop cleanly) is listed as *gone*.
 
 Guarantees: it only reads (nothing in etcd or the bucket changes); a key
 whose value does not decode is listed in ``problems`` and otherwise
@@ -38,6 +44,7 @@ from typing import Any
 
 from shardmgr.cluster.catalog import CollectionMeta
 from shardmgr.cluster.config import ClusterConfig, check_node_id
+from shardmgr.cluster.counts import count
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError
 from shardmgr.cluster.extras import DeletesEntry, IndexEntry
@@ -45,11 +52,15 @@ from shardmgr.cluster.kv import Entry, Kv
 from shardmgr.cluster.membership import Member
 from shardmgr.cluster.objects import ObjectInfo, ObjectStore
 from shardmgr.cluster.placement import owners
+from shardmgr.cluster.report import STALE_S, FailingUpload, NodeReport, published_deleted
 from shardmgr.cluster.shard_map import ShardEntry
 from shardmgr.store.names import check_name
 
 #: what a holder that is not a live member and not clean means for its collection
 HOLDER_GONE = "rows unavailable until node returns"
+#: a member is suspect once etcd has had no keepalive from it for this fraction of its lease's TTL (it
+#: renews every third of it: two renewals missed)
+SILENT_FRACTION = 2 / 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +86,30 @@ class NodeStatus:
     granted_ttl_s: int | None
     writes: tuple[str, ...]
     serving: Mapping[str, tuple[int, ...]] | None
+    #: seconds since etcd last had a keepalive of the lease (granted - remaining TTL; None: not asked)
+    silent_s: int | None = None
+    #: why the node looks dead though it is a member (no keepalive for long, a late report), or None
+    suspect: str | None = None
+    #: its report (report.py): age in seconds by the reader's clock, None if it has none
+    report_age_s: float | None = None
+    #: live rows on its disk the shard map does not hold, by collection (as reported; None: no report)
+    unpublished_rows: Mapping[str, int] | None = None
+    failing: tuple[FailingUpload, ...] = ()
+    uploads_failed_total: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GoneNode:
+    """A node that is not a member and left a report (it did not stop
+    cleanly: SIGKILLed, or its lease lost): what it said last, ``report_age_s``
+    ago, and the collections it holds rows of that are not published."""
+
+    node_id: str
+    address: str
+    report_age_s: float
+    unpublished_rows: Mapping[str, int]
+    failing: tuple[FailingUpload, ...]
+    holds: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,14 +137,20 @@ class ShardStatus:
     writer_revision: int
     owners: tuple[str, ...]
     served_by: tuple[str, ...] | None
+    #: published deleted rows (its deletes key, else its entry); None: recorded nowhere
+    deleted: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectionStatus:
     """A collection: its catalog parameters (None if it has no catalog entry,
-    e.g. a shard map left by a deleted one), writer, published shards and
-    their totals; ``served`` counts shards some node reports ready (None:
-    no node reports)."""
+    e.g. a shard map left by a deleted one), writer, published shards;
+    ``served`` counts shards some node reports ready (None: no node
+    reports); ``bytes`` the published objects' sizes. Its counts are
+    ``collection_info``'s (counts.py): ``rows`` live over the whole cluster,
+    ``deleted`` every acknowledged delete, ``published_rows`` and
+    ``unpublished_rows`` live, ``deletes_unpublished``; ``failing``: uploads
+    of it failing now on some node; ``missing``: what could not be counted."""
 
     name: str
     dim: int | None
@@ -120,6 +161,12 @@ class CollectionStatus:
     rows: int
     bytes: int
     served: int | None
+    deleted: int = 0
+    published_rows: int = 0
+    unpublished_rows: int = 0
+    deletes_unpublished: int = 0
+    failing: int = 0
+    missing: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,7 +198,9 @@ class ObjectsStatus:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClusterStatus:
     """One snapshot of the cluster (module docstring). ``bytes`` sums the
-    published entries' file sizes: the store's bytes in object storage."""
+    published entries' file sizes: the store's bytes in object storage;
+    ``rows`` the collections' live rows; ``gone``: nodes that left a report
+    and are not members."""
 
     etcd: str
     revision: int
@@ -166,6 +215,7 @@ class ClusterStatus:
     shards: int
     rows: int
     bytes: int
+    gone: tuple[GoneNode, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The status as plain JSON values (``/cluster.json``, ``--json``)."""
@@ -184,6 +234,9 @@ class _Keys:
     serving: dict[str, dict[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
     #: objects the deletes and indexes keys name (extras.py), by key: their sizes
     extras: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the deletes keys' deleted rows: collection -> shard id -> rows
+    deleted: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
+    reports: dict[str, NodeReport] = dataclasses.field(default_factory=dict)
     problems: list[Problem] = dataclasses.field(default_factory=list)
 
 
@@ -246,6 +299,10 @@ def _decode_one(keys: _Keys, parts: list[str], e: Entry) -> None:
             else IndexEntry.decode(check_name(rest[0]), int(rest[1]), e.value)
         files = (decoded.object,) if isinstance(decoded, DeletesEntry) else decoded.files
         keys.extras.update((o.key, o.size) for o in files)
+        if isinstance(decoded, DeletesEntry):
+            keys.deleted.setdefault(rest[0], {})[int(rest[1])] = decoded.deleted
+    elif kind == "reports" and len(rest) == 1:
+        keys.reports[check_node_id(rest[0])] = NodeReport.decode(rest[0], e.value)
     elif kind == "serving" and len(rest) == 1:
         report = json.loads(e.value)["collections"]
         keys.serving[check_node_id(rest[0])] = {check_name(str(name)): tuple(sorted(int(i) for i in ids))
@@ -262,44 +319,81 @@ def lease_ttl(kv: Kv, lease: int) -> tuple[int, int | None]:
 def assemble(config: ClusterConfig, keys: _Keys, revision: int, ttls: Mapping[int, tuple[int, int | None]],
              replicas: int, listed: list[ObjectInfo] | None) -> ClusterStatus:
     """The ClusterStatus of decoded keys (and the bucket's listing, if made)."""
+    now = time.time()
     live = sorted(keys.members)
     reported = bool(keys.serving)
     names = sorted({*keys.catalog, *keys.writers, *keys.shards, *(c for c, _, _ in keys.holders)})
-    collections = tuple(_collection(name, keys, live, replicas, reported) for name in names)
-    nodes = tuple(NodeStatus(node_id=m.node_id, address=m.address, lease=f"{m.lease:x}",
-                             joined_revision=m.joined_revision, ttl_s=ttls.get(m.lease, (None, None))[0],
-                             granted_ttl_s=ttls.get(m.lease, (None, None))[1],
-                             writes=tuple(c for c, w in sorted(keys.writers.items()) if w.node_id == m.node_id),
-                             serving=keys.serving.get(m.node_id))
-                  for m in (keys.members[n] for n in live))
+    collections = tuple(_collection(name, keys, live, replicas, reported, now) for name in names)
+    nodes = tuple(_node(m, keys, ttls.get(m.lease, (None, None)), now) for m in (keys.members[n] for n in live))
     holders = tuple(HolderStatus(c, n, n in keys.members, clean, n not in keys.members and not clean)
                     for c, n, clean in sorted(keys.holders))
+    gone = tuple(GoneNode(n, r.address, max(0.0, now - r.at), _unpublished(r), r.failing,
+                          tuple(c for c, h, clean in sorted(keys.holders) if h == n and not clean))
+                 for n, r in sorted(keys.reports.items()) if n not in keys.members)
     named = {o.key: o.size for entries in keys.shards.values() for e in entries for o in e.objects} | keys.extras
-    return ClusterStatus(etcd=config.etcd_url, revision=revision, read_at=time.time(), replicas=replicas,
+    return ClusterStatus(etcd=config.etcd_url, revision=revision, read_at=now, replicas=replicas,
                          nodes=nodes, collections=collections, holders=holders,
                          objects=_objects(config, listed, named) if listed is not None else None,
                          problems=tuple(keys.problems), serving_reported=reported,
                          shards=sum(len(c.shards) for c in collections), rows=sum(c.rows for c in collections),
-                         bytes=sum(c.bytes for c in collections))
+                         bytes=sum(c.bytes for c in collections), gone=gone)
 
 
-def _collection(name: str, keys: _Keys, live: list[str], replicas: int, reported: bool) -> CollectionStatus:
+def _node(m: Member, keys: _Keys, ttl: tuple[int | None, int | None], now: float) -> NodeStatus:
+    remaining, granted = ttl
+    silent = granted - remaining if remaining is not None and granted is not None and remaining >= 0 else None
+    report = keys.reports.get(m.node_id)
+    age = max(0.0, now - report.at) if report is not None else None
+    suspect = None
+    if remaining is not None and remaining < 0:
+        suspect = "its lease expired after the read"
+    elif silent is not None and granted is not None and silent > granted * SILENT_FRACTION:
+        suspect = f"no keepalive for {silent} s of its {granted} s lease"
+    elif age is not None and age > STALE_S:
+        suspect = f"its report is {age:.0f} s old"
+    return NodeStatus(node_id=m.node_id, address=m.address, lease=f"{m.lease:x}", joined_revision=m.joined_revision,
+                      ttl_s=remaining, granted_ttl_s=granted,
+                      writes=tuple(c for c, w in sorted(keys.writers.items()) if w.node_id == m.node_id),
+                      serving=keys.serving.get(m.node_id), silent_s=silent, suspect=suspect, report_age_s=age,
+                      unpublished_rows=_unpublished(report) if report is not None else None,
+                      failing=report.failing if report is not None else (),
+                      uploads_failed_total=report.uploads_failed_total if report is not None else None)
+
+
+def _unpublished(report: NodeReport) -> dict[str, int]:
+    """Live rows of each collection on the node the shard map does not hold, as it reported them."""
+    return {name: sum(c.rows - c.deleted for c in r.unpublished.values())
+            for name, r in sorted(report.collections.items()) if r.unpublished}
+
+
+def _collection(name: str, keys: _Keys, live: list[str], replicas: int, reported: bool,
+                now: float) -> CollectionStatus:
     meta = keys.catalog.get(name)
     writer = keys.writers.get(name)
+    entries = sorted(keys.shards.get(name, []), key=lambda e: e.shard_id)
+    deleted = keys.deleted.get(name, {})
     shards = tuple(
         ShardStatus(shard_id=e.shard_id, rows=e.rows, bytes=sum(o.size for o in e.objects), files=len(e.objects),
                     writer=e.writer, writer_revision=e.writer_revision,
                     owners=tuple(owners(live, name, e.shard_id, replicas)),
                     served_by=tuple(n for n, report in sorted(keys.serving.items())
-                                    if e.shard_id in report.get(name, ())) if reported else None)
-        for e in sorted(keys.shards.get(name, []), key=lambda e: e.shard_id))
+                                    if e.shard_id in report.get(name, ())) if reported else None,
+                    deleted=published_deleted(e, deleted.get(e.shard_id)))
+        for e in entries)
+    c = count(name, {e.shard_id: e for e in entries}, deleted,
+              {n: clean for h, n, clean in keys.holders if h == name}, set(keys.members), keys.reports, now)
     return CollectionStatus(
         name=name, dim=meta.dim if meta else None, metric=meta.metric if meta else None,
         index=meta.index if meta else None,
         writer=WriterStatus(writer.node_id, writer.revision, f"{writer.lease:x}", writer.node_id in keys.members)
         if writer is not None else None,
-        shards=shards, rows=sum(s.rows for s in shards), bytes=sum(s.bytes for s in shards),
-        served=sum(1 for s in shards if s.served_by) if reported else None)
+        shards=shards, rows=c.rows, bytes=sum(s.bytes for s in shards),
+        served=sum(1 for s in shards if s.served_by) if reported else None, deleted=c.deleted,
+        published_rows=c.published_rows - c.published_deleted,
+        unpublished_rows=c.unpublished_rows - c.unpublished_deleted,
+        deletes_unpublished=c.deletes_unpublished,
+        failing=sum(1 for r in keys.reports.values() for f in r.failing if f.collection == name),
+        missing=c.missing)
 
 
 def _objects(config: ClusterConfig, listed: list[ObjectInfo], named: Mapping[str, int]) -> ObjectsStatus:

@@ -45,10 +45,10 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from shardmgr.cluster.backoff import Backoff
+from shardmgr.cluster.backoff import Backoff, Failure
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import (
@@ -120,6 +120,11 @@ class Uploader:
             missing = [s.shard_id for s in self._unpublished_local(name)]
         return missing
 
+    def failures(self) -> Mapping[tuple[str, int], Failure]:
+        """The shards whose upload or publish is failing now, by (collection,
+        shard id): a snapshot, safe from any thread (the node's report)."""
+        return self._retry.failures()  # type: ignore[return-value]  # its keys are (collection, shard id)
+
     def published(self, name: str) -> set[int]:
         return set(self._published.get(name, ()))
 
@@ -151,7 +156,7 @@ class Uploader:
                                 for name, path in files)
             self._test_hook("before_publish", sealed)
             entry = ShardEntry(collection=sealed.collection, shard_id=sealed.shard_id, rows=sealed.rows,
-                               objects=objects)
+                               objects=objects, deleted=deleted)
             revision = shard_map.publish(token, entry)
         except NotWriter as e:
             self.counters["publishes_fenced_total"] += 1
@@ -161,11 +166,12 @@ class Uploader:
         except ShardConflict as e:
             self.counters["shard_conflicts_total"] += 1
             self._given_up.add(key)
+            self._retry.failed(key, f"{type(e).__name__}: {e} (not retried)")  # shown in the node's report
             log.error("shard %d of %s is not published, and will not be: %s", sealed.shard_id, sealed.collection, e)
             return True
         except (ClusterError, OSError) as e:
             self.counters["uploads_failed_total"] += 1
-            pause = self._retry.failed(key)
+            pause = self._retry.failed(key, f"{type(e).__name__}: {e}")
             log.warning("uploading shard %d of %s failed (retried in %.1f s; the shard stays local): %s",
                         sealed.shard_id, sealed.collection, pause, e)
             return True

@@ -61,7 +61,7 @@ COMMAND_ROLES: dict[str, str] = {
     "shardmgr.create_collection": WRITE, "shardmgr.append": WRITE, "shardmgr.flush": WRITE,
     "shardmgr.delete": WRITE, "shardmgr.delete_ids": WRITE,
     "shardmgr.collections": READ, "shardmgr.collection_info": READ, "shardmgr.search": READ,
-    "shardmgr.get": READ, "shardmgr.search_shards": READ, "shardmgr.get_shards": READ,
+    "shardmgr.get": READ, "shardmgr.search_shards": READ, "shardmgr.get_shards": READ, "shardmgr.report": READ,
 }
 """The role each command needs. Commands not listed need ``admin``."""
 

@@ -31,7 +31,7 @@ from .store import Store
 
 class Router(Protocol):
     """Cluster mode's searches (shardmgr/cluster/node.py): a whole collection across the nodes, and
-    this node's part of another node's search."""
+    this node's part of another node's search; and ``collection_info``'s counts over the whole cluster."""
 
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult: ...
 
@@ -39,6 +39,10 @@ class Router(Protocol):
                       unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]: ...
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def info(self, name: str) -> dict[str, Any]: ...
+
+    def report(self) -> dict[str, Any]: ...
 
     def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
@@ -63,7 +67,7 @@ class StoreService(Component):
             "shardmgr.search": self._search, "shardmgr.get": self._get, "shardmgr.flush": self._flush,
             "shardmgr.delete": self._delete, "shardmgr.delete_ids": self._delete_ids,
             "shardmgr.compact": self._compact, "shardmgr.search_shards": self._search_shards,
-            "shardmgr.get_shards": self._get_shards,
+            "shardmgr.get_shards": self._get_shards, "shardmgr.report": self._report,
         }
         #: cluster mode: searches go through the cluster (None: this store alone)
         self.router: Router | None = None
@@ -99,7 +103,8 @@ class StoreService(Component):
         request.reply({"names": self.store.collections()})
 
     def _info(self, request: Request) -> None:
-        request.reply(self.store.collection_info(request.arg("name", str)))
+        name = request.arg("name", str)
+        request.reply(self.store.collection_info(name) if self.router is None else self.router.info(name))
 
     def _append(self, request: Request) -> None:
         name = request.arg("name", str)
@@ -157,6 +162,12 @@ class StoreService(Component):
             raise BadRequest("shardmgr.get_shards is a cluster command: this server is not a cluster node")
         vectors, ids, here = self.router.rows_here(request.arg("name", str), request.part("refs"))
         request.reply({}, {"vectors": vectors, "ids": ids, "here": here.astype(np.uint8)})
+
+    def _report(self, request: Request) -> None:
+        """A node's report now (shardmgr/cluster/report.py), for another node's collection_info."""
+        if self.router is None:
+            raise BadRequest("shardmgr.report is a cluster command: this server is not a cluster node")
+        request.reply(self.router.report())
 
     def _flush(self, request: Request) -> None:
         self.store.flush()

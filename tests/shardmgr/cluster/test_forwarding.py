@@ -78,7 +78,8 @@ def test_writes_sent_to_a_non_writer_are_forwarded_to_the_writer_once(
         refs = np.concatenate([refs, other.append("c", third, third_ids, durable=True)])
         assert cluster_stats(n1)["flush_rounds"] > rounds  # durable=True reached the writer, which flushed
         assert refs.shape == (3 * ROWS,) and len(set(refs.tolist())) == 3 * ROWS
-        assert writer.collection_info("c")["rows"] == 3 * ROWS and other.collection_info("c")["rows"] == 0
+        assert writer.collection_info("c")["here"]["rows"] == 3 * ROWS
+        assert other.collection_info("c")["here"]["rows"] == 0
         vectors = np.concatenate([first, second, third])
         assert np.array_equal(writer.get("c", refs), vectors)  # the refs name the writer's rows
         _, found_ids, found_refs = writer.search("c", third[:5], k=1)
@@ -87,7 +88,7 @@ def test_writes_sent_to_a_non_writer_are_forwarded_to_the_writer_once(
 
         assert other.delete("c", refs[:10], durable=True) == 10  # deletes are forwarded too
         assert other.delete_ids("c", second_ids[:5]) == 5
-        assert writer.collection_info("c")["deleted"] == 15
+        assert writer.collection_info("c")["here"]["deleted"] == 15
 
         wrong = np.ones((2, DIM + 1), dtype=np.float32)  # the writer's error comes back as it is
         with pytest.raises(ShardmgrError) as direct:
@@ -104,7 +105,7 @@ def test_writes_sent_to_a_non_writer_are_forwarded_to_the_writer_once(
     assert refused.value.address == n1.address
     assert cluster_stats(n2)["writes_forwarded_total"] == 6
     with StoreClient(n1.address) as writer:
-        assert writer.collection_info("c")["rows"] == 3 * ROWS - 15
+        assert writer.collection_info("c")["here"]["rows"] == 3 * ROWS - 15
 
 
 def test_a_killed_writer_gives_a_retryable_error_then_forwarding_resumes_to_the_next_writer(
@@ -135,7 +136,7 @@ def test_a_killed_writer_gives_a_retryable_error_then_forwarding_resumes_to_the_
     with StoreClient(n2.address) as other:  # forwarding resumes, to the new writer
         refs = other.append("c", *data[3], durable=True)
     with StoreClient(n3.address) as third:
-        assert third.collection_info("c")["rows"] == 2 * ROWS
+        assert third.collection_info("c")["here"]["rows"] == 2 * ROWS
         assert np.array_equal(third.get("c", refs), data[3][0])
     assert cluster_stats(n2)["forwards_failed_total"] == 1
 
@@ -172,7 +173,7 @@ def test_forwarding_with_tokens_and_mutual_tls_uses_the_node_credentials(
                 bare.append("c", second, second_ids)
         assert denied.value.code == "shardmgr.cluster.forward_denied"
         assert "SHARDMGR_NODE_TOKEN" in denied.value.message and "unauthenticated" in denied.value.message
-        assert writer.collection_info("c")["rows"] == ROWS
+        assert writer.collection_info("c")["here"]["rows"] == ROWS
 
 
 def dead_address() -> str:
@@ -207,7 +208,7 @@ def test_connect_cluster_passes_over_a_dead_member_and_writes_to_the_writer(
         assert writer_of(cluster_config, "c") == second.data_dir.name
         refs = np.concatenate([refs, client.append("c", *data[2])])
         assert np.array_equal(client.get("c", refs), np.concatenate([data[1][0], data[2][0]]))
-        assert client.collection_info("c")["rows"] == 2 * ROWS  # reads moved to the live node too
+        assert client.collection_info("c")["here"]["rows"] == 2 * ROWS  # reads moved to the live node too
         _, found_ids, found_refs = client.search("c", data[2][0][:3], k=1)
         assert found_ids[:, 0].tolist() == data[2][1][:3].tolist()
         assert found_refs[:, 0].tolist() == refs[ROWS:ROWS + 3].tolist()

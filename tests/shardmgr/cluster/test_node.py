@@ -103,7 +103,7 @@ def test_sealed_shards_are_published_with_matching_objects_and_other_nodes_refus
         assert refused.value.code == "shardmgr.cluster.writer_elsewhere"
         assert refused.value.address == n1.address
         assert "node n1" in str(refused.value)
-        assert other.collection_info("c")["rows"] == 0  # nothing was written there
+        assert other.collection_info("c")["here"]["rows"] == 0  # nothing was written there
     assert members(cluster_config) == {"n1": n1.address, "n2": n2.address}
 
     n2.signal(signal.SIGTERM)  # a clean stop leaves at once, not after the lease's TTL
@@ -131,7 +131,7 @@ def test_uploads_wait_out_an_object_store_outage_and_appends_go_on_meanwhile(
             weed.restart()
         entries = wait_for("shards 1 and 2 published after the outage", lambda: (lambda e: e if len(e) == 2 else None)(
             published(cluster_config, "c")))
-        assert sorted(entries) == [1, 2] and client.collection_info("c")["rows"] == 5 * ROWS
+        assert sorted(entries) == [1, 2] and client.collection_info("c")["here"]["rows"] == 5 * ROWS
 
 
 def test_a_writer_killed_between_upload_and_publish_publishes_once_after_restart_and_the_orphans_go(
@@ -157,7 +157,7 @@ def test_a_writer_killed_between_upload_and_publish_publishes_once_after_restart
     wait_for("the first attempt's objects swept", lambda: objects_under(objects, cluster_config, "c") == named)
     n1.wait_log("swept orphan object")
     with StoreClient(n1.address) as client:  # nothing acknowledged was lost, and appends go on
-        assert client.collection_info("c")["rows"] == 2 * ROWS
+        assert client.collection_info("c")["here"]["rows"] == 2 * ROWS
         vectors, ids = next(batches(1, seed=500))
         assert len(client.append("c", vectors, ids)) == ROWS
     assert list(published(cluster_config, "c")) == [1]
@@ -212,6 +212,6 @@ def test_a_writer_paused_past_its_lease_is_fenced_out_and_steps_down(
     assert members(cluster_config) == {"n1": n1.address, "n2": n2.address}
     with StoreClient(n1.address) as client:  # a plain append is forwarded to n2; n1's unpublished shard stays
         refs = client.append("c", vectors, ids)
-        assert client.collection_info("c")["rows"] == 2 * ROWS
+        assert client.collection_info("c")["here"]["rows"] == 2 * ROWS
     with StoreClient(n2.address) as other:
-        assert other.ids("c", refs).tolist() == ids.tolist() and other.collection_info("c")["rows"] == 4 * ROWS
+        assert other.ids("c", refs).tolist() == ids.tolist() and other.collection_info("c")["here"]["rows"] == 4 * ROWS

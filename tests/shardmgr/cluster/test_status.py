@@ -16,7 +16,10 @@ straight into the session's etcd, and ``shardmgr cluster status`` on them.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +28,7 @@ pytest.importorskip("etcd3gw")
 from click.testing import CliRunner  # noqa: E402
 
 from shardmgr.cli import main  # noqa: E402
+from shardmgr.cluster.commands import COLLECTION_COLUMNS, NODE_COLUMNS  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.errors import CoordinationUnavailable  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
@@ -72,6 +76,20 @@ def populate(config: ClusterConfig, *, serving: bool) -> dict[str, int]:
     return {**leases, "token": token}
 
 
+def put_report(config: ClusterConfig, node_id: str, *, unpublished: dict[str, dict[int, list[Any]]],
+               failing: Sequence[tuple[str, int, str, int, str]] = (), age_s: float = 0.5) -> None:
+    """A node's report (shardmgr/cluster/report.py), ``age_s`` old: rows (rows, deleted, sealed) by shard, per
+    collection, not published; failing uploads (collection, shard, what, tries, error)."""
+    kv = Kv(config)
+    put_json(kv, config.key("reports", node_id), {
+        "node": node_id, "address": f"{node_id}:7300", "at": time.time() - age_s, "uploads_failed_total": 9,
+        "collections": {c: {"unpublished": {str(i): v for i, v in shards.items()}, "deleted_here": {}}
+                        for c, shards in unpublished.items()},
+        "failing": [{"collection": c, "shard_id": i, "what": what, "tries": tries, "since": time.time() - 30,
+                     "error": error} for c, i, what, tries, error in failing]})
+    kv.close()
+
+
 def test_one_read_shows_nodes_collections_writers_shards_served_and_holders(etcd_config: ClusterConfig) -> None:
     made = populate(etcd_config, serving=True)
     found = read_status(etcd_config)
@@ -99,6 +117,36 @@ def test_one_read_shows_nodes_collections_writers_shards_served_and_holders(etcd
     two = read_status(etcd_config, replicas=2, leases=False)
     assert all(len(s.owners) == 2 for s in two.collections[0].shards) and two.nodes[0].ttl_s is None
     assert json.loads(json.dumps(found.as_dict()))["collections"][0]["shards"][2]["served_by"] == ["n1", "n2"]
+
+
+def test_reports_show_rows_not_yet_published_failing_uploads_late_members_and_gone_nodes(
+        etcd_config: ClusterConfig) -> None:
+    populate(etcd_config, serving=True)
+    put_report(etcd_config, "n1", unpublished={"c": {4: [100, 3, True], 5: [20, 0, False]}},
+               failing=[("c", 4, "shard", 7, "ObjectStoreUnavailable: s3 http://10.0.0.9:8333: put c/4: refused")])
+    put_report(etcd_config, "gone", unpublished={"d": {2: [30, 0, False]}}, age_s=120)
+    put_report(etcd_config, "n2", unpublished={}, age_s=100)
+    found = read_status(etcd_config)
+    n1, n2 = found.nodes
+    assert (n1.suspect, n1.unpublished_rows, n1.uploads_failed_total) == (None, {"c": 117}, 9)
+    assert n1.silent_s is not None and 0 <= n1.silent_s < 10  # kept alive by nobody, granted 30 s
+    assert n1.report_age_s is not None and 0.5 <= n1.report_age_s < 30
+    assert [(f.collection, f.shard_id, f.what, f.tries) for f in n1.failing] == [("c", 4, "shard", 7)]
+    assert n2.suspect is not None and n2.suspect.startswith("its report is 10") and n2.unpublished_rows == {}
+    c, d = found.collections
+    assert (c.rows, c.deleted, c.published_rows, c.unpublished_rows, c.failing, c.missing) == (417, 3, 300, 117, 1, ())
+    assert (d.rows, d.unpublished_rows) == (30, 30) and "node gone (not a live member)" in d.missing[0]
+    assert [(g.node_id, g.address, dict(g.unpublished_rows), g.holds) for g in found.gone] == [
+        ("gone", "gone:7300", {"d": 30}, ("d",))] and 119 < found.gone[0].report_age_s < 150
+    assert found.rows == 447
+    assert json.loads(json.dumps(found.as_dict()))["gone"][0]["node_id"] == "gone"
+
+    lines = [line.split("\t") for line in CliRunner().invoke(
+        main, ["cluster", "status", "--cluster", etcd_config.etcd_url]).output.splitlines()]
+    assert ["#gone", "node", "address", "last report", "unpublished rows", "holds unpublished"] in lines
+    assert [line[:3] + line[4:] for line in lines if line[0] == "gone"] == [["gone", "gone", "gone:7300", "d 30", "d"]]
+    assert [line[:6] for line in lines if line[0] == "failing"] == [["failing", "n1", "c", "4", "shard", "7"]]
+    assert next(line for line in lines if line[:2] == ["node", "n2"])[5].startswith("suspect: its report is 10")
 
 
 def test_without_serving_keys_shards_are_not_reported_rather_than_unserved(etcd_config: ClusterConfig) -> None:
@@ -184,10 +232,14 @@ def test_the_command_prints_json_and_plain_rows_and_fails_clearly_without_etcd(e
     assert result.exit_code == 0, result.output
     lines = [line.split("\t") for line in result.output.splitlines()]
     assert lines[0][0].startswith(f"cluster {etcd_config.etcd_url} at revision ")
-    assert lines[2][:3] == ["node", "n2", "10.0.0.2:7300"] and lines[2][-1] == "c 1, d 0"
+    assert lines[1] == ["#node", *NODE_COLUMNS] and ["#collection", *COLLECTION_COLUMNS] in lines
+    assert ["#holder", "collection", "node", "state"] in lines
+    assert lines[3][:3] == ["node", "n2", "10.0.0.2:7300"] and lines[3][5:9] == ["ok", "not reported", "-", "c 1, d 0"]
     rows = {line[1]: line for line in lines if line[0] == "collection"}
-    assert rows["c"][4].startswith("n1 (token ") and rows["c"][5:8] == ["3", "300", "12360"]
-    assert rows["c"][9] == "2/3 (n1 2, n2 1)" and rows["d"][9] == "0/0"
+    assert rows["c"][4].startswith("n1 (token ") and rows["c"][5:9] == ["3", "300 (partial)", "0", "300"]
+    assert rows["c"][12] == "12360" and rows["c"][14] == "2/3 (n1 2, n2 1)" and rows["d"][14] == "0/0"
+    assert ["partial", "c", "rows not yet published on node n1 (a live member) are not counted: it has not "
+            "reported them yet"] in lines
     assert ["holder", "d", "gone", f"not a member: {HOLDER_GONE}"] in lines
     assert ["holder", "d", "left", "not a member, clean"] in lines and ["holder", "c", "n1", "live"] in lines
 

@@ -205,3 +205,35 @@ def test_cluster_json_is_the_status_with_the_nodes_replicas_and_the_page_loads_n
         assert "http://" not in page and "https://" not in page  # no external asset
     finally:
         http.shutdown()
+
+
+@needs_chromium
+def test_the_page_shows_failing_uploads_rows_not_yet_published_suspects_and_gone_nodes(
+        etcd_config: ClusterConfig, tmp_path: Path) -> None:
+    from tests.shardmgr.cluster.test_status import populate, put_report
+
+    populate(etcd_config, serving=True)  # n1 writes c: 3 published shards of 100 rows; holder "gone" of d
+    put_report(etcd_config, "n1", unpublished={"c": {4: [100, 3, True], 5: [20, 0, False]}},
+               failing=[("c", 4, "shard", 7, "ObjectStoreDenied: s3 http://10.0.0.9:8333: put c/4: denied")])
+    put_report(etcd_config, "gone", unpublished={"d": {2: [30, 0, False]}}, age_s=120)
+    put_report(etcd_config, "n2", unpublished={}, age_s=100)  # a member whose reporter is late
+    http = serve_metrics(NoStats(), "127.0.0.1", 0, etcd_config)  # type: ignore[arg-type]
+    try:
+        page = render(f"http://127.0.0.1:{http.server_address[1]}/cluster", tmp_path / "profile")
+    finally:
+        http.shutdown()
+    assert page.row(node="n2")["state"].startswith("suspect: its report is 10")  # 100 s and what the test took
+    n1 = page.row(node="n1")
+    assert (n1["state"], n1["unpublished"], n1["failing"]) == ("ok", "c 117", "1")
+    assert n1["report"].endswith(" s ago")
+    c = page.row(collection="c")
+    assert (c["rows"], c["deleted"], c["published_rows"], c["unpublished_rows"], c["failing"]) == (
+        "417", "3", "300", "117", "1")
+    failing = page.row(node="n1", collection="c", shard="4")
+    assert (failing["what"], failing["tries"]) == ("shard", "7") and failing["error"].startswith("ObjectStoreDenied")
+    gone = page.row(node="gone")
+    assert (gone["unpublished"], gone["holds"]) == ("d 30", "d") and gone["report"].startswith("12")
+    assert "counted from its last report" in page.row(collection="d", missing="0")["missing"]
+    assert page.row(collection="d")["rows"] == "30 (partial)"
+    assert (page.tiles["unpublished"], page.tiles["failing"], page.tiles["gone"], page.tiles["rows"]) == (
+        "147", "1", "1", "447")
