@@ -65,6 +65,8 @@ main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster sta
               help="Allow a non-loopback --host/--metrics-host without --auth-file (logs a warning).")
 @click.option("--metrics-host", default=None, help="Address of the metrics endpoint.",
               show_default=_DEFAULTS.metrics_host)
+@click.option("--metrics-open", is_flag=True, default=None,
+              help="With --auth-file: serve /metrics without a token (the cluster pages still need one).")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PEM certificate chain: serve TLS (with --tls-key).")
 @click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
