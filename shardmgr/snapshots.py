@@ -15,7 +15,8 @@ synced, and only then is the snapshot reported done. So ``dest`` exists
 whole or not at all, after a SIGKILL or a power cut at any point, and a
 snapshot reported done survives a power cut; a ``<dest>.tmp`` a crash left
 is refused as a data directory (every owner's lock refuses the mark:
-common/journal/lockfile.py; verify reports ``incomplete_snapshot``), and the
+common/journal/lockfile.py; verify reports ``incomplete_snapshot``, for an
+empty one too, as a kill between the mkdir and the mark leaves it), and the
 next snapshot to ``dest`` removes it (mark last) and starts again. One
 snapshot runs at a time per process.
 

@@ -9,8 +9,9 @@ After every kill: the source directory holds the same files, verifies clean
 absent (or, killed after the rename, a whole snapshot that verifies and holds
 the same); a ``DEST.tmp`` left behind is refused by every owner (the store,
 the queue, the server, ``verify --repair``) and reported by ``verify``
-(``incomplete_snapshot``), or, killed between the mark's removal and the
-rename, is whole; and the same snapshot again either succeeds (and its copy
+(``incomplete_snapshot``), or, killed right after its mkdir, is empty and
+reported by ``verify`` all the same, or, killed between the mark's removal
+and the rename, is whole; and the same snapshot again either succeeds (and its copy
 verifies and holds the same) or says clearly why not.
 """
 
@@ -37,9 +38,11 @@ from tests.shardmgr.snapshot_contents import Contents
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = ("-m", "tests.shardmgr.snapshot_child")
-# where the kill lands -> what it leaves: "absent" (DEST.tmp marked), "unmarked" (DEST.tmp whole, mark
-# removed: the retry refuses it), "complete" (DEST renamed into place, its parent not yet synced)
+# where the kill lands -> what it leaves: "absent" (DEST.tmp marked), "empty" (DEST.tmp empty, not marked
+# yet), "unmarked" (DEST.tmp whole, mark removed: the retry refuses it), "complete" (DEST renamed into
+# place, its parent not yet synced)
 OFFLINE_POINTS = {
+    "shardmgr.snapshots:_mark_incomplete 1": "empty",  # DEST.tmp made, its mark not yet
     "workq.disk.copies:copy_journal 2": "absent",  # the queue half copied
     "common.journal.copying:os.copy_file_range 13": "absent",  # inside the growing shard's vectors
     "shardmgr.snapshots:sync_tree 1": "absent",  # everything copied, nothing synced
@@ -92,8 +95,22 @@ def check_left(dest: Path, outcome: str, contents: Contents) -> None:
     elif outcome == "unmarked":
         assert not (building / INCOMPLETE_NAME).exists()
         assert shardmgr.verify(building, deep=True).exit_code == 0  # whole, but never renamed
+    elif outcome == "empty":
+        check_empty_reported(building)
     else:
         check_refused(building)
+
+
+def check_empty_reported(building: Path) -> None:
+    """An empty DEST.tmp (killed before its mark) is reported incomplete by verify, which changes nothing."""
+    assert building.is_dir() and not any(building.iterdir())
+    verified = subprocess.run([sys.executable, "-m", "shardmgr", "verify", "--deep", str(building)],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert verified.returncode == 2, verified.stdout + verified.stderr
+    assert "incomplete_snapshot" in verified.stdout and "before its SNAPSHOT_INCOMPLETE mark" in verified.stdout
+    with pytest.raises(CannotVerify, match="cannot complete a snapshot"):
+        shardmgr.verify(building, repair=True)
+    assert not any(building.iterdir())
 
 
 def check_refused(building: Path) -> None:
@@ -113,7 +130,7 @@ def check_refused(building: Path) -> None:
 
 def check_retry(retry: subprocess.CompletedProcess[str], dest: Path, outcome: str, contents: Contents) -> None:
     """The same snapshot again: done (and its copy holds ``contents``), or a clear refusal."""
-    if outcome == "absent":
+    if outcome in ("absent", "empty"):
         assert retry.returncode == 0, retry.stderr
         assert not dest.with_name(dest.name + ".tmp").exists()
         report = shardmgr.verify(dest, deep=True)
