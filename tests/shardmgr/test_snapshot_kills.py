@@ -215,6 +215,38 @@ def test_a_server_killed_while_it_takes_a_snapshot_keeps_its_data_and_leaves_no_
         contents_of.check(directory, contents)
 
 
+@pytest.mark.parametrize("point", ["shardmgr.snapshots:fsync_dir 3", "shardmgr.store.copies:copy_prefix 1"])
+def test_the_cli_tells_whether_the_snapshot_of_a_server_that_died_before_answering_is_complete(
+        tmp_path: Path, point: str) -> None:
+    data, dest, ready = tmp_path / "data", tmp_path / "snap", tmp_path / "ready"
+    server = ServerProcess(data, "--config", str(_config(tmp_path)), program=child(point, ready)[1:]).start()
+    cli: subprocess.Popen[str] | None = None
+    try:
+        with shardmgr.connect(server.address) as store:
+            store.create_collection("c", 4)
+            store.append("c", [[1.0, 2.0, 3.0, 4.0]], [7], durable=True)  # a growing shard to copy
+        cli = subprocess.Popen([sys.executable, "-m", "shardmgr", "snapshot", str(dest), "--port", str(server.port)],
+                               cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert server.proc is not None
+        wait_ready(ready, server.proc)  # type: ignore[arg-type]
+        server.signal(signal.SIGKILL)
+        server.wait()
+        out, err = cli.communicate(timeout=60)
+    finally:
+        server.kill()
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    if SERVER_POINTS[point] == "complete":  # renamed into place, its parent not yet synced: whole all the same
+        assert cli.returncode == 0, err
+        assert out.startswith(f"snapshot {dest}: complete and verified (the server's answer was lost: "), out
+        assert shardmgr.verify(dest, deep=True).exit_code == 0
+    else:
+        assert cli.returncode == 1 and not dest.exists(), out + err
+        assert f"It is complete if and only if {dest} exists here (check with 'shardmgr verify {dest}' there); " \
+               f"snap.tmp beside it is an incomplete one" in err, err
+
+
 def test_a_server_will_not_serve_a_snapshot_cut_short(tmp_path: Path) -> None:
     data, dest, ready = tmp_path / "data", tmp_path / "snap", tmp_path / "ready"
     contents_of.fill(data)
