@@ -93,7 +93,7 @@ LOGIN_PAGE = """<!DOCTYPE html>
 </style>
 </head>
 <body>
-<form method="post" action="login">
+<form method="post" action="/login">
   <h1>shardmgr</h1>
   <p class="message" id="message">@MESSAGE@</p>
   <label for="token">Token (a tokens-file token with the read role)</label>
@@ -233,12 +233,6 @@ class HttpAuth:
         return answer(start_response, "303 See Other", "text/plain; charset=utf-8", b"logged out\n",
                        [("Location", LOGIN_PATH), ("Cache-Control", "no-store"),
                         ("Set-Cookie", f"{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict")])
-
-    @property
-    def sessions(self) -> int:
-        """Sessions open now (some may have expired and not been noticed yet)."""
-        with self._lock:
-            return len(self._sessions)
 
 
 def _lacks_read(principal: Principal) -> str:
