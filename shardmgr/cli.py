@@ -16,7 +16,7 @@ from rich.table import Table
 
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
-from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, RpcClient
+from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, ConnectionLost, RpcClient
 from shardmgr.cluster.commands import cluster, etcd_client_options, etcd_options
 from shardmgr.cluster.config import EtcdSecurity
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
@@ -67,6 +67,8 @@ main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster sta
                    "without TLS (logs a warning).")
 @click.option("--metrics-host", default=None, help="Address of the metrics endpoint.",
               show_default=_DEFAULTS.metrics_host)
+@click.option("--metrics-open", is_flag=True, default=None,
+              help="With --auth-file: serve /metrics without a token (the cluster pages still need one).")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PEM certificate chain: serve TLS (with --tls-key).")
 @click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -145,13 +147,20 @@ def server_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def remote_call(what: str, host: str, port: int, timeout: float, cmd: str,
-                args: dict[str, object] | None = None, wait: float | None = 30.0) -> dict[str, Any]:
+                args: dict[str, object] | None = None, wait: float | None = 30.0,
+                lost: Callable[[ConnectionLost], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Call ``cmd`` on the server, waiting up to ``wait`` seconds for the
-    answer (None: as long as it takes); on failure print why and exit EXIT_FAILED."""
+    answer (None: as long as it takes); ``lost`` answers in its place if the
+    connection broke with the call in flight; on failure print why and exit EXIT_FAILED."""
     try:
         options = click.get_current_context().meta.get("rpc_options", {})
         with RpcClient((host, port), retry_for=timeout, timeout=max(timeout, 30.0), **options) as client:
-            return client.call(cmd, args, timeout=None if wait is None else max(timeout, wait)).result
+            try:
+                return client.call(cmd, args, timeout=None if wait is None else max(timeout, wait)).result
+            except ConnectionLost as exc:
+                if lost is None:
+                    raise
+                return lost(exc)
     except (CommonError, ValueError) as exc:  # ValueError: a TLS file that cannot be loaded
         click.echo(f"shardmgr {what}: {exc}", err=True)
         raise SystemExit(EXIT_FAILED) from None
@@ -327,9 +336,16 @@ def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | 
             click.echo(f"shardmgr snapshot: {exc}", err=True)
             raise SystemExit(EXIT_FAILED) from None
     else:
-        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(dest.absolute())}, wait=None)
+        from shardmgr.server.exposure import is_loopback
+        from shardmgr.snapshots import after_lost_answer
+
+        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(dest.absolute())}, wait=None,
+                             lost=lambda exc: after_lost_answer(dest.absolute(), exc, local=is_loopback(host)))
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
+    elif "answer_lost" in result:
+        click.echo(f"snapshot {result['dest']}: complete and verified (the server's answer was lost: "
+                   f"{result['answer_lost']}; its rename was made durable here)")
     else:
         click.echo(f"snapshot {result['dest']}: {result['bytes_copied']:,} bytes copied (the rest linked) in "
                    f"{result['seconds']} s; writes paused {result['paused_s']} s")

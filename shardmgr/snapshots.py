@@ -15,7 +15,8 @@ synced, and only then is the snapshot reported done. So ``dest`` exists
 whole or not at all, after a SIGKILL or a power cut at any point, and a
 snapshot reported done survives a power cut; a ``<dest>.tmp`` a crash left
 is refused as a data directory (every owner's lock refuses the mark:
-common/journal/lockfile.py; verify reports ``incomplete_snapshot``), and the
+common/journal/lockfile.py; verify reports ``incomplete_snapshot``, for an
+empty one too, as a kill between the mkdir and the mark leaves it), and the
 next snapshot to ``dest`` removes it (mark last) and starts again. One
 snapshot runs at a time per process.
 
@@ -25,6 +26,11 @@ that instant (its growing shards are sealed at their first open, as after a
 crash: no row was lost, since everything was flushed). Appends, deletes,
 enqueues, leases and completions wait while the files are copied; reads
 (searches, gets) do not.
+
+A ``shardmgr snapshot`` whose answer is lost (the server died, the
+connection broke) checks ``dest`` itself when the server is on its machine
+(:func:`after_lost_answer`): complete and verified is success; otherwise
+it fails saying how to tell.
 """
 
 from __future__ import annotations
@@ -155,6 +161,31 @@ def _copy(building: Path, store: Store, broker: Broker | None) -> tuple[float, i
         copied = broker.copy_files(building) if broker is not None else 0
         copied += store.copy_files(building)
     return time.monotonic() - started, copied
+
+
+def after_lost_answer(dest: Path, lost: Exception, *, local: bool) -> dict[str, Any]:
+    """What a ``snapshot`` request whose answer was lost (the server died, the
+    connection broke) left, for ``shardmgr snapshot``. The snapshot is
+    complete if and only if ``dest`` exists (it is renamed into place only
+    whole and synced). ``local`` (the server is on this machine): if
+    ``dest`` is there and ``verify`` finds it clean, its rename is made
+    durable (its parent synced: the one step a server killed right after the
+    rename may have missed) and ``{dest, answer_lost, verified}`` returned.
+    Otherwise CannotSnapshot, saying how to tell."""
+    if local and dest.is_dir():
+        from shardmgr.verification.runner import verify
+
+        report = verify(dest)
+        if report.exit_code != 0:
+            raise CannotSnapshot(f"{lost}: the server did not answer, and {dest} exists but 'shardmgr verify "
+                                 f"{dest}' finds {len(report.problems)} problem(s) in it (exit {report.exit_code})")
+        fsync_dir(dest.parent)
+        return {"dest": str(dest), "answer_lost": str(lost), "verified": True}
+    where = "here" if local else "on the server's machine"
+    raise CannotSnapshot(f"{lost}: the server did not answer, so the snapshot may not be complete. It is complete "
+                         f"if and only if {dest} exists {where} (check with 'shardmgr verify {dest}' there); "
+                         f"{dest.name}{TMP_SUFFIX} beside it is an incomplete one (being built while the server "
+                         f"runs, else cut short: remove it and take the snapshot again)")
 
 
 def snapshot(data_dir: str | Path, dest: str | Path) -> dict[str, Any]:

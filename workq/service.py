@@ -54,6 +54,7 @@ from .delivery import Delivery
 from .errors import WorkerIdInUse
 from .protocol import LENGTH_DTYPES, Key, Parts, encode_lease, encode_statuses, encode_statuses_and_lease, split
 from .state.dispatch import Filters
+from .totals import TotalsReader
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class WorkqService(Component):
             log.warning("workq: payloads and results capped at %d bytes to fit max_frame_bytes (%d)",
                         fitted.max_payload_bytes, max_frame_bytes)
         self.broker = Broker(data_dir, fitted, flusher=flusher, lock=False)
+        self.totals = TotalsReader(self.broker.totals_async)
         #: Payload bytes one lease or results response may carry (see
         #: WorkqConfig.reply_bytes), so that it always fits a frame.
         self.reply_bytes = config.reply_bytes(max_frame_bytes)
@@ -119,10 +121,8 @@ class WorkqService(Component):
         self.broker.close()
 
     def stats(self) -> dict[str, float | int]:
-        try:
-            return dict(self.broker.totals_async().result(timeout=10))
-        except Exception:  # the owner thread is stopping or stuck: report nothing rather than hang
-            return {}
+        """The queue's totals; the last ones, marked stale, if the owner cannot answer (totals.py)."""
+        return self.totals.read()
 
     def handle(self, request: Request) -> None:
         self._handlers[request.cmd](request)

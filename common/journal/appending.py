@@ -99,4 +99,4 @@ class RecordAppender(WritingSide):
             except OSError as again:
                 self._fail(again, "rolling back a failed append")
             raise WriteFailed(f"{self.path}: writing {len(data)} bytes at {start} failed: "
-                              f"{exc.strerror or exc}", exc.errno) from exc
+                              f"{exc.strerror or exc}", exc.errno, filename=str(self.path), needed=len(data)) from exc

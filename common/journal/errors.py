@@ -93,12 +93,16 @@ class WriteFailed(JournalError, OSError):
     """A write or a file growth failed (a full disk, for example).
 
     Nothing was appended: the journal rolled its file back to the previous
-    end, and the journal stays usable. ``errno`` is the operating system's.
+    end, and the journal stays usable. ``errno`` is the operating system's;
+    ``filename`` the file written, ``needed`` the bytes of disk it needed
+    (None where not known).
     """
 
-    def __init__(self, message: str, errno: int | None = None) -> None:
-        super().__init__(errno, message)
+    def __init__(self, message: str, errno: int | None = None, *, filename: str | None = None,
+                 needed: int | None = None) -> None:
+        super().__init__(errno, message, filename)
         self.message = message
+        self.needed = needed
 
     def __str__(self) -> str:
         return self.message

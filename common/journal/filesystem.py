@@ -85,6 +85,10 @@ def _write_synced(path: Path, data: bytes | bytearray) -> None:
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
+    except OSError as exc:
+        if exc.filename is None:  # os.write and os.fsync name no file: say which (a full disk's log line does)
+            exc.filename = str(path)
+        raise
     finally:
         os.close(fd)
 

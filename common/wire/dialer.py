@@ -62,11 +62,11 @@ def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dialer:
-    """Where one server is and how to reach it."""
+    """Where one server is and how to reach it (its repr shows no token)."""
 
     address: tuple[str, int]
     tls: ssl.SSLContext | None
-    token: str | None
+    token: str | None = dataclasses.field(repr=False)  # a secret: never in a repr (a traceback's locals)
     connect_timeout: float
     retry_for: float
     max_frame_bytes: int

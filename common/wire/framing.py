@@ -132,13 +132,21 @@ def _send_tls(sock: ssl.SSLSocket, buffers: list[bytes | memoryview]) -> None:
         sock.sendall(b"".join(pending))
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, repr=False)
 class Frame:
     """One decoded frame. ``parts`` are read-only views into the frame's body."""
 
     header: dict[str, Any]
     parts: dict[str, np.ndarray]
     size: int
+
+    def __repr__(self) -> str:
+        """As a dataclass's, but an argument ``token`` (the ``auth`` request's) shows as ``<hidden>``."""
+        header = self.header
+        args = header.get("args")
+        if isinstance(args, dict) and "token" in args:
+            header = {**header, "args": {**args, "token": "<hidden>"}}
+        return f"Frame(header={header!r}, parts={self.parts!r}, size={self.size!r})"
 
 
 def preamble() -> bytes:

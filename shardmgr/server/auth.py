@@ -89,7 +89,11 @@ class Principal:
     def may(self, cmd: str) -> bool:
         """True if these roles allow ``cmd``."""
         required = COMMAND_ROLES.get(cmd, ADMIN)
-        return ADMIN in self.roles or required == ANY or required in self.roles
+        return required == ANY or self.has(required)
+
+    def has(self, role: str) -> bool:
+        """True if these roles include ``role`` (``admin`` includes every role)."""
+        return ADMIN in self.roles or role in self.roles
 
 
 OPEN = Principal("anonymous", frozenset({ADMIN}))
@@ -102,7 +106,7 @@ class TokenEntry:
 
     name: str
     roles: frozenset[str]
-    digest: bytes  # sha256 of the token
+    digest: bytes = dataclasses.field(repr=False)  # sha256 of the token: in no repr, as no secret is
 
 
 def new_token() -> str:
@@ -215,7 +219,14 @@ class Authenticator:
             return OPEN
         if not isinstance(token, str) or not token:
             return None
-        digest = hashlib.sha256(token.encode()).digest()
+        return self.by_digest(hashlib.sha256(token.encode()).digest())
+
+    def by_digest(self, digest: bytes) -> Principal | None:
+        """The principal of the token whose SHA-256 is ``digest`` in the file
+        as it is now (a session of the metrics port holds only the digest,
+        so revoking the token ends it), or None; OPEN without a file."""
+        if self.path is None:
+            return OPEN
         found: TokenEntry | None = None
         for entry in self._current():  # no early exit: the time does not say which entry matched
             if hmac.compare_digest(entry.digest, digest):

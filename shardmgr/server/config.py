@@ -92,8 +92,12 @@ class ServerConfig:
     #: (protected mode, server/exposure.py); a warning is logged at every start.
     insecure: bool = False
     #: Address of the metrics endpoint; loopback by default, under the same
-    #: protected-mode rule as ``host``. The endpoint itself checks no tokens.
+    #: protected-mode rule as ``host``. With ``auth_file`` its every path needs
+    #: a token with the read role (server/http_auth.py).
     metrics_host: str = "127.0.0.1"
+    #: With ``auth_file``: serve ``/metrics`` without a token, for scrapers that
+    #: cannot send one (the cluster pages still need one).
+    metrics_open: bool = False
     #: PEM certificate chain and private key: when set, connections use TLS.
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -16,8 +16,12 @@ be read. The status is read on the HTTP request's own thread, at most once
 a second whoever asks (``StatusCache``): it never holds anything the node's
 store or its cluster thread use. Outside cluster mode they are 404.
 
-Each request has a thread of its own (daemon threads); ``shutdown()`` stops
-the server within ~0.1 s and closes its socket.
+With a tokens file every path needs a token allowed to read (``/metrics``
+too unless ``metrics_open``): http_auth.py checks it before any of the above.
+
+Each request has a thread of its own (daemon threads) and HANDLER_TIMEOUT_S
+for each read and write of its socket; ``shutdown()`` stops the server within
+~0.1 s and closes its socket.
 """
 
 from __future__ import annotations
@@ -34,18 +38,23 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .http_auth import HttpAuth, StartResponse, WsgiApp, answer
+
 if TYPE_CHECKING:
     from shardmgr.cluster.config import ClusterConfig
 
+    from .auth import Authenticator
     from .server import Server
 
-StartResponse = Callable[..., Any]
 #: the page loads nothing from anywhere else, and runs only its own inline script
 PAGE_HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
                 ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
-                                            "style-src 'unsafe-inline'; connect-src 'self'")]
+                                            "style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")]
 POLL_S = 0.1
 """How often the server's loop looks for a shutdown."""
+HANDLER_TIMEOUT_S = 30.0
+"""Longest one read or write of a request's socket may block: a client that
+sends nothing holds its thread no longer than that."""
 
 
 class StatsCollector:
@@ -79,31 +88,27 @@ class ClusterPages:
 
     def __call__(self, path: str, start_response: StartResponse) -> Iterable[bytes]:
         if self._cache is None:
-            return _answer(start_response, "404 Not Found", "text/plain; charset=utf-8",
+            return answer(start_response, "404 Not Found", "text/plain; charset=utf-8",
                            b"not in cluster mode: this node was started without --cluster\n")
         if path == "/cluster":
-            return _answer(start_response, "200 OK", "text/html; charset=utf-8", self._page, PAGE_HEADERS)
+            return answer(start_response, "200 OK", "text/html; charset=utf-8", self._page, PAGE_HEADERS)
         from shardmgr.cluster.errors import ClusterError
 
         try:
             body, status = json.dumps(self._cache.get().as_dict()), "200 OK"
         except ClusterError as e:
             body, status = json.dumps({"error": str(e)}), "503 Service Unavailable"
-        return _answer(start_response, status, "application/json", body.encode(), [("Cache-Control", "no-store")])
+        return answer(start_response, status, "application/json", body.encode(), [("Cache-Control", "no-store")])
 
     def close(self) -> None:
         if self._cache is not None:
             self._cache.close()
 
 
-def _answer(start_response: StartResponse, status: str, content_type: str, body: bytes,
-            headers: list[tuple[str, str]] | None = None) -> list[bytes]:
-    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(headers or [])])
-    return [body]
-
-
 class _Quiet(WSGIRequestHandler):
-    """No line per request on stderr."""
+    """No line per request on stderr; socket operations time out (HANDLER_TIMEOUT_S)."""
+
+    timeout = HANDLER_TIMEOUT_S
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
@@ -123,11 +128,14 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
 
 
 def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
-                  replicas: int = 1) -> MetricsServer:
+                  replicas: int = 1, auth: Authenticator | None = None, metrics_open: bool = False,
+                  count_error: Callable[[str], None] | None = None) -> MetricsServer:
     """Start the HTTP endpoint on ``host``:``port`` in a background thread,
     with the cluster pages if ``cluster`` is given (owners shown: ``replicas``
     per shard, the node's setting); returns the HTTP server (call
-    ``.shutdown()`` to stop it)."""
+    ``.shutdown()`` to stop it). With an ``auth`` that requires tokens, every
+    path needs one (``/metrics`` not if ``metrics_open``); ``count_error``
+    hears of each refusal ("unauthenticated", "forbidden")."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(server))
     metrics = make_wsgi_app(registry)
@@ -137,13 +145,16 @@ def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig |
         path = environ.get("PATH_INFO", "")
         if path in ("/cluster", "/cluster.json"):
             return pages(path, start_response)
-        answer: Iterable[bytes] = metrics(environ, start_response)
-        return answer
+        scraped: Iterable[bytes] = metrics(environ, start_response)
+        return scraped
+
+    gated: WsgiApp = HttpAuth(app, auth, metrics_open=metrics_open, count_error=count_error) \
+        if auth is not None and auth.required else app
 
     # the address family of host (IPv6 for "::1"), as prometheus-client's start_http_server finds it
     family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     server_class = type("MetricsServer", (MetricsServer,), {"address_family": family})
-    http_server: MetricsServer = make_server(str(sockaddr[0]), port, app, server_class=server_class,
+    http_server: MetricsServer = make_server(str(sockaddr[0]), port, gated, server_class=server_class,
                                              handler_class=_Quiet)
     http_server.pages = pages
     threading.Thread(target=http_server.serve_forever, args=(POLL_S,), name="metrics-http", daemon=True).start()

@@ -169,8 +169,14 @@ class Server:
                         "traffic decides where writes are forwarded and searches go (--insecure; see "
                         "docs/security.md)", etcd.etcd_host, etcd.etcd_port)
         if self.config.metrics_port is not None and not exposure.is_loopback(self.config.metrics_host):
-            log.warning("the metrics endpoint on %s:%s checks no tokens: it shows counters to anyone who "
-                        "reaches it", self.config.metrics_host, self.config.metrics_port)
+            if not self.auth.required:
+                log.warning("the metrics endpoint on %s:%s checks no tokens (no tokens file): it shows counters "
+                            "and the cluster's pages to anyone who reaches it", self.config.metrics_host,
+                            self.config.metrics_port)
+            elif self.config.metrics_open:
+                log.warning("the metrics endpoint on %s:%s serves /metrics without a token (metrics_open): it "
+                            "shows counters to anyone who reaches it", self.config.metrics_host,
+                            self.config.metrics_port)
 
     def _listen(self) -> None:
         self._acceptor.listen()
@@ -179,7 +185,8 @@ class Server:
 
             self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port,
                                           self.cluster.config if self.cluster is not None else None,
-                                          replicas=self.config.node.replicas)
+                                          replicas=self.config.node.replicas, auth=self.auth,
+                                          metrics_open=self.config.metrics_open, count_error=self._count_error)
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A

@@ -155,8 +155,10 @@ class RowFile:
                 written = os.pwrite(self.fd, view, pos)
                 view, pos = view[written:], pos + written
         except OSError as exc:
-            raise WriteFailed(f"{self.path}: writing {len(raw)} bytes at {start} (needing {max(0, need - self.size)} "
-                              f"more bytes of disk) failed: {exc.strerror or exc}", exc.errno) from exc
+            more = max(0, need - self.size)
+            raise WriteFailed(f"{self.path}: writing {len(raw)} bytes at {start} (needing {more} more bytes of disk) "
+                              f"failed: {exc.strerror or exc}", exc.errno, filename=str(self.path),
+                              needed=more) from exc
 
     def start_writeback(self, first_row: int, count: int) -> None:
         """Start writing rows to the disk now, without waiting (a hint

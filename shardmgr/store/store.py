@@ -37,6 +37,7 @@ import numpy as np
 
 from common.journal import Flusher, FlusherConfig, Ticket
 from common.journal.filesystem import NO_SPACE, make_dirs
+from common.journal.full_disk import FullDisk
 from common.journal.lockfile import LockFile
 from shardmgr.errors import DiskFull, UnknownCollection
 
@@ -74,6 +75,8 @@ class Store(ClusterSeam):
         self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
         self._lock_file = LockFile(self.data_dir) if lock else None
         self._write = threading.Lock()
+        #: writes refused for a full disk: counted in stats, logged once per episode
+        self.full_disk = FullDisk(f"vector store {self.root}", log)
         self._rewriting = threading.Lock()  # one rewrite at a time: the maintenance thread's or compact()'s
         self._collections: dict[str, Collection] = {}
         self._index_failed: set[Path] = set()  # shards whose index build failed (index thread)
@@ -282,7 +285,8 @@ class Store(ClusterSeam):
             if not len(checked):
                 return np.zeros(0, dtype=np.int64), None
             with self._write:
-                return self._writing(name, lambda: collection.append(checked, checked_ids, durable))
+                return self._writing(name, lambda: collection.append(checked, checked_ids, durable),
+                                     needed=checked.nbytes + checked_ids.nbytes)
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids; one ref per row
@@ -338,15 +342,20 @@ class Store(ClusterSeam):
         finally:
             gate.written(name)
 
-    def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored") -> T:
-        """Run a write; a full disk becomes DiskFull, saying what ``stored`` of it."""
+    def _writing(self, name: str, write: Callable[[], T], stored: str = "nothing was stored",
+                 needed: int | None = None) -> T:
+        """Run a write (of about ``needed`` bytes); a full disk becomes DiskFull, saying what ``stored`` of it,
+        counted and logged once per episode (common/journal/full_disk.py)."""
         try:
-            return write()
+            done = write()
         except OSError as exc:  # WriteFailed too
             if exc.errno in NO_SPACE:
+                self.full_disk.refused_write(exc, self.root / name, needed)
                 raise DiskFull(f"collection {name!r}: the disk is full: {exc} "
                                f"({free_bytes_under(self.root)} bytes free); {stored}") from exc
             raise
+        self.full_disk.wrote()
+        return done
 
     def flush(self) -> None:
         """Make every append so far durable now."""
@@ -383,7 +392,7 @@ class Store(ClusterSeam):
 
     def stats(self) -> dict[str, int]:
         infos = [c.info() for c in list(self._collections.values())]  # creators may add one meanwhile
-        return {"collections": len(infos), "rows": sum(i["rows"] for i in infos),
+        return {**self.full_disk.stats(), "collections": len(infos), "rows": sum(i["rows"] for i in infos),
                 "deleted_rows": sum(i["deleted"] for i in infos),
                 "shards": sum(i["shards"] for i in infos), "growing_shards": sum(i["growing"] for i in infos),
                 "quarantined_shards": sum(len(i["quarantined"]) for i in infos)}

@@ -33,6 +33,7 @@ from common.journal.check import Findings, Problem, Severity
 from common.journal.errors import CannotCheck
 from common.journal.lockfile import INCOMPLETE_NAME
 from shardmgr.errors import CannotVerify
+from shardmgr.snapshots import TMP_SUFFIX
 
 from . import queue_checks as queue_check
 from . import shard_checks as store_check
@@ -101,6 +102,8 @@ def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
         raise CannotVerify(f"{root} is not a directory")
     if not repair:
         return scan(root, deep, on_file)
+    if _empty_leftover(root):
+        raise CannotVerify(f"--repair cannot complete a snapshot: {root} is {EMPTY_LEFTOVER}")
     from .repair import Repair  # repair opens the queue and the store: only when asked
 
     with Repair(root) as fixer:
@@ -148,6 +151,9 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
     started = time.perf_counter()
     findings = Findings(on_file=on_file)
     try:
+        if _empty_leftover(root):
+            findings.add(root, Severity.CORRUPT, "incomplete_snapshot", "a data directory",
+                         f"{EMPTY_LEFTOVER}; remove it and take the snapshot again")
         for entry in sorted(root.iterdir()):
             if entry.name == "LOCK" and entry.is_file():
                 continue
@@ -181,6 +187,16 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
         raise CannotVerify(f"cannot read {exc.filename or root}: {exc.strerror or exc}") from exc
     return Report(str(root), deep, findings.problems, findings.files, findings.bytes_read,
                   time.perf_counter() - started)
+
+
+EMPTY_LEFTOVER = (f"an empty directory named like a snapshot being built (*{TMP_SUFFIX}): a snapshot cut short "
+                  f"right after creating it, before its {INCOMPLETE_NAME} mark; nothing was copied into it")
+
+
+def _empty_leftover(root: Path) -> bool:
+    """True for an empty ``*.tmp`` directory: what a snapshot killed between its mkdir and its mark leaves
+    (shardmgr/snapshots.py: such a directory counts as a snapshot cut short)."""
+    return root.name.endswith(TMP_SUFFIX) and not any(root.iterdir())
 
 
 def count_files(root: Path) -> int:

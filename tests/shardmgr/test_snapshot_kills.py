@@ -9,8 +9,9 @@ After every kill: the source directory holds the same files, verifies clean
 absent (or, killed after the rename, a whole snapshot that verifies and holds
 the same); a ``DEST.tmp`` left behind is refused by every owner (the store,
 the queue, the server, ``verify --repair``) and reported by ``verify``
-(``incomplete_snapshot``), or, killed between the mark's removal and the
-rename, is whole; and the same snapshot again either succeeds (and its copy
+(``incomplete_snapshot``), or, killed right after its mkdir, is empty and
+reported by ``verify`` all the same, or, killed between the mark's removal
+and the rename, is whole; and the same snapshot again either succeeds (and its copy
 verifies and holds the same) or says clearly why not.
 """
 
@@ -37,9 +38,11 @@ from tests.shardmgr.snapshot_contents import Contents
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = ("-m", "tests.shardmgr.snapshot_child")
-# where the kill lands -> what it leaves: "absent" (DEST.tmp marked), "unmarked" (DEST.tmp whole, mark
-# removed: the retry refuses it), "complete" (DEST renamed into place, its parent not yet synced)
+# where the kill lands -> what it leaves: "absent" (DEST.tmp marked), "empty" (DEST.tmp empty, not marked
+# yet), "unmarked" (DEST.tmp whole, mark removed: the retry refuses it), "complete" (DEST renamed into
+# place, its parent not yet synced)
 OFFLINE_POINTS = {
+    "shardmgr.snapshots:_mark_incomplete 1": "empty",  # DEST.tmp made, its mark not yet
     "workq.disk.copies:copy_journal 2": "absent",  # the queue half copied
     "common.journal.copying:os.copy_file_range 13": "absent",  # inside the growing shard's vectors
     "shardmgr.snapshots:sync_tree 1": "absent",  # everything copied, nothing synced
@@ -92,8 +95,22 @@ def check_left(dest: Path, outcome: str, contents: Contents) -> None:
     elif outcome == "unmarked":
         assert not (building / INCOMPLETE_NAME).exists()
         assert shardmgr.verify(building, deep=True).exit_code == 0  # whole, but never renamed
+    elif outcome == "empty":
+        check_empty_reported(building)
     else:
         check_refused(building)
+
+
+def check_empty_reported(building: Path) -> None:
+    """An empty DEST.tmp (killed before its mark) is reported incomplete by verify, which changes nothing."""
+    assert building.is_dir() and not any(building.iterdir())
+    verified = subprocess.run([sys.executable, "-m", "shardmgr", "verify", "--deep", str(building)],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert verified.returncode == 2, verified.stdout + verified.stderr
+    assert "incomplete_snapshot" in verified.stdout and "before its SNAPSHOT_INCOMPLETE mark" in verified.stdout
+    with pytest.raises(CannotVerify, match="cannot complete a snapshot"):
+        shardmgr.verify(building, repair=True)
+    assert not any(building.iterdir())
 
 
 def check_refused(building: Path) -> None:
@@ -113,7 +130,7 @@ def check_refused(building: Path) -> None:
 
 def check_retry(retry: subprocess.CompletedProcess[str], dest: Path, outcome: str, contents: Contents) -> None:
     """The same snapshot again: done (and its copy holds ``contents``), or a clear refusal."""
-    if outcome == "absent":
+    if outcome in ("absent", "empty"):
         assert retry.returncode == 0, retry.stderr
         assert not dest.with_name(dest.name + ".tmp").exists()
         report = shardmgr.verify(dest, deep=True)
@@ -196,6 +213,38 @@ def test_a_server_killed_while_it_takes_a_snapshot_keeps_its_data_and_leaves_no_
         report = shardmgr.verify(directory, deep=True)
         assert report.exit_code == 0, (directory, report.problems)
         contents_of.check(directory, contents)
+
+
+@pytest.mark.parametrize("point", ["shardmgr.snapshots:fsync_dir 3", "shardmgr.store.copies:copy_prefix 1"])
+def test_the_cli_tells_whether_the_snapshot_of_a_server_that_died_before_answering_is_complete(
+        tmp_path: Path, point: str) -> None:
+    data, dest, ready = tmp_path / "data", tmp_path / "snap", tmp_path / "ready"
+    server = ServerProcess(data, "--config", str(_config(tmp_path)), program=child(point, ready)[1:]).start()
+    cli: subprocess.Popen[str] | None = None
+    try:
+        with shardmgr.connect(server.address) as store:
+            store.create_collection("c", 4)
+            store.append("c", [[1.0, 2.0, 3.0, 4.0]], [7], durable=True)  # a growing shard to copy
+        cli = subprocess.Popen([sys.executable, "-m", "shardmgr", "snapshot", str(dest), "--port", str(server.port)],
+                               cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert server.proc is not None
+        wait_ready(ready, server.proc)  # type: ignore[arg-type]
+        server.signal(signal.SIGKILL)
+        server.wait()
+        out, err = cli.communicate(timeout=60)
+    finally:
+        server.kill()
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    if SERVER_POINTS[point] == "complete":  # renamed into place, its parent not yet synced: whole all the same
+        assert cli.returncode == 0, err
+        assert out.startswith(f"snapshot {dest}: complete and verified (the server's answer was lost: "), out
+        assert shardmgr.verify(dest, deep=True).exit_code == 0
+    else:
+        assert cli.returncode == 1 and not dest.exists(), out + err
+        assert f"It is complete if and only if {dest} exists here (check with 'shardmgr verify {dest}' there); " \
+               f"snap.tmp beside it is an incomplete one" in err, err
 
 
 def test_a_server_will_not_serve_a_snapshot_cut_short(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ Threads: one call at a time, under the broker's owner lock (workq/loop.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 
 from common.journal import Flusher, Journal, Marker, Ticket
 from common.journal.filesystem import NO_SPACE, make_dirs
+from common.journal.full_disk import FullDisk
 from common.wire.errors import BadRequest
 from workq.config import SEGMENT_OVERHEAD, WorkqConfig
 from workq.disk.catalog import MAX_SEGMENT, SEGMENT, Catalog, Entry
@@ -31,6 +33,8 @@ from workq.errors import DiskFull, PayloadTooLarge
 from workq.protocol import Key, pack
 
 from .items import Items
+
+_log = logging.getLogger(__name__)
 
 BURIED = np.uint32(Marker.BURIED)
 #: Seconds a finished job's log (nothing pending, in flight or buried, all
@@ -59,6 +63,8 @@ class QueueState:
         self.key_turn = 0
         self.job_turn = 0
         self._disk_checked = (0.0, True)
+        #: enqueues refused for a full disk: counted in stats, logged once per episode
+        self.full_disk = FullDisk(f"work queue {root}", _log)
         self.catalog: Catalog | None = None  # opened by recovery; an audit record of files (catalog.py)
 
     # ------------------------------------------------------------------ jobs
@@ -111,7 +117,7 @@ class QueueState:
             check_job(name)
             return np.zeros(0, dtype=np.uint64), None
         need = self.check_enqueue(name, payloads)
-        self._check_disk()
+        self._check_disk(need)
         try:
             log = self._job_for_enqueue(name)
             segment = self._active_segment(key, need)
@@ -119,8 +125,10 @@ class QueueState:
             offsets, ticket = segment.append(log.job, first, payloads)
         except OSError as exc:  # the journal's WriteFailed too; it wrote nothing
             if exc.errno in NO_SPACE:
+                self.full_disk.refused_write(exc, self.root, need)
                 raise DiskFull(f"the disk under {self.root} is full: {exc}; enqueue refused, nothing written") from exc
             raise
+        self.full_disk.wrote()
         self.next_position[log.job] = first + len(payloads)
         self.items.enqueued(segment, log.job, offsets)
         return pack(segment.id, offsets), ticket
@@ -143,7 +151,7 @@ class QueueState:
                              f"({self.config.segment_bytes}); split it")
         return need
 
-    def _check_disk(self) -> None:
+    def _check_disk(self, need: int) -> None:
         floor = self.config.disk_floor_bytes
         checked_at, ok = self._disk_checked
         now = time.monotonic()
@@ -153,6 +161,8 @@ class QueueState:
             ok = free >= floor
             self._disk_checked = (now, ok)
             if not ok:
+                self.full_disk.refused(self.root, need, free, f"free space below the floor of {floor} bytes kept "
+                                                              f"for results (disk_floor_bytes)")
                 raise DiskFull(f"free disk space under {self.root} is {free} bytes, below the floor of {floor}; "
                                f"enqueue refused (the rest is reserved for results)")
 

@@ -32,6 +32,7 @@ def totals(state: QueueState) -> dict[str, int]:
         "results_undelivered": sum(log.undelivered for log in state.logs.values()),
         "segment_bytes": sum(s.journal.end for s in state.segments.values()),
         "reconnect_window_open": int(state.window_ends > time.monotonic()),
+        **state.full_disk.stats(),
     }
 
 

@@ -12,6 +12,12 @@ page's script ran.
 - ``/cluster.json`` is the status (with the node's ``replicas``); the
   page names no other origin.
 - Outside cluster mode the two paths are 404 and ``/metrics`` is as before.
+- With a tokens file a browser sees only the login form (and its script's
+  fetches are refused) until it logs in with a token; then the page, its
+  session in an HttpOnly, SameSite=Strict cookie and no token in any URL
+  (tests/shardmgr/cluster/browser.py drives Chromium). Over plain HTTP both
+  pages refuse a request without a valid token, or with one in the query
+  string, and ``/metrics`` too unless ``metrics_open``.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ pytest.importorskip("etcd3gw")
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
+from shardmgr.server.auth import Authenticator, add_token  # noqa: E402
 from shardmgr.server.metrics import serve_metrics  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.cluster_servers import free_ports  # noqa: E402
+from tests.shardmgr.cluster.browser import Browser  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -99,9 +107,11 @@ def render(url: str, profile: Path) -> Dom:
     return Dom(done.stdout)
 
 
-def fetch(url: str) -> tuple[int, str, bytes]:
+def fetch(url: str, token: str | None = None) -> tuple[int, str, bytes]:
+    """GET ``url`` (with ``token`` as a bearer token): status, content type, body."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
             return answer.status, answer.headers["Content-Type"], answer.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers["Content-Type"], e.read()
@@ -237,3 +247,80 @@ def test_the_page_shows_failing_uploads_rows_not_yet_published_suspects_and_gone
     assert page.row(collection="d")["rows"] == "30 (partial)"
     assert (page.tiles["unpublished"], page.tiles["failing"], page.tiles["gone"], page.tiles["rows"]) == (
         "147", "1", "1", "447")
+
+
+@needs_chromium
+def test_with_tokens_a_browser_sees_no_cluster_data_until_it_logs_in_and_then_the_page(
+        cluster_config: ClusterConfig, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    reader, writer = add_token(tokens, "dashboard", ["read"]), add_token(tokens, "ingest", ["write"])
+    port = free_ports(1)[0]
+    n1 = node(tmp_path, "n1", cluster_config, metrics_port=port, extra=("--auth-file", str(tokens))).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with StoreClient(n1.address, token=writer) as client:
+            client.create_collection("private.vectors", dim=DIM)
+        wait_for("the collection in cluster.json", lambda: b"private.vectors" in fetch(base + "/cluster.json",
+                                                                                           reader)[2])
+        with Browser(tmp_path / "profile") as browser:
+            tab = browser.open(base + "/cluster")
+            shown = tab.evaluate("document.documentElement.outerHTML")
+            assert tab.evaluate("document.title") == "shardmgr: log in" and 'name="token"' in shown
+            assert "private.vectors" not in shown and n1.address not in shown
+            tab.navigate(base + "/cluster.json")  # the data itself, asked for by the browser
+            refused = tab.evaluate("document.body.innerText")
+            assert "needs a token" in refused and "private.vectors" not in refused and n1.address not in refused
+            tab.navigate(base + "/cluster")
+
+            tab.evaluate("document.getElementById('token').focus()")
+            tab.type(reader)
+            tab.evaluate("document.querySelector('button[type=submit]').click()")
+            tab.wait_for("document.querySelector('[data-collection=\"private.vectors\"]') !== null")
+            assert tab.evaluate("document.getElementById('where').textContent").startswith(cluster_config.etcd_url)
+            assert tab.evaluate("document.querySelector('[data-node=\"n1\"] [data-field=address]').textContent") \
+                == n1.address
+            assert tab.evaluate("location.href") == base + "/cluster"  # the token is in no URL
+            assert tab.evaluate("document.cookie") == ""  # HttpOnly: the page's script cannot read the session
+            [cookie] = browser.cookies()
+            assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == ("shardmgr_session", True, "Strict")
+            assert cookie["value"] != reader and reader not in cookie["value"]
+        assert fetch(base + "/cluster.json")[0] == 401 and fetch(base + "/metrics")[0] == 401
+        assert not [line for line in n1.log if reader in line or writer in line]
+    finally:
+        n1.kill()
+
+
+def test_with_tokens_both_pages_refuse_a_request_without_a_valid_token(etcd_config: ClusterConfig,
+                                                                      tmp_path: Path) -> None:
+    kv = Kv(etcd_config)
+    kv.put(etcd_config.key("members", "n1"), json.dumps({"node": "n1", "address": "10.9.8.7:7300"}).encode())
+    kv.close()
+    tokens = tmp_path / "tokens"
+    reader, worker = add_token(tokens, "dashboard", ["read"]), add_token(tokens, "gpu", ["worker"])
+    refusals: list[str] = []
+    closed = serve_metrics(NoStats(), "127.0.0.1", 0, etcd_config, auth=Authenticator(tokens),  # type: ignore[arg-type]
+                           count_error=refusals.append)
+    scraped = serve_metrics(NoStats(), "127.0.0.1", 0, etcd_config, auth=Authenticator(tokens),  # type: ignore[arg-type]
+                            metrics_open=True)
+    try:
+        base = f"http://127.0.0.1:{closed.server_address[1]}"
+        for path in ("/cluster", "/cluster.json", "/metrics"):
+            for url, token in ((base + path, None), (f"{base}{path}?token={reader}", None),
+                               (base + path, "smt_" + "A" * 43)):
+                status, _, body = fetch(url, token)
+                assert status == 401 and b"10.9.8.7" not in body and b"shardmgr_test" not in body, (url, body)
+            status, _, body = fetch(base + path, worker)
+            assert status == 403 and b"token 'gpu' has worker; these pages need role 'read'" in body, body
+            assert fetch(base + path, reader)[0] == 200
+        status, content_type, body = fetch(base + "/cluster.json")
+        assert content_type == "application/json" and "token" in json.loads(body)["error"]
+        assert refusals == (["unauthenticated"] * 3 + ["forbidden"]) * 3 + ["unauthenticated"]
+
+        base = f"http://127.0.0.1:{scraped.server_address[1]}"  # metrics_open: /metrics alone needs no token
+        status, _, body = fetch(base + "/metrics")
+        assert status == 200 and b"shardmgr_test_requests_total 3.0" in body
+        assert fetch(base + "/cluster.json")[0] == 401 and fetch(base + "/cluster")[0] == 401
+        assert fetch(base + "/other")[0] == 401
+    finally:
+        closed.shutdown()
+        scraped.shutdown()

@@ -114,7 +114,7 @@ def test_unknown_commands_stay_unknown_for_any_role(server: Server, tokens: Toke
         rpc.call("no.such.command")
 
 
-def test_missing_token_is_unauthenticated_and_counted(metered: Server) -> None:
+def test_missing_token_is_unauthenticated_and_counted(metered: Server, tokens: Tokens) -> None:
     server = metered
     with client(server, None) as rpc:
         with pytest.raises(Unauthenticated, match="requires a token"):
@@ -123,7 +123,9 @@ def test_missing_token_is_unauthenticated_and_counted(metered: Server) -> None:
     counters = server.stats()["server"]
     assert counters["errors_unauthenticated_total"] == 1
     host, port = server._metrics.server_address[:2]
-    body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+    scrape = urllib.request.Request(f"http://{host}:{port}/metrics",
+                                    headers={"Authorization": f"Bearer {tokens['read']}"})
+    body = urllib.request.urlopen(scrape, timeout=10).read().decode()
     assert "shardmgr_server_errors_unauthenticated_total 1.0" in body
 
 
