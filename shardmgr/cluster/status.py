@@ -29,24 +29,21 @@ Guarantees: it only reads (nothing in etcd or the bucket changes); a key
 whose value does not decode is listed in ``problems`` and otherwise
 skipped, never fatal; etcd unreachable raises ``CoordinationUnavailable``
 and an object-store failure an ``ObjectStoreError``, each keeping its
-cause. :class:`StatusCache` shares one read among callers for ``max_age_s``
-so a page refreshed by many browsers costs etcd one read a second.
+cause. (status_cache.py shares one read among a page's callers.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardmgr.cluster.catalog import CollectionMeta
 from shardmgr.cluster.config import ClusterConfig, check_node_id
 from shardmgr.cluster.counts import count
 from shardmgr.cluster.election import Writer
-from shardmgr.cluster.errors import ClusterError
 from shardmgr.cluster.extras import DeletesEntry, IndexEntry
 from shardmgr.cluster.kv import Entry, Kv
 from shardmgr.cluster.membership import Member
@@ -400,43 +397,3 @@ def _objects(config: ClusterConfig, listed: list[ObjectInfo], named: Mapping[str
     orphans = [o for o in listed if o.key not in named]
     return ObjectsStatus(url=config.s3_url, objects=len(listed), bytes=sum(o.size for o in listed),
                          orphans=tuple(o.key for o in orphans), orphan_bytes=sum(o.size for o in orphans))
-
-
-class StatusCache:
-    """The cluster's status at most ``max_age_s`` old (a failed read too:
-    its error is raised again until then). One read at a time: callers
-    that arrive during a read wait for it and share it. Thread-safe."""
-
-    def __init__(self, config: ClusterConfig, *, max_age_s: float = 1.0, replicas: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
-        self.max_age_s = max_age_s
-        self.replicas = replicas
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._kv: Kv | None = None
-        self._at = -float("inf")
-        self._last: ClusterStatus | ClusterError | None = None
-
-    def get(self) -> ClusterStatus:
-        """The cached status, or a new read if it is older than ``max_age_s``
-        (ClusterError if that read, or the cached one, failed)."""
-        with self._lock:
-            if self._last is None or self._clock() - self._at >= self.max_age_s:
-                if self._kv is None:
-                    self._kv = Kv(self.config)
-                try:
-                    self._last = read_status(self.config, kv=self._kv, replicas=self.replicas)
-                except ClusterError as e:
-                    self._last = e
-                self._at = self._clock()
-            last = self._last
-        if isinstance(last, ClusterError):
-            raise last.with_traceback(None)  # not a traceback that grows at every raise
-        return last
-
-    def close(self) -> None:
-        with self._lock:
-            if self._kv is not None:
-                self._kv.close()
-                self._kv = None

@@ -81,7 +81,7 @@ class ClusterPages:
         self._page = b""
         if config is not None:
             from shardmgr.cluster.page import PAGE
-            from shardmgr.cluster.status import StatusCache
+            from shardmgr.cluster.status_cache import StatusCache
 
             self._cache = StatusCache(config, replicas=replicas)
             self._page = PAGE.encode()

@@ -34,7 +34,8 @@ from shardmgr.cluster.errors import CoordinationUnavailable  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.cluster.shard_map import ShardEntry, ShardObject  # noqa: E402
-from shardmgr.cluster.status import HOLDER_GONE, StatusCache, read_status  # noqa: E402
+from shardmgr.cluster.status import HOLDER_GONE, read_status  # noqa: E402
+from shardmgr.cluster.status_cache import StatusCache  # noqa: E402
 from tests.cluster_servers import free_ports  # noqa: E402
 
 
