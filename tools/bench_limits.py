@@ -4,7 +4,9 @@ Starts ``shardmgr serve`` (whatever tree PYTHONPATH names) on loopback and measu
 (psutil) and thread count:
 
 * ``idle``: the server alone, then with N connections that did the handshake and send nothing;
-  a fresh client's ping latency while they are open;
+  a fresh client's ping latency while they are open. With ``--auth`` the server has a tokens
+  file, and two groups of N are measured in turn: connections that sent nothing yet (not
+  authenticated), then connections that authenticated and stay idle;
 * ``reader``: the CPU time FrameReader.read takes per small (ping) frame, in-process, when
   each recv brings one frame and when frames come in pipelined bursts (the part of the hot
   path the budget and the deadline touch; CPU time, minimum of 15 runs, so other load on
@@ -17,7 +19,7 @@ Starts ``shardmgr serve`` (whatever tree PYTHONPATH names) on loopback and measu
 Server settings go in with ``--set key=value`` (ServerConfig TOML keys), so the same
 command runs against an older tree without the newer keys.
 
-Usage: python tools/bench_limits.py idle [--connections 2000] [--json]
+Usage: python tools/bench_limits.py idle [--connections 2000] [--auth] [--json]
        python tools/bench_limits.py reader [--json]
        python tools/bench_limits.py attack [--connections 200 --declare 268435456 --send 8388608]
                                            [--seconds 30] [--set frame_timeout_s=10] [--json]
@@ -49,6 +51,7 @@ from common.wire import framing
 from common.wire.client import RpcClient
 from common.wire.frame_reader import FrameReader
 from shardmgr.server import readiness
+from shardmgr.server.auth import add_token
 
 STEP = 64 << 10
 
@@ -65,34 +68,56 @@ def start_server(data: Path, settings: list[str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def connect(port: int, n: int) -> list[socket.socket]:
-    """``n`` connections that completed the handshake."""
+def connect(port: int, n: int, token: str | None = None, silent: bool = False) -> list[socket.socket]:
+    """``n`` connections that completed the handshake (and authenticated with ``token``), or,
+    ``silent``, that sent nothing at all."""
     socks = []
     for _ in range(n):
         sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        sock.sendall(framing.preamble())
+        if not silent:
+            auth = framing.encode({"id": 1, "cmd": "auth", "args": {"token": token}}) if token else []
+            sock.sendall(b"".join([framing.preamble(), *auth]))
         socks.append(sock)
-    for sock in socks:
-        got = b""
-        while len(got) < 8:
-            chunk = sock.recv(8 - len(got))
-            if not chunk:
-                raise RuntimeError("the server closed a connection during the handshake")
-            got += chunk
+    for sock in [] if silent else socks:
+        receive(sock, 8)
+        if token:
+            size, header_size = framing.FRAME_HEAD.unpack(receive(sock, framing.FRAME_HEAD.size))
+            reply = msgpack.unpackb(receive(sock, size)[:header_size])
+            if "ok" not in reply:
+                raise RuntimeError(f"auth refused: {reply}")
     return socks
+
+
+def receive(sock: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        chunk = sock.recv(n - len(got))
+        if not chunk:
+            raise RuntimeError("the server closed a connection during the handshake")
+        got += chunk
+    return got
 
 
 def memory(proc: psutil.Process) -> dict[str, float]:
     return {"rss_MiB": proc.memory_info().rss / 2**20, "threads": proc.num_threads()}
 
 
-def idle(port: int, server: psutil.Process, connections: int) -> dict[str, Any]:
+def idle(port: int, server: psutil.Process, connections: int, token: str | None = None) -> dict[str, Any]:
     time.sleep(1)
+    results: dict[str, Any] = {}
+    socks: list[socket.socket] = []
+    if token:  # first the connections that sent nothing (no token yet), on top of them the authenticated ones
+        before = memory(server)
+        socks += connect(port, connections, silent=True)
+        time.sleep(2)
+        during = memory(server)
+        results.update(silent_during=during, silent_per_connection_KiB=(
+            (during["rss_MiB"] - before["rss_MiB"]) * 1024 / max(1, connections)))
     before = memory(server)
-    socks = connect(port, connections)
+    socks += connect(port, connections, token)
     time.sleep(2)  # let every connection's threads start and block
     during = memory(server)
-    with RpcClient(("127.0.0.1", port)) as client:
+    with RpcClient(("127.0.0.1", port), token=token) as client:
         client.call("ping")
         started = time.perf_counter()
         for _ in range(1000):
@@ -102,7 +127,7 @@ def idle(port: int, server: psutil.Process, connections: int) -> dict[str, Any]:
         sock.close()
     per_connection = (during["rss_MiB"] - before["rss_MiB"]) * 1024 / max(1, connections)
     return {"connections": connections, "before": before, "during": during,
-            "per_connection_KiB": per_connection, "ping_us_during": ping_us}
+            "per_connection_KiB": per_connection, "ping_us_during": ping_us, **results}
 
 
 class Polite(threading.Thread):
@@ -246,6 +271,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="attack: how long it lasts")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a ServerConfig TOML line, e.g. frame_timeout_s=10")
+    parser.add_argument("--auth", action="store_true",
+                        help="idle: a tokens file; measure silent, then authenticated connections")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.mode == "reader":
@@ -253,11 +280,13 @@ def main() -> None:
         return
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     with tempfile.TemporaryDirectory() as tmp:
-        proc = start_server(Path(tmp) / "data", args.set)
+        token = add_token(Path(tmp) / "tokens", "bench", ["read"]) if args.auth else None
+        settings = [f'auth_file = "{Path(tmp) / "tokens"}"', "handshake_timeout_s = 300.0"] if args.auth else []
+        proc = start_server(Path(tmp) / "data", settings + args.set)
         server = psutil.Process(proc.pid)
         try:
             if args.mode == "idle":
-                results = idle(proc.port, server, args.connections or 2000)  # type: ignore[attr-defined]
+                results = idle(proc.port, server, args.connections or 2000, token)  # type: ignore[attr-defined]
             else:
                 results = attack(proc.port, server, args.connections or 200,  # type: ignore[attr-defined]
                                  args.declare, args.send, args.seconds)

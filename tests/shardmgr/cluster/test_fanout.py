@@ -5,7 +5,10 @@ Three nodes; n1 writes the collection, so its data directory holds every row
 (published shards and the growing one) and is the single-node reference. The
 published shards are fetched by their rendezvous owners; a search sent to
 any node fans out and must return exactly what one store holding all the rows
-returns (scores, ids and refs, bit for bit). Then nodes die:
+returns (scores, ids and refs, bit for bit). So do two collections with
+the same rows under an IVF and an HNSW index, searched with per-query
+params other than the defaults: the query nodes search the writer's
+published indexes with the params the search carried. Then nodes die:
 
 - a query node SIGKILLed: its shards are asked of the next ready node in the
   same search, so results stay complete;
@@ -17,6 +20,7 @@ returns (scores, ids and refs, bit for bit). Then nodes die:
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from pathlib import Path
@@ -27,7 +31,9 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("etcd3gw")
 
+from shardmgr.cluster.cache import SOURCES  # noqa: E402
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.extras import ShardExtras  # noqa: E402
 from shardmgr.cluster.kv import Kv  # noqa: E402
 from shardmgr.cluster.membership import Membership  # noqa: E402
 from shardmgr.cluster.placement import owners  # noqa: E402
@@ -48,8 +54,39 @@ from tests.shardmgr.cluster.nodes import (  # noqa: E402
 from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
 
 K = 7  # nodes.search's k
+INDEXED = {"ivf": ("IVF2,Flat", [{"nprobe": 1}, {"nprobe": 2}]), "hnsw": ("HNSW4", [{"efSearch": K}])}
+"""Collections holding docs' rows under an index (a shard of 100 rows trains 2 lists), and the params their
+searches carry: nprobe 1 (faiss's default: the index is used), 2, and efSearch 7 (the nodes' default is 128:
+a node that dropped or changed the params would answer otherwise)."""
+Searches = dict[tuple[str, str], SearchResult]
 
 
+def indexed_searches(address: str, queries: np.ndarray) -> Searches:
+    """The INDEXED collections' answers, by (collection, params), from the node at ``address``."""
+    with StoreClient(address) as client:
+        return {(name, str(params)): client.search(name, queries, k=K, params=params)
+                for name, (_, all_params) in INDEXED.items() for params in all_params}
+
+
+def caches_writers_indexes(config: ClusterConfig, procs: list[ServerProcess], name: str) -> bool:
+    """Each published shard of ``name`` that one of ``procs`` (not its writer) serves from its cache was
+    installed there with the writer's published index files (the cache records where each file came from)."""
+    indexes = ShardExtras(config).indexes(name)
+    if len(indexes) < 4:
+        return False
+    live = sorted(["n1", *(proc.data_dir.name for proc in procs)])
+    for shard_id, entry in indexes.items():
+        for proc in procs:
+            if owners(live, name, shard_id) != [proc.data_dir.name]:
+                continue
+            source = proc.data_dir / "cluster-cache" / SOURCES / name / f"{shard_id:08d}.json"
+            try:
+                installed = json.loads(source.read_text())
+            except (OSError, ValueError):
+                return False
+            if any(installed.get(obj.name) != obj.key for obj in entry.files):
+                return False
+    return True
 
 
 def same(found: SearchResult, reference: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
@@ -64,12 +101,22 @@ def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
     start_all(started, nodes)
     with StoreClient(n1.address) as client:
         client.create_collection("docs", dim=DIM)
+        for name, (spec, _) in INDEXED.items():
+            client.create_collection(name, dim=DIM, index=spec)
         for vectors, ids in batches(9, seed=5):  # two batches a shard: 4 sealed, one batch growing
-            client.append("docs", vectors, ids, durable=True)
-    wait_for("4 shards published", lambda: len(published(cluster_config, "docs")) == 4)
-    wait_for("shards served by their owners", lambda: served_by_owners(cluster_config, "docs"), timeout=20)
+            for name in ("docs", *INDEXED):
+                client.append(name, vectors, ids, durable=True)
+    for name in ("docs", *INDEXED):
+        wait_for(f"4 shards of {name} published",
+                 functools.partial(lambda n: len(published(cluster_config, n)) == 4, name))
+        wait_for(f"{name}'s shards served by their owners",
+                 functools.partial(served_by_owners, cluster_config, name), timeout=20)
+    for name in INDEXED:
+        wait_for(f"{name}'s published indexes in the owners' caches",
+                 functools.partial(caches_writers_indexes, cluster_config, [n2, n3], name), timeout=20)
     queries = np.random.default_rng(1).random((25, DIM), dtype=np.float32)
     before = [search(proc.address, queries) for proc in (n1, n2, n3)]
+    before_indexed = [indexed_searches(proc.address, queries) for proc in (n1, n2, n3)]
 
     # a query node that serves shards dies: they are asked of the next ready node in the same search
     owned = {proc: [s for s in range(1, 5) if owners(["n1", "n2", "n3"], "docs", s) == [proc.data_dir.name]]
@@ -79,6 +126,7 @@ def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
     assert owned[victim], owned  # placement is deterministic: true for these names
     victim.kill()
     after_query_node = search(survivor.address, queries)
+    after_query_node_indexed = indexed_searches(survivor.address, queries)
 
     # the writer dies: its growing shard's rows are unreachable, and searches say so
     n1.kill()
@@ -101,9 +149,17 @@ def test_fan_out_equals_one_store_and_recovers_from_node_deaths(
         proc.wait()
     with Store(n1.data_dir).open() as reference:
         want = reference.search("docs", queries, k=K)
+        reference.wait_for_indexes()
+        want_indexed = {(name, str(params)): reference.search(name, queries, k=K, params=params)
+                        for name, (_, all_params) in INDEXED.items() for params in all_params}
     assert (want[1] >= 0).all()
     for found in (*before, after_query_node, recovered):
         same(found, want)
+    for answers in (*before_indexed, after_query_node_indexed):
+        for key, reference_answer in want_indexed.items():
+            same(answers[key], reference_answer)
+    for key in (("ivf", "{'nprobe': 1}"), ("hnsw", "{'efSearch': 7}")):  # the indexes change the answer
+        assert not np.array_equal(want_indexed[key].refs, want.refs), key
     assert len(np.unique(want[2] >> 40)) > 2  # the top rows come from several shards
     # the partial answer's rows are the reference's, less those of the growing shard (shard 5, on n1 only)
     kept = want[2][(want[2] >> 40) != 5]

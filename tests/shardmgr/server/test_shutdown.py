@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 import signal
 import socket
@@ -57,15 +58,14 @@ def stop(server: ServerProcess, timeout: float = 15.0) -> float:
     return time.monotonic() - started
 
 
-def read_results(address: str, got: dict[int, int]) -> None:
+def read_results(address: str, got: collections.Counter[int]) -> None:
     """One results call on a new connection; count every handle it returns (no client-side dedupe)."""
     try:
         with QueueClient(address, retry_for=0.5, timeout=10.0) as client:
             reply = client.rpc.call("workq.results", {"job": "job", "max_items": 200, "wait": 0.2})
     except Unavailable:
         return  # not applied (stopping, or not up yet): nothing was taken
-    for handle in reply.parts["handles"].tolist():
-        got[handle] = got.get(handle, 0) + 1
+    got.update(reply.parts["handles"].tolist())
 
 
 def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProcess) -> None:
@@ -78,14 +78,16 @@ def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProc
             handles += producer.enqueue("job", "m", "s", 1, batch, durable=True)
     workers = [subprocess.Popen([sys.executable, str(WORKER), server.address, f"w{i}", str(i)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
-    got: dict[int, int] = {}
+    got: collections.Counter[int] = collections.Counter()  # the main thread's, and the consumers' once joined
 
-    def consume(stopped: threading.Event) -> None:
-        """Up to 20 results calls, until the server has stopped (calls after that could only fail)."""
+    def consume(stopped: threading.Event, mine: collections.Counter[int]) -> None:
+        """Up to 20 results calls, until the server has stopped (calls after that could only fail).
+        Each consumer counts in its own Counter: a shared one could lose an update, and with it the
+        very double delivery this test looks for."""
         for _ in range(20):
             if stopped.is_set():
                 return
-            read_results(server.address, got)
+            read_results(server.address, mine)
 
     try:
         deadline = time.monotonic() + 60
@@ -96,7 +98,8 @@ def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProc
             while time.monotonic() < deadline:
                 read_results(server.address, got)
             stopped = threading.Event()
-            consumers = [threading.Thread(target=consume, args=(stopped,)) for _ in range(4)]
+            counts: list[collections.Counter[int]] = [collections.Counter() for _ in range(4)]
+            consumers = [threading.Thread(target=consume, args=(stopped, mine)) for mine in counts]
             for consumer in consumers:
                 consumer.start()  # consumers still calling while the server stops
             time.sleep(rng.uniform(0, 0.2))
@@ -104,6 +107,9 @@ def test_results_are_never_delivered_twice_across_clean_stops(server: ServerProc
             stopped.set()
             for consumer in consumers:
                 consumer.join(60)
+                assert not consumer.is_alive(), "a consumer still calling after 60 s"
+            for mine in counts:
+                got.update(mine)
             server.start()
         deadline = time.monotonic() + 120
         while len(got) < items and time.monotonic() < deadline:
