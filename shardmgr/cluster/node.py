@@ -33,7 +33,10 @@ The write check (``Store.gate``): *creating* publishes the collection in the
 catalog (``CollectionConflict`` for other parameters) and, if this call
 created it there, campaigns for its writer role; *writing* creates the
 collection locally if only the catalog knows it yet, then asks
-``WriterRoles.ensure`` (``WriterElsewhere`` if another node writes it).
+``WriterRoles.ensure`` (``WriterElsewhere`` if another node writes it);
+*deleting* takes the published shards the delete names (taker.py) and
+merges what other nodes published of them; *deleted* holds the rows until
+they are published (acked_deletes.py).
 
 The node's thread (``cluster-node``), woken by seals and every
 ``scan_interval_s``: rejoins after a loss; reserves shard ids ahead
@@ -63,7 +66,9 @@ import time
 from pathlib import Path
 
 import crc32c
+import numpy as np
 
+from shardmgr.cluster import acked_deletes
 from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.deletes_merger import DeletesMerger
@@ -136,13 +141,15 @@ class ClusterNode:
         self.merger = DeletesMerger(self.node_id, store, self.objects)
         self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
                                      self._wake.set, self.merger)
-        self.forwarder = Forwarder(self.node, self.node_id)  # the server hands it to the store's service
+        self.acked = acked_deletes.AckedDeletes()  # deletes this node acknowledged, until published
+        self.forwarder = Forwarder(self.node, self.node_id, acked=self.acked)  # the server hands it to the service
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side (the server hands it to the store service) and the holder keys
         # searches and gets of other nodes present the node's credentials, as forwards do
         self.query = QueryRouter(config, self.node, self.node_id, store, self.objects, lambda: self.lease,
-                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger)
+                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger,
+                                 self.acked)
         self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache, self.merger)
         self.holdings = Holdings(config, self.node_id, self._all_published)
         self.roles.on_tenure = self.holdings.tenure_started
@@ -245,8 +252,8 @@ class ClusterNode:
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
                 **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters,
-                **self.merger.counters, **self.taker.counters,
-                **self.forwarder.counters}
+                **self.merger.counters, **self.taker.counters, **self.acked.counters,
+                "acked_rows_held": self.acked.rows_held(), **self.forwarder.counters}
 
     # ----------------------------------------------------- the store's gate
 
@@ -295,7 +302,18 @@ class ClusterNode:
         token = self.roles.held().get(name)
         if token is not None:  # (None: the role was lost an instant ago; ensure says so below)
             self.taker.take(name, shards, token.revision, float(self.node.lease_ttl_s))
+            self.merger.merge_named(self.query.mirror.state(), name, shards)  # what deleted() says then holds
         self.roles.ensure(name)
+
+    def deleted(self, name: str, refs: np.ndarray) -> None:
+        """After a delete of ``refs`` was written (and made durable if asked),
+        before it is acknowledged: hold its rows until they are published
+        (acked_deletes.py), and promise the deletes keys that will say so."""
+        held, promised = acked_deletes.written(name, refs, self.store.collection(name).views(),
+                                               self.query.mirror.state(), self.node_id)
+        for acked in promised:
+            self.extras.promise(name, acked.shard_id, acked.count)
+        self.acked.hold(name, held)
 
     # ------------------------------------------------------------- catalog
 
