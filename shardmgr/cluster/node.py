@@ -10,14 +10,19 @@ Life:
   check (``Store.gate``) is this node, and a seal wakes the node's thread
   (``Store.on_sealed``). The server gives the store ``cluster_store_config``:
   rewrites off (they would replace published shards).
-- :meth:`start` (the store has recovered; the port is not open): grant a
-  lease; publish the local collections in the catalog, create the catalog's
-  other collections locally, and watch it for new ones; start the node's
-  thread.
-- :meth:`join` (the port is bound; the ready file not yet written): become a
-  member with the advertised address, waiting up to ``join_timeout_s`` for a
-  previous run's key of the same node id to expire. Writes are refused
-  (``unavailable``) until then.
+- :meth:`start` (the store has recovered; the port is bound, not open):
+  grant a lease (a wrong etcd address is one line: ``cannot reach etcd at
+  HOST:PORT: connection refused``); take the node id, as a member with the
+  advertised address (membership.hold_id: refused at once naming the holder
+  if another process has it; waited for, and logged, up to
+  ``join_timeout_s`` if it is this data directory's previous run's key);
+  put and delete a probe object (no credentials, access denied, no such
+  bucket or an unreachable endpoint refuse the start, in one line);
+  publish the local collections in the catalog, create the catalog's other
+  collections locally, and watch it for new ones; start the node's thread.
+- :meth:`join` (the port is open; the ready file not yet written): take
+  writes (refused as ``unavailable`` until then), announce what it serves,
+  start the thread's passes.
 - :meth:`stop` (clean stop: connections closed, the store still open): stop
   the thread (bounded; an upload in flight is abandoned, its publish would
   be fenced); hand off: seal and publish what it writes (within
@@ -73,13 +78,13 @@ from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
-from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
+from shardmgr.cluster.errors import ClusterError, CoordinationError, CoordinationUnavailable, transport_reason
 from shardmgr.cluster.extras_uploader import ExtrasUploader
 from shardmgr.cluster.forwarding import Forwarder
 from shardmgr.cluster.holdings import Holdings
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.membership import Membership
+from shardmgr.cluster.membership import Membership, data_id, hold_id
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.query import QueryRouter
@@ -124,6 +129,8 @@ class ClusterNode:
         self.node_id = check_node_id(node_id)
         self.store = store
         self.address: str | None = None  # advertised, once joined
+        self.address_to_join = ""  # advertised in the member key start() takes
+        self.data_id = ""  # its data directory's (membership.data_id), read by start()
         self.lease = NodeLease(config, name=node_id)  # granted by start()
         self.objects = ObjectStore(config)
         self._kv = Kv(config)  # the main thread's (start, join, stop)
@@ -160,10 +167,18 @@ class ClusterNode:
 
     # ------------------------------------------------------------------- life
 
-    def start(self) -> None:
-        """Lease, catalog, watch, thread (module docstring)."""
-        self.lease.start()
+    def start(self, address: str) -> None:
+        """Lease, node id, object store, catalog, watch, thread (module docstring)."""
+        try:
+            self.lease.start()
+        except CoordinationError as e:  # the first request to etcd: say what is wrong in one line
+            raise type(e)(f"cannot reach etcd at {self.config.etcd_host}:{self.config.etcd_port}: "
+                          f"{transport_reason(e, self.config.etcd_timeout_s)}") from e
         self.lease.on_lost(self._lost)
+        self.data_id = data_id(self.store.data_dir)  # (the server holds the directory's lock)
+        self._hold_id(self.lease, address, Membership(self.config, self._kv))
+        self.address_to_join = address
+        self.objects.probe(self.node_id)
         with self._catalog_lock:
             for name in self.store.collections():
                 info = self.store.collection_info(name)
@@ -181,28 +196,21 @@ class ClusterNode:
         log.info("cluster node %s: etcd %s, objects %s, %d collections known", self.node_id, self.config.etcd_url,
                  self.config.s3_url, len(self._known))
 
-    def join(self, address: str) -> None:
-        """Become a member reached at ``address`` (NodeIdTaken if a previous
-        run's key does not expire within ``join_timeout_s``)."""
+    def join(self) -> None:
+        """The port is open: take writes, announce what this node serves, start the thread's passes."""
+        address = self.address_to_join
         if address.rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
             log.warning("advertising %s, which no other machine can reach: set --advertise HOST:PORT", address)
-        self._join(self.lease, address, Membership(self.config, self._kv))
         self.address = address
+        self._joined.set()
+        log.info("joined the cluster as %s at %s (lease %x)", self.node_id, address, self.lease.id)
         self.query.announce(address)
         self._wake.set()
 
-    def _join(self, lease: NodeLease, address: str, members: Membership) -> None:
-        deadline = time.monotonic() + self.node.join_timeout_s
-        while True:
-            try:
-                members.join(self.node_id, lease, address)
-                break
-            except NodeIdTaken:
-                if time.monotonic() > deadline or self._stop.is_set():
-                    raise
-                time.sleep(min(0.5, self.config.lease_ttl_s / 4))
-        log.info("joined the cluster as %s at %s (lease %x)", self.node_id, address, lease.id)
-        self._joined.set()
+    def _hold_id(self, lease: NodeLease, address: str, members: Membership) -> None:
+        """Be the member ``node_id`` under ``lease`` (membership.hold_id: NodeIdTaken at once if another
+        process holds it, after up to ``join_timeout_s`` if this data directory's previous run does)."""
+        hold_id(members, self.node_id, lease, address, self.data_id, self.node.join_timeout_s, self._stop)
 
     def stop(self) -> None:
         """Clean stop (module docstring); safe after a failed or partial start."""
@@ -225,7 +233,8 @@ class ClusterNode:
         for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
                          self.objects, self.forwarder):
             closable.close()
-        log.info("left the cluster (%s)", self.node_id)
+        if self.address_to_join:
+            log.info("left the cluster (%s)", self.node_id)
 
     def _hand_off(self) -> None:
         """A clean stop of a writer: seal the growing shard of each collection it
@@ -358,7 +367,9 @@ class ClusterNode:
         lease = NodeLease(self.config, name=self.node_id).start()
         try:
             assert self.address is not None
-            self._join(lease, self.address, Membership(self.config, self._thread_kv))
+            self._hold_id(lease, self.address, Membership(self.config, self._thread_kv))
+            log.info("joined the cluster again as %s at %s (lease %x)", self.node_id, self.address, lease.id)
+            self._joined.set()
         except BaseException:
             lease.close()
             raise
