@@ -30,6 +30,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import shadowing  # noqa: F401 - first: is 'common' the project's?
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:

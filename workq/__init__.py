@@ -28,6 +28,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from . import shadowing  # noqa: F401 - first: is 'common' the project's?
+
+# isort: split
 from common.journal import FlusherConfig
 
 from .broker import Broker
