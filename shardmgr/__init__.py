@@ -18,7 +18,8 @@ server), ``server/`` (``shardmgr serve``, the host of the store and the work
 queue), ``verification/`` (``shardmgr verify``), ``cluster/`` (cluster
 mode: S3 objects, etcd coordination, a node's life; ``serve --cluster``), ``cli.py`` (the command),
 ``tables.py`` (its tables, plain lines when piped), ``errors.py`` (one
-root, ShardmgrError). docs/architecture.md maps them.
+root, ShardmgrError), ``shadowing.py`` (imported first: is ``common`` the
+project's?). docs/architecture.md maps them.
 
 May import: ``common`` and ``workq``; ``store`` imports neither ``server``,
 ``verification`` nor ``workq``.

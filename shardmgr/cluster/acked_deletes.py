@@ -84,6 +84,7 @@ class AckedDeletes:
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[Acked, ...]] = {}
+        self._joined: dict[str, tuple[tuple[Acked, ...], np.ndarray]] = {}  # the refs of a held tuple, made once
         self._lock = threading.Lock()
         self._last = threading.local()
         self.counters = {"acked_deletes_held_total": 0}
@@ -121,8 +122,14 @@ class AckedDeletes:
                     self._held[collection] = kept
                 else:
                     self._held.pop(collection, None)
+                    self._joined.pop(collection, None)
             held = tuple(a for a in held if not a.published(state, collection))
-        return state, np.unique(np.concatenate([a.refs for a in held])) if held else None
+        if not held:
+            return state, None
+        joined = self._joined.get(collection)
+        if joined is None or joined[0] is not held:  # (a race makes it twice: no harm)
+            joined = self._joined[collection] = (held, np.unique(np.concatenate([a.refs for a in held])))
+        return state, joined[1]
 
     def check(self, collection: str, refs: np.ndarray, held: np.ndarray | None) -> None:
         """RowDeleted naming the first of ``refs`` among ``held`` (a get of it)."""

@@ -41,6 +41,7 @@ from shardmgr.cluster.routing import Ask, Plan, holder_missing, plan, shard_miss
 from shardmgr.cluster.shard_search import ShardSearch
 from shardmgr.store import batch, index
 from shardmgr.store.client import SEARCH_SECONDS_PER_VALUE  # a peer search's allowance, as a client's
+from shardmgr.store.refs import ROW_BITS
 from shardmgr.store.search import Hits, SearchResult, merge
 from shardmgr.store.store import Store
 
@@ -142,6 +143,11 @@ class FanOut:
 
     def _ask(self, node: str, name: str, queries: np.ndarray, k: int, params: dict[str, int], ask: Ask,
              published: np.ndarray, deleted: np.ndarray | None) -> Answer:
+        if deleted is not None:  # those of the shards asked (and, of a holder, of those not published)
+            shard_of = deleted >> np.int64(ROW_BITS)
+            mine = np.isin(shard_of, ask.shards)
+            deleted = deleted[mine | ~np.isin(shard_of, published) if ask.unpublished else mine]
+            deleted = deleted if len(deleted) else None
         if node == self.node_id:
             return self.local.search(name, queries, k, params, ask.shards, ask.unpublished, published, deleted)
         address = self.mirror.state().members.get(node)
