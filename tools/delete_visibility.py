@@ -4,14 +4,16 @@ others (docs/cluster.md, "When a delete is seen").
 Starts etcd and SeaweedFS on loopback as the tests do (tests/cluster_servers.py)
 and three ``shardmgr serve --cluster`` nodes with tiny shards but the
 default ``[node]`` timings (``scan_interval_s`` 5 s unless ``--scan``); n1
-writes a collection of 4 published shards, each served by its rendezvous
+writes a collection of 8 published shards, each served by its rendezvous
 owner. Then, ``--runs`` times, after a pause drawn between 0 and the scan
-interval (so that deletes land anywhere in the writer's cycle), one row of a published shard is deleted
-through a node (by turns the writer n1 and the non-writer n2, which
-forwards it), the acknowledging node's very next search is checked to skip
-it, and the two other nodes are searched every 10 ms until neither returns
-it: the time from the acknowledgement to then is printed. Everything it
-started is stopped by PID at the end.
+interval (so that deletes land anywhere in the writer's cycle), one row of
+a published shard that a node other than the writer serves (from its
+cache: the writer's own copy, which skips the row at once, is not what the
+others ask) is deleted through a node (by turns the writer n1 and the
+non-writer n2, which forwards it), the acknowledging node's very next
+search is checked to skip it, and the two other nodes are searched every
+10 ms until neither returns it: the time from the acknowledgement to then
+is printed. Everything it started is stopped by PID at the end.
 
     python tools/delete_visibility.py [--runs 10] [--scan 5.0]
 """
@@ -31,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
+from shardmgr.cluster.placement import owners  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.cluster_servers import (  # noqa: E402
     S3_ACCESS_KEY,
@@ -73,18 +76,21 @@ def returns(client: StoreClient, vector: np.ndarray, ref: int) -> bool:
 
 
 def measure(nodes: list[ServerProcess], config: ClusterConfig, runs: int, scan: float) -> list[float]:
-    data = list(batches(9, seed=3))
+    data = list(batches(17, seed=3))
     vectors = np.concatenate([v for v, _ in data])
     clients = [StoreClient(proc.address) for proc in nodes]
     seen: list[float] = []
     try:
         refs = np.concatenate([clients[0].append("docs", v, i, durable=True) for v, i in data])
-        wait_for("4 shards published", lambda: len(published(config, "docs")) == 4, timeout=60)
+        wait_for("8 shards published", lambda: len(published(config, "docs")) == 8, timeout=60)
         wait_for("shards served by their owners", lambda: served_by_owners(config, "docs"), timeout=60)
+        cached = [s for s in published(config, "docs") if owners(["n1", "n2", "n3"], "docs", s)[0] != "n1"]
+        candidates = np.flatnonzero(np.isin(refs >> 40, cached))
+        assert len(candidates) >= runs, f"only {len(candidates)} rows in shards {cached}"
         rng = random.Random(1)
         for run in range(runs):
             time.sleep(rng.uniform(0, scan))  # at any point of the writer's pass cycle, not just after one
-            row = 7 + 11 * run  # rows of the 4 published shards (0..399), one per run
+            row = int(candidates[run * (len(candidates) // runs)])  # spread over those shards
             by = run % 2  # the writer, or n2 (which forwards)
             others = [c for i, c in enumerate(clients) if i != by]
             assert all(returns(c, vectors[row], int(refs[row])) for c in clients)

@@ -129,7 +129,7 @@ class ClusterNode:
         self.node_id = check_node_id(node_id)
         self.store = store
         self.address: str | None = None  # advertised, once joined
-        self.address_to_join = ""  # advertised in the member key start() takes
+        self._advertised = ""  # the address in the member key start() takes
         self.data_id = ""  # its data directory's (membership.data_id), read by start()
         self.lease = NodeLease(config, name=node_id)  # granted by start()
         self.objects = ObjectStore(config)
@@ -177,7 +177,7 @@ class ClusterNode:
         self.lease.on_lost(self._lost)
         self.data_id = data_id(self.store.data_dir)  # (the server holds the directory's lock)
         self._hold_id(self.lease, address, Membership(self.config, self._kv))
-        self.address_to_join = address
+        self._advertised = address
         self.objects.probe(self.node_id)
         with self._catalog_lock:
             for name in self.store.collections():
@@ -198,7 +198,7 @@ class ClusterNode:
 
     def join(self) -> None:
         """The port is open: take writes, announce what this node serves, start the thread's passes."""
-        address = self.address_to_join
+        address = self._advertised
         if address.rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
             log.warning("advertising %s, which no other machine can reach: set --advertise HOST:PORT", address)
         self.address = address
@@ -233,7 +233,7 @@ class ClusterNode:
         for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
                          self.objects, self.forwarder):
             closable.close()
-        if self.address_to_join:
+        if self._advertised:
             log.info("left the cluster (%s)", self.node_id)
 
     def _hand_off(self) -> None:
