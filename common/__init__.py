@@ -12,3 +12,9 @@
 May import: the standard library and third-party packages only. ``journal``
 and ``wire`` do not import each other.
 """
+
+PROJECT = "shardmgr"
+"""Marks this package as the project's: ``shardmgr`` and ``workq`` check it at
+import, so that a user's own ``common`` module earlier on ``sys.path`` (which
+shadows this one) is named in their ImportError, not left to a puzzling
+``No module named 'common.journal'``."""

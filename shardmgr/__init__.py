@@ -18,7 +18,8 @@ server), ``server/`` (``shardmgr serve``, the host of the store and the work
 queue), ``verification/`` (``shardmgr verify``), ``cluster/`` (cluster
 mode: S3 objects, etcd coordination, a node's life; ``serve --cluster``), ``cli.py`` (the command),
 ``tables.py`` (its tables, plain lines when piped), ``errors.py`` (one
-root, ShardmgrError). docs/architecture.md maps them.
+root, ShardmgrError), ``shadowing.py`` (imported first: is ``common`` the
+project's?). docs/architecture.md maps them.
 
 May import: ``common`` and ``workq``; ``store`` imports neither ``server``,
 ``verification`` nor ``workq``.
@@ -29,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from . import shadowing  # noqa: F401 - first: is 'common' the project's?
 
 __version__ = "0.1.0"
 

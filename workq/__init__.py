@@ -16,7 +16,8 @@ The package: ``protocol`` (what crosses the wire, shared by both sides),
 flight: ``delivery``), ``state/`` (the in-memory state
 machine), ``disk/`` (the files), ``service`` (the server component),
 ``client`` and ``worker`` (network clients), ``config``, ``errors``,
-``testing`` (crash a broker in tests).
+``testing`` (crash a broker in tests), ``shadowing`` (imported first: is
+``common`` the project's?).
 
 May import: ``common``; never ``shardmgr``. The clients import only
 ``protocol``, ``errors`` and ``common.wire``.
@@ -28,6 +29,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from . import shadowing  # noqa: F401 - first: is 'common' the project's?
+
+# isort: split
 from common.journal import FlusherConfig
 
 from .broker import Broker

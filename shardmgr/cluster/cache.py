@@ -27,7 +27,9 @@ same way: the files that did not change are hard-linked from the current
 copy, the new ones fetched, and the new directory replaces the old one.
 
 After each change the node's ``serving`` key (mirror.py; leased, so it goes
-with the node) lists what it can search now, and coordinators route by it.
+with the node) lists what it can search now, with the deleted rows of each
+copy, and coordinators route by it (to copies that hold the newest
+published deletes: routing.py).
 A shard no longer given to this node is dropped ``cache_linger_s`` later
 (searches routed by an older state still find it) and its files removed.
 
@@ -170,14 +172,28 @@ class ShardCache:
 
     def ready(self, state: ClusterState) -> dict[str, set[int]]:
         """What this node can search now, of the published shards: cached, or its own."""
+        return self._ready(state)[0]
+
+    def _ready(self, state: ClusterState) -> tuple[dict[str, set[int]], dict[str, dict[int, int]]]:
+        """(what this node can search now, the deleted rows of each copy): a
+        cached copy holds its installed log's rows; an own copy (not behind
+        a log another node published: deletes_merger.py) holds at least the
+        rows of the deletes key in ``state``, which is what it reports."""
         ready: dict[str, set[int]] = {}
-        for name, shard_id in self._cached():
-            ready.setdefault(name, set()).add(shard_id)
+        deleted: dict[str, dict[int, int]] = {}
+        for name in self.cache.collections():
+            for view in self.cache.collection(name).views():
+                ready.setdefault(name, set()).add(view.shard)
+                deleted.setdefault(name, {})[view.shard] = view.deleted_count
+        self.counters["shards_cached"] = sum(len(ids) for ids in ready.values())
         late = self.merger.behind(state) if self.merger is not None else set()
         for name, entries in state.published.items():
-            ours = self.store.sealed_ids(name) & entries.keys()
-            ready.setdefault(name, set()).update(s for s in ours if (name, s) not in late)
-        return ready
+            ours = {s for s in self.store.sealed_ids(name) & entries.keys() if (name, s) not in late}
+            keys = state.deletes.get(name, {})
+            cached = deleted.setdefault(name, {})
+            cached.update((s, keys[s].deleted) for s in ours - cached.keys() if s in keys)
+            ready.setdefault(name, set()).update(ours)
+        return ready, deleted
 
     # ------------------------------------------------------------ fetching
 
@@ -265,7 +281,7 @@ class ShardCache:
         lease = self._lease()
         if not lease.alive():
             return
-        value = serving_value(self.node_id, self.address, self.ready(state))
+        value = serving_value(self.node_id, self.address, *self._ready(state))
         if self._announced == (lease.id, value):
             return
         self._kv.put(self.config.key("serving", self.node_id), value, lease=lease.id)

@@ -25,6 +25,10 @@ published is skipped while the local log holds as many rows (logs only
 grow; fewer means a data directory restored from a copy); before a
 publish, the published log is merged whoever published it.
 
+A writer also merges, before it writes a delete, the logs it is behind on
+among the shards the delete names (:meth:`DeletesMerger.merge_named`), so
+that what it tells of the delete holds (acked_deletes.py).
+
 Until a log another node published is merged, the node does not announce
 its own copy of that shard as ready (:meth:`DeletesMerger.behind`, used by
 cache.py): searches go to other copies, or name the shard as missing, but
@@ -42,7 +46,7 @@ import threading
 from pathlib import Path
 
 from common.journal.errors import FormatError, JournalError
-from shardmgr.cluster.errors import ClusterError
+from shardmgr.cluster.errors import ClusterError, ShardsUnavailable
 from shardmgr.cluster.extras import DeletesEntry
 from shardmgr.cluster.mirror import ClusterState
 from shardmgr.cluster.objects import ObjectStore
@@ -118,6 +122,23 @@ class DeletesMerger:
                 here = self.store.sealed_ids(name)
                 late.update((name, shard_id) for shard_id in foreign if shard_id in here)
         return late
+
+    def merge_named(self, state: ClusterState, name: str, shards: frozenset[int] | None) -> None:
+        """Before a delete of ``shards`` of ``name`` (None: every shard) is
+        written on the writer: merge the logs :meth:`behind` names among them,
+        so that its copy holds every row of each key in ``state``
+        (acked_deletes.written). ShardsUnavailable (nothing deleted) if one
+        cannot be fetched."""
+        for collection, shard_id in sorted(self.behind(state)):
+            if collection != name or (shards is not None and shard_id not in shards):
+                continue
+            try:
+                self.merge(state.deletes[name][shard_id])
+            except (ClusterError, OSError) as e:
+                raise ShardsUnavailable(f"shard {shard_id} of {name!r}: merging the deletes another node published "
+                                        f"failed (nothing was deleted): {e}") from e
+            except JournalError as e:  # not this shard's log: logged, and never merged (module docstring)
+                log.warning("shard %d of %s: the published deletes are not merged: %s", shard_id, name, e)
 
     def _sealed(self, entry: DeletesEntry) -> SealedShard | None:
         try:

@@ -12,9 +12,14 @@ may retry (the server was unreachable, a request timed out) also inherit
 from __future__ import annotations
 
 import re
+import socket
+from typing import TYPE_CHECKING
 
 from common.wire.errors import BadRequest, Conflict, NotFound, Unavailable
 from shardmgr.errors import ShardmgrError
+
+if TYPE_CHECKING:
+    from shardmgr.cluster.membership import Member
 
 __all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "CoordinationDenied",
            "LeaseLost",
@@ -68,9 +73,14 @@ class LeaseLost(CoordinationError):
 
 class NodeIdTaken(CoordinationError, Conflict):
     """Another live member (another process, or this node's previous run whose
-    lease has not expired yet) holds this node id."""
+    lease has not expired yet) holds this node id; ``holder`` is that member
+    (membership.Member) when it is known."""
 
     code = "shardmgr.cluster.node_id_taken"
+
+    def __init__(self, message: str, *, holder: Member | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class NotWriter(CoordinationError):
@@ -179,3 +189,27 @@ def writer_address(message: str) -> str | None:
     """The ``writer_address=HOST:PORT`` a message ends with, or None (absent or ``unknown``)."""
     found = re.search(r"writer_address=(\S+)$", message)
     return found.group(1) if found and found.group(1) != "unknown" else None
+
+
+def transport_reason(e: BaseException, timeout_s: float) -> str:
+    """Why a connection behind ``e`` failed, in a few words, from the
+    innermost OSError among its causes ("connection refused", "no answer
+    within 2 s", ...); else the innermost cause's own text."""
+    found: BaseException = e
+    innermost_os: OSError | None = None
+    while True:
+        if isinstance(found, OSError):
+            innermost_os = found
+        following = found.__cause__ or found.__context__
+        if following is None:
+            break
+        found = following
+    if isinstance(innermost_os, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(innermost_os, socket.gaierror):
+        return f"cannot resolve the host name ({innermost_os.strerror})"
+    if isinstance(innermost_os, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    if innermost_os is not None and innermost_os.strerror:
+        return innermost_os.strerror.lower()
+    return f"{type(found).__name__}: {found}" if found is not e else str(e)

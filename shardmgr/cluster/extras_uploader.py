@@ -13,7 +13,11 @@ for each collection this node writes, over the shards that are published:
   those published, a durable copy of its delete log is taken
   (``Store.copy_deletes``), uploaded write-once to ``<shard
   id>/<tenure>/deletes.<rows>`` and checked (``ObjectStore.put_file``), and
-  published (``ShardExtras.publish_deletes``: fenced, forward only).
+  published (``ShardExtras.publish_deletes``: fenced, forward only). A
+  shard this node *promised* a deletes key for (:meth:`promise`: it
+  acknowledged a delete whose rows only a key it publishes itself can be
+  known to hold; acked_deletes.py) gets one even if its log holds no more
+  rows than the published one.
 - **Indexes.** A built index is announced (``Store.on_indexed``, which
   wakes the thread); once the shard is published, its files go up
   write-once under the tenure's path and are published
@@ -93,6 +97,7 @@ class ExtrasUploader:
         #: deleted rows published per shard (deletes key, or the entry's own log); None: unknown
         self._deletes_there: dict[tuple[str, int], int | None] = {}
         self._index_there: set[tuple[str, int]] = set()
+        self._promised: dict[tuple[str, int], int] = {}  # shard -> deleted rows a key of this node's must hold
         self._retry = Backoff(node.upload_retry_min_s, node.upload_retry_max_s)
         self.counters = {"deletes_published_total": 0, "indexes_published_total": 0, "extras_failed_total": 0,
                          "extras_fenced_total": 0}
@@ -104,6 +109,13 @@ class ExtrasUploader:
 
     def _deleted(self, name: str, shard_id: int) -> None:
         with self._lock:
+            self._announced.add((name, shard_id))
+
+    def promise(self, name: str, shard_id: int, count: int) -> None:
+        """Publish a deletes key of shard ``shard_id`` of ``name`` holding at
+        least ``count`` rows (module docstring), once the shard is published."""
+        with self._lock:
+            self._promised[(name, shard_id)] = max(count, self._promised.get((name, shard_id), 0))
             self._announced.add((name, shard_id))
 
     def _indexed(self, name: str, shard_id: int) -> None:
@@ -217,7 +229,7 @@ class ExtrasUploader:
         key = (sealed.collection, sealed.shard_id)
         if kind == "indexes":
             return bool(sealed.index_files) and key not in self._index_there
-        return sealed.deleted > (self._there(key) or 0)
+        return sealed.deleted > (self._there(key) or 0) or key in self._promised
 
     def _there(self, key: tuple[str, int]) -> int | None:
         """Deleted rows of a shard published (None: unknown, module docstring)."""
@@ -236,13 +248,16 @@ class ExtrasUploader:
         with tempfile.TemporaryDirectory(prefix="shardmgr-deletes-") as scratch:
             copy = Path(scratch) / DELETES
             deleted = self.store.copy_deletes(name, shard_id, copy)
-            if deleted <= (self._there((name, shard_id)) or 0):
+            if deleted <= (self._there((name, shard_id)) or 0) and (name, shard_id) not in self._promised:
                 return  # nothing beyond what is published
             key = shard_map.object_key(shard_id, token, f"{DELETES}.{deleted}")
             stored = self._put(copy, key, same_rows=True)
         obj = ShardObject(DELETES, key, stored.size, _crc(stored))
         there = self._extras.publish_deletes(token, DeletesEntry(name, shard_id, obj, deleted))
         self._deletes_there[(name, shard_id)] = there.deleted
+        with self._lock:  # kept (this node's key with as many rows), or moot (the key there holds every row here)
+            if self._promised.get((name, shard_id), 0) <= deleted:
+                self._promised.pop((name, shard_id), None)
         if there.object == obj:
             if self._merger is not None:
                 self._merger.note(name, shard_id, obj.key)  # a copy of the log here: never fetched back

@@ -5,9 +5,11 @@ The node that receives ``shardmgr.search`` coordinates it:
 1. It checks the queries, k and params exactly as a single store does
    (the collection exists on every node: the catalog).
 2. It takes the collection's plan (routing.py) for its current cluster
-   state, made once per state change.
+   state, made once per state change, and the rows this node acknowledged
+   as deleted that are not published yet (acked_deletes.py).
 3. It asks every node of the plan at once (``shardmgr.search_shards``; itself
-   directly, on the calling thread, while the others answer).
+   directly, on the calling thread, while the others answer), each to skip
+   those rows as it skips its own deleted ones.
 4. A node that cannot be reached or fails, and each shard a node says it no
    longer has, is asked of the shard's next alternate, round after round,
    until every shard is answered or has no alternate left. A holder that
@@ -32,12 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from shardmgr.cluster.acked_deletes import AckedDeletes
 from shardmgr.cluster.mirror import ClusterMirror, ClusterState
 from shardmgr.cluster.peers import Peers
 from shardmgr.cluster.routing import Ask, Plan, holder_missing, plan, shard_missing
 from shardmgr.cluster.shard_search import ShardSearch
 from shardmgr.store import batch, index
 from shardmgr.store.client import SEARCH_SECONDS_PER_VALUE  # a peer search's allowance, as a client's
+from shardmgr.store.refs import ROW_BITS
 from shardmgr.store.search import Hits, SearchResult, merge
 from shardmgr.store.store import Store
 
@@ -51,8 +55,10 @@ Answer = tuple[Hits, list[int]]
 class FanOut:
     """Coordinates searches from this node (module docstring)."""
 
-    def __init__(self, node_id: str, store: Store, mirror: ClusterMirror, local: ShardSearch, peers: Peers) -> None:
+    def __init__(self, node_id: str, store: Store, mirror: ClusterMirror, local: ShardSearch, peers: Peers,
+                 acked: AckedDeletes | None = None) -> None:
         self.node_id = node_id
+        self.acked = acked if acked is not None else AckedDeletes()
         self.store = store
         self.mirror = mirror
         self.local = local
@@ -72,17 +78,19 @@ class FanOut:
         self.counters["searches_total"] += 1
         if not len(checked):
             return SearchResult(np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64))
-        the_plan = self.plan(name)
+        state, deleted = self.acked.refs(name, self.mirror.state)
+        the_plan = self.plan(name, state)
         parts, missing = self._gather(the_plan, lambda node, ask: self._ask(node, name, checked, k, chosen, ask,
-                                                                            the_plan.published))
+                                                                            the_plan.published, deleted))
         if missing:
             self.counters["partial_searches_total"] += 1
         hits = merge([(h.scores, h.ids, h.refs) for h in parts], len(checked), k, collection.metric)
         return SearchResult(hits.scores, hits.ids, hits.refs, missing)
 
-    def plan(self, name: str) -> Plan:
-        """The collection's plan at this node's current cluster state (made once per state)."""
-        state = self.mirror.state()
+    def plan(self, name: str, state: ClusterState | None = None) -> Plan:
+        """The collection's plan at ``state`` (default: this node's current
+        cluster state; made once per state)."""
+        state = state if state is not None else self.mirror.state()
         cached_state, plans = self._plans
         if cached_state is not state:
             plans = {}
@@ -134,9 +142,14 @@ class FanOut:
         return results
 
     def _ask(self, node: str, name: str, queries: np.ndarray, k: int, params: dict[str, int], ask: Ask,
-             published: np.ndarray) -> Answer:
+             published: np.ndarray, deleted: np.ndarray | None) -> Answer:
+        if deleted is not None:  # those of the shards asked (and, of a holder, of those not published)
+            shard_of = deleted >> np.int64(ROW_BITS)
+            mine = np.isin(shard_of, ask.shards)
+            deleted = deleted[mine | ~np.isin(shard_of, published) if ask.unpublished else mine]
+            deleted = deleted if len(deleted) else None
         if node == self.node_id:
-            return self.local.search(name, queries, k, params, ask.shards, ask.unpublished, published)
+            return self.local.search(name, queries, k, params, ask.shards, ask.unpublished, published, deleted)
         address = self.mirror.state().members.get(node)
         if not address:
             raise ConnectionError(f"node {node} is not a member now")
@@ -144,6 +157,8 @@ class FanOut:
         if params:
             args["params"] = params
         parts = {"queries": queries, "exclude": published if ask.unpublished else published[:0]}
+        if deleted is not None:  # (only then: a node of an earlier version never sees the part)
+            parts["deleted"] = deleted
         timeout = self.peers.options["timeout"] + queries.size * SEARCH_SECONDS_PER_VALUE
         with self.peers.client(address) as client:
             reply = client.call("shardmgr.search_shards", args, parts, timeout=timeout)

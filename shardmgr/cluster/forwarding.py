@@ -16,7 +16,10 @@ The rules, for ``shardmgr.append``, ``shardmgr.delete`` and
   WriterElsewhere (the role moved while it was on its way), and that
   refusal is what the first node answers. No request can loop while roles
   move.
-- The writer's reply (refs, counts) is this node's reply. An error the
+- The writer's reply (refs, counts) is this node's reply. To a forwarded
+  delete the writer also lists the rows it deleted in its sealed shards and
+  what will publish them (acked_deletes.py); this node holds them before it
+  answers, so its own next search skips them, and passes on the rest. An error the
   writer answers passes through with its code and message unchanged,
   except a refusal of this node's credentials (``unauthenticated``,
   ``forbidden``, ``tls_failed``), which becomes ForwardDenied: the client's
@@ -56,6 +59,7 @@ from common.wire.client import MAX_CLIENT_SECONDS, ConnectionLost, Reply, RpcCli
 from common.wire.component import Request
 from common.wire.errors import Forbidden, ServiceError, Unauthenticated, Unavailable
 from common.wire.tls import client_context
+from shardmgr.cluster import acked_deletes
 from shardmgr.cluster.config import NodeConfig
 from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable
 from shardmgr.cluster.peers import Peers
@@ -69,7 +73,8 @@ TOKEN_ENV = "SHARDMGR_NODE_TOKEN"
 FORWARDED = "forwarded"
 """The argument that marks a forwarded request (it is never forwarded again)."""
 
-COMMANDS = frozenset({"shardmgr.append", "shardmgr.delete", "shardmgr.delete_ids"})
+DELETES = frozenset({"shardmgr.delete", "shardmgr.delete_ids"})
+COMMANDS = frozenset({"shardmgr.append", *DELETES})
 """The commands a node forwards to the collection's writer."""
 
 CONNECT_TIMEOUT_S = 2.0
@@ -83,10 +88,13 @@ class Forwarder:
 
     commands = COMMANDS
 
-    def __init__(self, node: NodeConfig, node_id: str, token: str | None = None) -> None:
-        """``token``: what this node presents to writers; default ``$SHARDMGR_NODE_TOKEN`` (none if unset)."""
+    def __init__(self, node: NodeConfig, node_id: str, token: str | None = None,
+                 acked: acked_deletes.AckedDeletes | None = None) -> None:
+        """``token``: what this node presents to writers; default ``$SHARDMGR_NODE_TOKEN`` (none if unset);
+        ``acked``: where this node holds the deletes it acknowledges (acked_deletes.py)."""
         self.timeout_s = node.forward_timeout_s
         self.node_id = node_id
+        self.acked = acked if acked is not None else acked_deletes.AckedDeletes()
         self.token = (token if token is not None else os.environ.get(TOKEN_ENV)) or ""
         tls = node.forward_ca is not None or node.forward_cert is not None
         #: built once (ValueError naming a file that cannot be loaded); None: plain TCP
@@ -114,7 +122,28 @@ class Forwarder:
                                         f"it is rejoining); nothing was written; retry, writer_address=unknown"
                                         ) from refused
         reply = self._forward(address, request)
-        request.reply(reply.result, reply.parts)
+        if request.cmd not in DELETES:
+            request.reply(reply.result, reply.parts)
+            return
+        self._hold(request, reply)
+        request.reply({"deleted": reply.result["deleted"]})
+
+    def deleted_parts(self, request: Request) -> dict[str, Any] | None:
+        """What a delete this node wrote adds to its answer: for a forwarded
+        one, the rows the forwarding node is to hold (acked_deletes.py)."""
+        last = self.acked.last()
+        if last is None or request.args.get(FORWARDED) is not True:
+            return None
+        return acked_deletes.encode(last[1])
+
+    def _hold(self, request: Request, reply: Reply) -> None:
+        """Hold what the writer's answer to a forwarded delete lists, before answering it."""
+        try:
+            held = acked_deletes.decode(reply.parts, str(reply.result.get("writer", "")))
+        except ValueError as e:  # the delete is done: the rows are then seen as on any other node
+            log.warning("%s forwarded to the writer: %s", request.cmd, e)
+            return
+        self.acked.hold(request.arg("name", str), held)
 
     def _forward(self, address: str, request: Request) -> Reply:
         """The writer's reply to ``request``, sent to ``address``; errors as the module docstring says."""

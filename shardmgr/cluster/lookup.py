@@ -1,8 +1,11 @@
 """Rows by ref from any node: ``get`` and ``ids`` across the cluster.
 
 A ref names its shard (refs.py), so the node that receives ``shardmgr.get``
-answers the refs of shards it has itself (its own, or cached) and asks for
-the rest where a search would (routing.py): a published shard of the node
+first refuses a row it acknowledged as deleted and has not seen published
+(acked_deletes.py: RowDeleted, as one store answers), then answers the refs
+of shards it has itself (its own, or cached, in copies that hold their
+newest published deletes: mirror.py, fresh) and asks for the rest where a
+search would (routing.py): a published shard of the node
 the plan gives it, then its alternates; a shard not published, of each live
 holder in turn. Each node answers ``shardmgr.get_shards`` with the rows it
 has and says which it has not.
@@ -41,11 +44,16 @@ class Lookup:
     def rows(self, name: str, refs: object) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of ``refs``, as Store.rows answers them."""
         checked = batch.refs(refs, self.fanout.store.config.max_batch_rows)
-        vectors, ids, here = self.fanout.local.rows(name, checked)
+        state, deleted = self.fanout.acked.refs(name, self.fanout.mirror.state)
+        self.fanout.acked.check(name, checked, deleted)
+        shards, _ = split_refs(checked)
+        published = state.published.get(name, {})
+        me = self.fanout.node_id
+        stale = [s for s in np.unique(shards).tolist() if s in published and not state.fresh(me, name, s)]
+        vectors, ids, here = self.fanout.local.rows(name, checked, elsewhere=stale)
         if here.all():
             return vectors, ids
-        the_plan = self.fanout.plan(name)
-        shards, _ = split_refs(checked)
+        the_plan = self.fanout.plan(name, state)
         tried: dict[int, int] = {}
         unreachable: list[str] = []
         while not here.all():

@@ -8,7 +8,7 @@ decide where a collection's rows are searched:
 | ``<P>/members/<node>`` | node id -> advertised address (live members only: the keys are leased) |
 | ``<P>/shards/<collection>/<id>`` | the published shards: collection -> shard id -> ShardEntry |
 | ``<P>/holders/<collection>/<node>`` | nodes that may hold rows of the collection not yet published (and ``clean``) |
-| ``<P>/serving/<node>`` | the published shards each node can search now (leased, written by the node's cache) |
+| ``<P>/serving/<node>`` | what each node can search now and its copies' deleted rows (leased; cache.py) |
 | ``<P>/writers/<collection>`` | collection -> writer node id |
 | ``<P>/deletes/<collection>/<id>`` | a published shard's delete log since its publish (extras.py) |
 | ``<P>/indexes/<collection>/<id>`` | a published shard's index files (extras.py) |
@@ -33,6 +33,17 @@ change of one neither rebuilds the state nor calls the listeners.
 
 Threads: the watch thread applies events under ``_lock``; any thread reads
 ``state()``; listeners run on the watch thread and must be quick.
+
+**Fresh copies.** A published shard's delete log grows (extras.py), so a
+node may serve a copy older than the newest deletes key. Each node's
+serving key says how many deleted rows each copy it serves holds, and a
+copy is *fresh* (:meth:`ClusterState.fresh`) if it holds at least as many
+as the deletes key in this state, or if its node published that key (it
+holds its own log, a superset). Published logs of a shard only grow as
+sets (deletes_merger.py), so a fresh copy holds every row of that key.
+The state also keeps the most rows each node was seen to publish for a
+shard (``deletes_by``), so no key is missed between two snapshots
+(acked_deletes.py).
 """
 
 from __future__ import annotations
@@ -72,10 +83,21 @@ class ClusterState:
     #: collection -> shard id -> the extras keys (extras.py)
     deletes: Mapping[str, Mapping[int, DeletesEntry]] = dataclasses.field(default_factory=dict)
     indexes: Mapping[str, Mapping[int, IndexEntry]] = dataclasses.field(default_factory=dict)
+    #: node -> collection -> shard id -> deleted rows of the copy it serves (from its serving key; absent: 0)
+    copies: Mapping[str, Mapping[str, Mapping[int, int]]] = dataclasses.field(default_factory=dict)
+    #: collection -> shard id -> node -> the most deleted rows a deletes key that node published held
+    deletes_by: Mapping[str, Mapping[int, Mapping[str, int]]] = dataclasses.field(default_factory=dict)
 
     def ready(self, node: str, collection: str) -> frozenset[int]:
         """The published shards of ``collection`` that ``node`` says it can search now."""
         return self.serving.get(node, {}).get(collection, frozenset())
+
+    def fresh(self, node: str, collection: str, shard_id: int) -> bool:
+        """Whether ``node``'s copy of a published shard holds every row of its
+        deletes key in this state (module docstring)."""
+        key = self.deletes.get(collection, {}).get(shard_id)
+        return key is None or key.node == node \
+            or self.copies.get(node, {}).get(collection, {}).get(shard_id, 0) >= key.deleted
 
 
 EMPTY = ClusterState(0, {}, {}, {}, {}, {})
@@ -86,10 +108,14 @@ def holder_value(node: str, *, clean: bool) -> bytes:
     return json.dumps({"node": node, "clean": clean}, separators=(",", ":")).encode()
 
 
-def serving_value(node: str, address: str, collections: Mapping[str, frozenset[int] | set[int]]) -> bytes:
-    """The JSON of a node's ``serving`` key."""
+def serving_value(node: str, address: str, collections: Mapping[str, frozenset[int] | set[int]],
+                  deleted: Mapping[str, Mapping[int, int]] | None = None) -> bytes:
+    """The JSON of a node's ``serving`` key; ``deleted``: the deleted rows of
+    each copy served (copies without any are left out)."""
+    counts = {c: {str(s): n for s, n in sorted(shards.items()) if n} for c, shards in sorted((deleted or {}).items())}
     return json.dumps({"node": node, "address": address,
-                       "collections": {c: sorted(ids) for c, ids in sorted(collections.items()) if ids}},
+                       "collections": {c: sorted(ids) for c, ids in sorted(collections.items()) if ids},
+                       "deleted": {c: shards for c, shards in counts.items() if shards}},
                       separators=(",", ":")).encode()
 
 
@@ -109,6 +135,8 @@ class ClusterMirror:
         self._deletes: dict[str, dict[int, DeletesEntry]] = {}
         self._indexes: dict[str, dict[int, IndexEntry]] = {}
         self._reports: dict[str, tuple[NodeReport, int]] = {}  # node -> (report, its key's mod_revision)
+        self._copies: dict[str, dict[str, dict[int, int]]] = {}
+        self._deletes_by: dict[str, dict[int, dict[str, int]]] = {}
         self._revision = 0
         self._state: ClusterState | None = EMPTY
         self._listeners: list[Callable[[], None]] = []
@@ -143,7 +171,8 @@ class ClusterMirror:
                     self._revision, dict(self._members), {c: dict(m) for c, m in self._published.items()},
                     {c: dict(n) for c, n in self._holders.items() if n},
                     {n: dict(s) for n, s in self._serving.items()}, dict(self._writers),
-                    {c: dict(m) for c, m in self._deletes.items()}, {c: dict(m) for c, m in self._indexes.items()})
+                    {c: dict(m) for c, m in self._deletes.items()}, {c: dict(m) for c, m in self._indexes.items()},
+                    dict(self._copies), {c: {s: dict(n) for s, n in m.items()} for c, m in self._deletes_by.items()})
             return self._state
 
     def reports(self) -> dict[str, tuple[NodeReport, int]]:
@@ -168,7 +197,7 @@ class ClusterMirror:
         entries, revision = self._kv.get_prefix(self._root)
         with self._lock:
             for table in (self._members, self._published, self._holders, self._serving, self._writers,
-                          self._deletes, self._indexes, self._reports):
+                          self._deletes, self._indexes, self._reports, self._copies, self._deletes_by):
                 table.clear()
             for e in entries:
                 self._apply(e.key, e, deleted=False)
@@ -214,14 +243,19 @@ class ClusterMirror:
             _set(nodes, parts[2], None if value is None else bool(json.loads(value).get("clean", False)))
         elif kind == "deletes" and len(parts) == 3:
             shard_id = int(parts[2])
-            _set(self._deletes.setdefault(parts[1], {}), shard_id,
-                 None if value is None else DeletesEntry.decode(parts[1], shard_id, value))
+            entry = None if value is None else DeletesEntry.decode(parts[1], shard_id, value)
+            _set(self._deletes.setdefault(parts[1], {}), shard_id, entry)
+            if entry is not None:
+                seen = self._deletes_by.setdefault(parts[1], {}).setdefault(shard_id, {})
+                seen[entry.node] = max(seen.get(entry.node, 0), entry.deleted)
         elif kind == "indexes" and len(parts) == 3:
             shard_id = int(parts[2])
             _set(self._indexes.setdefault(parts[1], {}), shard_id,
                  None if value is None else IndexEntry.decode(parts[1], shard_id, value))
         elif kind == "serving" and len(parts) == 2:
-            _set(self._serving, parts[1], None if value is None else _serving(json.loads(value)))
+            raw = None if value is None else json.loads(value)
+            _set(self._serving, parts[1], None if raw is None else _serving(raw))
+            _set(self._copies, parts[1], None if raw is None else _copies(raw))
         elif kind == "reports" and len(parts) == 2:
             _set(self._reports, parts[1], None if value is None else (NodeReport.decode(parts[1], value), revision))
 
@@ -235,3 +269,7 @@ def _set(table: dict[Any, Any], key: Any, value: Any) -> None:
 
 def _serving(raw: dict[str, Any]) -> dict[str, frozenset[int]]:
     return {str(c): frozenset(int(i) for i in ids) for c, ids in raw["collections"].items()}
+
+
+def _copies(raw: dict[str, Any]) -> dict[str, dict[int, int]]:
+    return {str(c): {int(s): int(n) for s, n in shards.items()} for c, shards in raw.get("deleted", {}).items()}

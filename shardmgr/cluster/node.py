@@ -10,14 +10,19 @@ Life:
   check (``Store.gate``) is this node, and a seal wakes the node's thread
   (``Store.on_sealed``). The server gives the store ``cluster_store_config``:
   rewrites off (they would replace published shards).
-- :meth:`start` (the store has recovered; the port is not open): grant a
-  lease; publish the local collections in the catalog, create the catalog's
-  other collections locally, and watch it for new ones; start the node's
-  thread.
-- :meth:`join` (the port is bound; the ready file not yet written): become a
-  member with the advertised address, waiting up to ``join_timeout_s`` for a
-  previous run's key of the same node id to expire. Writes are refused
-  (``unavailable``) until then.
+- :meth:`start` (the store has recovered; the port is bound, not open):
+  grant a lease (a wrong etcd address is one line: ``cannot reach etcd at
+  HOST:PORT: connection refused``); take the node id, as a member with the
+  advertised address (membership.hold_id: refused at once naming the holder
+  if another process has it; waited for, and logged, up to
+  ``join_timeout_s`` if it is this data directory's previous run's key);
+  put and delete a probe object (no credentials, access denied, no such
+  bucket or an unreachable endpoint refuse the start, in one line);
+  publish the local collections in the catalog, create the catalog's other
+  collections locally, and watch it for new ones; start the node's thread.
+- :meth:`join` (the port is open; the ready file not yet written): take
+  writes (refused as ``unavailable`` until then), announce what it serves,
+  start the thread's passes.
 - :meth:`stop` (clean stop: connections closed, the store still open): stop
   the thread (bounded; an upload in flight is abandoned, its publish would
   be fenced); hand off: seal and publish what it writes (within
@@ -33,7 +38,10 @@ The write check (``Store.gate``): *creating* publishes the collection in the
 catalog (``CollectionConflict`` for other parameters) and, if this call
 created it there, campaigns for its writer role; *writing* creates the
 collection locally if only the catalog knows it yet, then asks
-``WriterRoles.ensure`` (``WriterElsewhere`` if another node writes it).
+``WriterRoles.ensure`` (``WriterElsewhere`` if another node writes it);
+*deleting* takes the published shards the delete names (taker.py) and
+merges what other nodes published of them; *deleted* holds the rows until
+they are published (acked_deletes.py).
 
 The node's thread (``cluster-node``), woken by seals and every
 ``scan_interval_s``: rejoins after a loss; reserves shard ids ahead
@@ -63,18 +71,20 @@ import time
 from pathlib import Path
 
 import crc32c
+import numpy as np
 
+from shardmgr.cluster import acked_deletes
 from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
-from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, NodeIdTaken
+from shardmgr.cluster.errors import ClusterError, CoordinationError, CoordinationUnavailable, transport_reason
 from shardmgr.cluster.extras_uploader import ExtrasUploader
 from shardmgr.cluster.forwarding import Forwarder
 from shardmgr.cluster.holdings import Holdings
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.membership import Membership
+from shardmgr.cluster.membership import Membership, data_id, hold_id
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.query import QueryRouter
@@ -120,6 +130,8 @@ class ClusterNode:
         self.node_id = check_node_id(node_id)
         self.store = store
         self.address: str | None = None  # advertised, once joined
+        self._advertised = ""  # the address in the member key start() takes
+        self.data_id = ""  # its data directory's (membership.data_id), read by start()
         self.lease = NodeLease(config, name=node_id)  # granted by start()
         self.objects = ObjectStore(config)
         self._kv = Kv(config)  # the main thread's (start, join, stop)
@@ -137,13 +149,15 @@ class ClusterNode:
         self.merger = DeletesMerger(self.node_id, store, self.objects)
         self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
                                      self._wake.set, self.merger)
-        self.forwarder = Forwarder(self.node, self.node_id)  # the server hands it to the store's service
+        self.acked = acked_deletes.AckedDeletes()  # deletes this node acknowledged, until published
+        self.forwarder = Forwarder(self.node, self.node_id, acked=self.acked)  # the server hands it to the service
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         # the query side (the server hands it to the store service) and the holder keys
         # searches and gets of other nodes present the node's credentials, as forwards do
         self.query = QueryRouter(config, self.node, self.node_id, store, self.objects, lambda: self.lease,
-                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger)
+                                 {"token": self.forwarder.token, "tls": self.forwarder.tls or False}, self.merger,
+                                 self.acked)
         self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache, self.merger)
         self.holdings = Holdings(config, self.node_id, self._all_published)
         self.query.report_here = self._report
@@ -157,10 +171,18 @@ class ClusterNode:
 
     # ------------------------------------------------------------------- life
 
-    def start(self) -> None:
-        """Lease, catalog, watch, thread (module docstring)."""
-        self.lease.start()
+    def start(self, address: str) -> None:
+        """Lease, node id, object store, catalog, watch, thread (module docstring)."""
+        try:
+            self.lease.start()
+        except CoordinationError as e:  # the first request to etcd: say what is wrong in one line
+            raise type(e)(f"cannot reach etcd at {self.config.etcd_host}:{self.config.etcd_port}: "
+                          f"{transport_reason(e, self.config.etcd_timeout_s)}") from e
         self.lease.on_lost(self._lost)
+        self.data_id = data_id(self.store.data_dir)  # (the server holds the directory's lock)
+        self._hold_id(self.lease, address, Membership(self.config, self._kv))
+        self._advertised = address
+        self.objects.probe(self.node_id)
         with self._catalog_lock:
             for name in self.store.collections():
                 info = self.store.collection_info(name)
@@ -179,29 +201,22 @@ class ClusterNode:
         log.info("cluster node %s: etcd %s, objects %s, %d collections known", self.node_id, self.config.etcd_url,
                  self.config.s3_url, len(self._known))
 
-    def join(self, address: str) -> None:
-        """Become a member reached at ``address`` (NodeIdTaken if a previous
-        run's key does not expire within ``join_timeout_s``)."""
+    def join(self) -> None:
+        """The port is open: take writes, announce what this node serves, start the thread's passes."""
+        address = self._advertised
         if address.rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
             log.warning("advertising %s, which no other machine can reach: set --advertise HOST:PORT", address)
-        self._join(self.lease, address, Membership(self.config, self._kv))
         self.address = address
+        self._joined.set()
+        log.info("joined the cluster as %s at %s (lease %x)", self.node_id, address, self.lease.id)
         self.query.announce(address)
         self.reporter.wake()
         self._wake.set()
 
-    def _join(self, lease: NodeLease, address: str, members: Membership) -> None:
-        deadline = time.monotonic() + self.node.join_timeout_s
-        while True:
-            try:
-                members.join(self.node_id, lease, address)
-                break
-            except NodeIdTaken:
-                if time.monotonic() > deadline or self._stop.is_set():
-                    raise
-                time.sleep(min(0.5, self.config.lease_ttl_s / 4))
-        log.info("joined the cluster as %s at %s (lease %x)", self.node_id, address, lease.id)
-        self._joined.set()
+    def _hold_id(self, lease: NodeLease, address: str, members: Membership) -> None:
+        """Be the member ``node_id`` under ``lease`` (membership.hold_id: NodeIdTaken at once if another
+        process holds it, after up to ``join_timeout_s`` if this data directory's previous run does)."""
+        hold_id(members, self.node_id, lease, address, self.data_id, self.node.join_timeout_s, self._stop)
 
     def stop(self) -> None:
         """Clean stop (module docstring); safe after a failed or partial start."""
@@ -228,7 +243,8 @@ class ClusterNode:
         for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
                          self.objects, self.forwarder):
             closable.close()
-        log.info("left the cluster (%s)", self.node_id)
+        if self._advertised:
+            log.info("left the cluster (%s)", self.node_id)
 
     def _hand_off(self) -> None:
         """A clean stop of a writer: seal the growing shard of each collection it
@@ -255,8 +271,8 @@ class ClusterNode:
     def stats(self) -> dict[str, float | int]:
         return {"member": int(self._joined.is_set()), "writer_roles": len(self.roles.held()), **self.counters,
                 **self.roles.counters, **self.uploader.counters, **self.extras.counters, **self.query.counters,
-                **self.merger.counters, **self.taker.counters, **self.reporter.counters,
-                **self.forwarder.counters}
+                **self.merger.counters, **self.taker.counters, **self.reporter.counters, **self.acked.counters,
+                "acked_rows_held": self.acked.rows_held(), **self.forwarder.counters}
 
     # ----------------------------------------------------- the store's gate
 
@@ -305,7 +321,18 @@ class ClusterNode:
         token = self.roles.held().get(name)
         if token is not None:  # (None: the role was lost an instant ago; ensure says so below)
             self.taker.take(name, shards, token.revision, float(self.node.lease_ttl_s))
+            self.merger.merge_named(self.query.mirror.state(), name, shards)  # what deleted() says then holds
         self.roles.ensure(name)
+
+    def deleted(self, name: str, refs: np.ndarray) -> None:
+        """After a delete of ``refs`` was written (and made durable if asked),
+        before it is acknowledged: hold its rows until they are published
+        (acked_deletes.py), and promise the deletes keys that will say so."""
+        held, promised = acked_deletes.written(name, refs, self.store.collection(name).views(),
+                                               self.query.mirror.state(), self.node_id)
+        for acked in promised:
+            self.extras.promise(name, acked.shard_id, acked.count)
+        self.acked.hold(name, held)
 
     # ------------------------------------------------------------- catalog
 
@@ -350,7 +377,9 @@ class ClusterNode:
         lease = NodeLease(self.config, name=self.node_id).start()
         try:
             assert self.address is not None
-            self._join(lease, self.address, Membership(self.config, self._thread_kv))
+            self._hold_id(lease, self.address, Membership(self.config, self._thread_kv))
+            log.info("joined the cluster again as %s at %s (lease %x)", self.node_id, self.address, lease.id)
+            self._joined.set()
         except BaseException:
             lease.close()
             raise

@@ -112,6 +112,10 @@ def _if_none_match(params: dict[str, Any], **_: Any) -> None:
     params.setdefault("IfNoneMatch", "*")
 
 
+PROBES = ".probes"
+"""Under the object prefix, where :meth:`ObjectStore.probe` writes (collection names never start with a dot)."""
+
+
 class ObjectStore:
     """The cluster's bucket (``config.bucket``). Thread-safe (boto3 clients are)."""
 
@@ -235,6 +239,19 @@ class ObjectStore:
             raise
         fsync_dir(dest.parent)
         return dataclasses.replace(stored, crc32c=want_crc)
+
+    def probe(self, name: str) -> None:
+        """Put and delete a small object ``<object prefix>/.probes/<name>-<random>``
+        (a name no collection can have): a node refuses to start unless this
+        works, since it could never publish. Raises what the put or delete
+        raises, its message led by what the probe is (one line)."""
+        key = self.config.object_key(PROBES, f"{name}-{uuid.uuid4().hex[:12]}")
+        try:
+            self.put_bytes(key, b"shardmgr probe\n")
+            self.delete(key)
+        except ObjectStoreError as e:
+            raise type(e)(f"the object store refused a test write (a put and a delete), so this node could "
+                          f"never publish: {e}") from e
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``, in key order (crc32c not included: head each)."""

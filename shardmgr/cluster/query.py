@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import CommonError
+from shardmgr.cluster.acked_deletes import AckedDeletes
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.counts import CollectionCount, count
@@ -48,7 +49,7 @@ class QueryRouter:
 
     def __init__(self, config: ClusterConfig, node: NodeConfig, node_id: str, store: Store, objects: ObjectStore,
                  lease: Callable[[], NodeLease], peer_options: dict[str, Any] | None = None,
-                 merger: DeletesMerger | None = None) -> None:
+                 merger: DeletesMerger | None = None, acked: AckedDeletes | None = None) -> None:
         self.store = store
         self.node_id = node_id
         #: this node's report now (node.py sets it; None before it joined)
@@ -57,7 +58,7 @@ class QueryRouter:
         self.cache = ShardCache(config, node, node_id, store, objects, self.mirror, lease, store.flusher, merger)
         self.shard_search = ShardSearch(store, self.cache.cache)
         self.peers = Peers(**(peer_options or {}))
-        self.fanout = FanOut(node_id, store, self.mirror, self.shard_search, self.peers)
+        self.fanout = FanOut(node_id, store, self.mirror, self.shard_search, self.peers, acked)
         self.lookup = Lookup(self.fanout)
 
     def start(self) -> None:
@@ -143,12 +144,15 @@ class QueryRouter:
         return self.shard_search.rows(name, batch.refs(refs, self.store.config.max_batch_rows))
 
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
-                      unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]:
-        """This node's part of another node's search (shard_search.py), its input checked here."""
+                      unpublished: bool, exclude: Any, deleted: Any = None) -> tuple[Hits, list[int]]:
+        """This node's part of another node's search (shard_search.py), its
+        input checked here; ``deleted``: refs to skip besides the deleted rows
+        (what the asking node acknowledged: acked_deletes.py)."""
         collection = self.store.collection(name)
         checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
         k = batch.k(k, self.store.config.max_k)
         chosen = index.check_params(params)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in shards):
             raise BadVectors(f"shards must be a list of shard ids (integers), got {shards!r:.200}")
-        return self.shard_search.search(name, checked, k, chosen, shards, unpublished, batch.refs(exclude))
+        skip = batch.refs(deleted, self.store.config.max_batch_rows) if deleted is not None else None
+        return self.shard_search.search(name, checked, k, chosen, shards, unpublished, batch.refs(exclude), skip)

@@ -6,11 +6,14 @@ shard, or a holder's data directory (the writer's growing shard, and sealed
 shards not yet published). So a search asks:
 
 - for each published shard, one node that says it can search it now
-  (its ``serving`` key lists it): of those, the one rendezvous hashing ranks
-  first (placement.py), so load settles on the shard's owners once they
-  have fetched it, and its publisher (which keeps its own copy) answers
-  until then. The others ready are the shard's *alternates*, asked in turn
-  if that node fails or no longer has it.
+  (its ``serving`` key lists it) with a *fresh* copy (mirror.py: it holds
+  the shard's newest published deletes): of those, the one rendezvous
+  hashing ranks first (placement.py), so load settles on the shard's owners
+  once they have fetched it, and its publisher (which keeps its own copy)
+  answers until then. The other fresh ones are the shard's *alternates*,
+  asked in turn if that node fails or no longer has it. A copy that lacks
+  the newest deletes is asked only when no fresh one is served, and the
+  answer then says so (``missing``: it may hold rows deleted since).
 - each holder that is a live member, for its rows *not* in the plan's
   published set (``exclude``). A shard published after this plan was made
   is therefore searched on its holder, and never twice.
@@ -58,6 +61,10 @@ def shard_missing(shard_id: int) -> str:
     return f"shard {shard_id} (no live node serves it now)"
 
 
+def shard_stale(shard_id: int) -> str:
+    return f"shard {shard_id} (answered from a copy without its newest published deletes)"
+
+
 def holder_missing(node: str) -> str:
     return f"rows not yet published, held by node {node} (not a live member)"
 
@@ -75,6 +82,11 @@ def plan(state: ClusterState, collection: str) -> Plan:
         if not ready:
             missing.append(shard_missing(shard_id))
             continue
+        fresh = [node for node in ready if state.fresh(node, collection, shard_id)]
+        if fresh:
+            ready = fresh
+        else:
+            missing.append(shard_stale(shard_id))
         order = ranked(ready, collection, shard_id) if len(ready) > 1 else ready
         shards.setdefault(order[0], []).append(shard_id)
         alternates[shard_id] = tuple(order[1:])

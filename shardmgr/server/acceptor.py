@@ -66,15 +66,29 @@ class Acceptor:
 
     @property
     def address(self) -> tuple[str, int]:
-        """The bound (host, port); valid after listen()."""
+        """The bound (host, port); valid after bind()."""
         assert self._listener is not None, "the server is not listening"
         host, port = self._listener.getsockname()[:2]
         return host, port
 
+    def bind(self) -> None:
+        """Bind the configured address without listening: the port is taken
+        (and known, for ``--port 0``) but a connection attempt is refused."""
+        if self._listener is None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does
+                listener.bind((self._config.host, self._config.port))
+            except OSError:
+                listener.close()
+                raise
+            self._listener = listener
+
     def listen(self) -> None:
-        """Bind the configured address and start accepting (and the watchdog)."""
-        self._listener = socket.create_server((self._config.host, self._config.port), backlog=BACKLOG,
-                                              reuse_port=False)
+        """Start accepting on the bound address (binding it first if need be), and the watchdog."""
+        self.bind()
+        assert self._listener is not None
+        self._listener.listen(BACKLOG)
         self._thread = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
         self._thread.start()
         threading.Thread(target=self._watch_sends, name="send-watchdog", daemon=True).start()

@@ -2,10 +2,12 @@
 
 Start-up order, each step logged: take the data directory's LOCK (a second
 server on the same directory is refused), remove a stale ready file, start
-the flusher, recover every component, start their owner threads, and only
-then open the listening socket and write the ready file (readiness.py).
-Until that last step connection attempts are refused, so a client never
-talks to a half-recovered server.
+the flusher, recover every component, start their owner threads, bind the
+port (not listening yet), in cluster mode take the node id and check the
+object store (shardmgr/cluster/node.py), and only then open the listening
+socket (and the metrics port) and write the ready file (readiness.py).
+Until then connection attempts are refused, so a client never talks to a
+half-recovered server, nor to a node whose id another process holds.
 
 Stop (SIGTERM/SIGINT or :meth:`Server.stop`), all within
 ``shutdown_timeout_s``: remove the ready file and stop accepting; from now
@@ -141,12 +143,13 @@ class Server:
                 log.info("recovered %s in %.3f s", component.name, time.monotonic() - started)
             for component in self.components:
                 component.start()
-            if self.cluster is not None:
-                self.cluster.start()
-            self._listen()
+            self._acceptor.bind()  # the port is known, connections still refused
             host, port = self.address
+            if self.cluster is not None:  # the node id is held before any port opens
+                self.cluster.start(self.config.advertise or f"{host}:{port}")
+            self._listen()
             if self.cluster is not None:
-                self.cluster.join(self.config.advertise or f"{host}:{port}")
+                self.cluster.join()
             if self.config.ready_file is not None:
                 readiness.write(self.config.ready_file, host, port)
                 self._wrote_ready_file = True

@@ -262,11 +262,13 @@ class Collection:
                     callback(self.name, shard_id)
         return deleted, tickets
 
-    def refs_of_ids(self, ids: np.ndarray) -> np.ndarray:
-        """The refs of every live row carrying one of ``ids`` (a scan of every shard's ids)."""
+    def refs_of_ids(self, ids: np.ndarray, *, dead: bool = False) -> np.ndarray:
+        """The refs of every live row carrying one of ``ids`` (a scan of every
+        shard's ids); with ``dead``, of the deleted ones too."""
         found = []
         for view in self.views():
-            found.append(view.refs_at(np.flatnonzero(np.isin(view.ids, ids) & ~view.dead())))
+            carrying = np.isin(view.ids, ids)
+            found.append(view.refs_at(np.flatnonzero(carrying if dead else carrying & ~view.dead())))
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def _publish(self) -> None:

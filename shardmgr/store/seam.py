@@ -6,8 +6,8 @@ unused otherwise, and then nothing here changes the store's behaviour).
 
 - a write gate: ``Store.gate`` (a :class:`WriteGate`) is asked before every
   create, append and delete, and may refuse; told which shards a delete
-  names before it is written; and told after each append and delete it let
-  through;
+  names before it is written, and which rows it named once it is written;
+  and told after each append and delete it let through;
 - callbacks, each called with (collection name, shard id) under the store's
   write lock (so they must be quick and must not call back into the store):
   ``on_sealed`` after an append or the idle timer sealed a shard,
@@ -69,6 +69,12 @@ class WriteGate(Protocol):
         """Within an allowed delete, before it is written: the shards its refs
         name (None: a delete by id, which looks at every shard). Cluster mode
         brings published shards written elsewhere here first."""
+
+    def deleted(self, name: str, refs: np.ndarray) -> None:
+        """After an allowed delete was written (and made durable, if asked),
+        before it returns: the refs it named (for a delete by id, every row
+        carrying one of the ids, deleted before or not). Cluster mode holds
+        them until other copies of the shards hold them too."""
 
 
 class ClusterSeam:

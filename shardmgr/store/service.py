@@ -36,7 +36,7 @@ class Router(Protocol):
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult: ...
 
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
-                      unpublished: bool, exclude: Any) -> tuple[Hits, list[int]]: ...
+                      unpublished: bool, exclude: Any, deleted: Any = None) -> tuple[Hits, list[int]]: ...
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -51,9 +51,13 @@ class WriteForwarder(Protocol):
     """Cluster mode's forwarding of writes this node may not make (shardmgr/cluster/forwarding.py)."""
 
     commands: frozenset[str]
+    node_id: str
 
     def handle(self, request: Request, local: Callable[[Request], None]) -> None:
         """Serve ``request`` with ``local``, or send it on to the node that may write it."""
+
+    def deleted_parts(self, request: Request) -> dict[str, Any] | None:
+        """What the answer to a delete this node just wrote adds (parts; ``writer`` is set then)."""
 
 
 class StoreService(Component):
@@ -122,14 +126,17 @@ class StoreService(Component):
     def _delete_ids(self, request: Request) -> None:
         self._deleting(request, self.store.delete_ids, "ids")
 
-    @staticmethod
-    def _deleting(request: Request, delete: Callable[..., int], part: str) -> None:
+    def _deleting(self, request: Request, delete: Callable[..., int], part: str) -> None:
         name, durable = request.arg("name", str), request.arg("durable", bool, False)
         try:
             deleted = delete(name, request.part(part), durable=durable)
         except FlushFailed as exc:
             raise DurabilityLost(str(exc)) from exc
-        request.reply({"deleted": deleted})
+        parts = self.forwarder.deleted_parts(request) if self.forwarder is not None else None
+        if parts is None or self.forwarder is None:
+            request.reply({"deleted": deleted})
+        else:
+            request.reply({"deleted": deleted, "writer": self.forwarder.node_id}, parts)
 
     def _compact(self, request: Request) -> None:
         request.reply({"rewrites": self.store.compact(request.arg("name", str, None))})
@@ -148,7 +155,7 @@ class StoreService(Component):
         hits, not_here = self.router.search_shards(
             request.arg("name", str), request.part("queries"), request.arg("k", int, 10),
             request.arg("params", dict, None), request.arg("shards", list, []), request.arg("unpublished", bool, False),
-            request.part("exclude"))
+            request.part("exclude"), request.parts.get("deleted"))
         request.reply({"not_here": not_here}, {"scores": hits.scores, "ids": hits.ids, "refs": hits.refs})
 
     def _get(self, request: Request) -> None:

@@ -312,7 +312,8 @@ class Store(ClusterSeam):
         """Delete every live row carrying one of ``ids`` (every shard's ids
         are scanned); returns how many rows. Otherwise as :meth:`delete`."""
         wanted = batch.ids(ids, None, self.config.max_batch_rows)
-        return self._delete(name, None, lambda collection: collection.refs_of_ids(wanted), durable)
+        dead = self.gate is not None  # the gate is told of every row carrying the ids
+        return self._delete(name, None, lambda collection: collection.refs_of_ids(wanted, dead=dead), durable)
 
     def _delete(self, name: str, shards: frozenset[int] | None, refs: Callable[[Collection], np.ndarray],
                 durable: bool) -> int:
@@ -322,9 +323,12 @@ class Store(ClusterSeam):
             if self.gate is not None:
                 self.gate.deleting(name, shards)
             with self._write:
-                deleted, tickets = self._writing(name, lambda: collection.delete(refs(collection)), PARTLY)
-        if durable:
-            _wait_durable(tickets)
+                named = refs(collection)
+                deleted, tickets = self._writing(name, lambda: collection.delete(named), PARTLY)
+            if durable:
+                _wait_durable(tickets)
+            if self.gate is not None:
+                self.gate.deleted(name, named)
         return deleted
 
     def _gated(self, name: str) -> contextlib.AbstractContextManager[None]:

@@ -1,11 +1,15 @@
-"""The search plan (routing.py): every row asked exactly once, what nobody can answer named."""
+"""The search plan (routing.py): every row asked exactly once, of copies that hold the newest published
+deletes, what nobody can answer named."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from shardmgr.cluster.extras import DeletesEntry
 from shardmgr.cluster.mirror import ClusterState
 from shardmgr.cluster.placement import ranked
-from shardmgr.cluster.routing import holder_missing, plan
-from shardmgr.cluster.shard_map import ShardEntry
+from shardmgr.cluster.routing import holder_missing, plan, shard_stale
+from shardmgr.cluster.shard_map import ShardEntry, ShardObject
 
 
 def state(members: list[str], shards: list[int], serving: dict[str, list[int]], holders: list[str],
@@ -45,3 +49,18 @@ def test_a_collection_nobody_holds_is_an_empty_complete_plan() -> None:
 def test_a_dead_holder_that_was_clean_is_not_missing() -> None:
     s = ClusterState(1, {"b": "b:1"}, {"c": {}}, {"c": {"a": True, "d": False}}, {}, {})
     assert plan(s, "c").missing == (holder_missing("d"),)
+
+
+def test_copies_without_the_newest_published_deletes_are_asked_only_when_no_other_is_served() -> None:
+    key = DeletesEntry("c", 1, ShardObject("deletes", "k", 1, 0), 5, node="a")
+    base = state(["a", "b", "c"], [1], {"a": [1], "b": [1], "c": [1]}, [])
+    copies = {"b": {"c": {1: 3}}, "c": {"c": {1: 5}}}  # b's copy lacks 2 of the key's rows; a published the key
+    s = dataclasses.replace(base, deletes={"c": {1: key}}, copies=copies)
+    assert [s.fresh(n, "c", 1) for n in ("a", "b", "c")] == [True, False, True]
+    p = plan(s, "c")
+    assert sorted([p.served_by[1], *p.alternates[1]]) == ["a", "c"] and p.missing == ()
+
+    only_stale = dataclasses.replace(s, serving={"b": {"c": frozenset({1})}})
+    p = plan(only_stale, "c")
+    assert p.served_by[1] == "b" and p.missing == (shard_stale(1),)  # answered, and said to be so
+    assert plan(dataclasses.replace(only_stale, deletes={}), "c").missing == ()  # no deletes key: every copy is

@@ -102,6 +102,9 @@ def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_pat
             if refuse_deletes:
                 raise Unavailable("shard not here")
 
+        def deleted(self, name: str, refs: np.ndarray) -> None:
+            asked.append(("deleted", name, str(sorted(refs.tolist()))))
+
     refuse_deletes = False
     store = opened(tmp_path / "data")
     store.gate = Gate()
@@ -109,15 +112,18 @@ def test_the_write_check_sees_creates_appends_and_deletes_and_may_refuse(tmp_pat
         store.create_collection("c", DIM, "ip")
         store.create_collection("closed", DIM)
         refs = np.concatenate([store.append("c", *batch(seed)) for seed in range(3)])  # shard 1 sealed
-        store.delete("c", refs[[0, 2 * ROWS]])
-        store.delete_ids("c", np.array([3], dtype=np.int64))
+        assert store.delete("c", refs[[0, 2 * ROWS]]) == 2
+        assert store.delete_ids("c", np.array([0, 3], dtype=np.int64)) == 3  # id 0: row 0, deleted already
         with pytest.raises(Unavailable):
             store.append("closed", *batch(1))
         assert store.collection_info("closed")["rows"] == 0
         assert asked == [("creating", "c", "8", "ip", "flat"), ("creating", "closed", "8", "l2", "flat"),
                          *[("writing", "c"), ("written", "c")] * 3,
-                         ("writing", "c"), ("deleting", "c", "[1, 2]"), ("written", "c"),
-                         ("writing", "c"), ("deleting", "c", "every"), ("written", "c"),
+                         ("writing", "c"), ("deleting", "c", "[1, 2]"),
+                         ("deleted", "c", str(sorted(refs[[0, 2 * ROWS]].tolist()))), ("written", "c"),
+                         ("writing", "c"), ("deleting", "c", "every"),
+                         ("deleted", "c", str(sorted(refs[[0, 3, ROWS + 2, 2 * ROWS + 1]].tolist()))),  # every row
+                         ("written", "c"),
                          ("writing", "closed")]  # a refused write is not written
         refuse_deletes = True
         with pytest.raises(Unavailable):
