@@ -39,6 +39,8 @@ RETRYABLE = (etcd_exceptions.ConnectionFailedError, etcd_exceptions.ConnectionTi
              etcd_exceptions.InternalServerError, requests.RequestException)
 #: how a TLS port of etcd answers plain HTTP (it also means an etcd that went away mid-request: still retryable)
 PLAIN_TO_TLS = "Remote end closed connection without response"
+#: added to an unreachable etcd's error when plain HTTP may have met a TLS port
+TLS_PORT_HINT = " (an etcd port that speaks TLS closes plain HTTP connections so: give --etcd-ca if this one does)"
 #: what a request may raise: etcd3gw's errors, requests' (an OSError), an OSError loading a TLS file
 FAILURES = (etcd_exceptions.Etcd3Exception, OSError)
 
@@ -218,8 +220,7 @@ class Kv:
         if refused is not None:
             return CoordinationDenied(f"etcd {self.endpoint}: {what}: {refused}")
         if isinstance(e, RETRYABLE):
-            hint = "" if self.security.uses_tls or PLAIN_TO_TLS not in describe(e) else (
-                " (an etcd port that speaks TLS closes plain HTTP connections so: give --etcd-ca if this one does)")
+            hint = "" if self.security.uses_tls or PLAIN_TO_TLS not in describe(e) else TLS_PORT_HINT
             return CoordinationUnavailable(f"etcd {self.endpoint}: {what}: {describe(e)}{hint}")
         return CoordinationError(f"etcd {self.endpoint}: {what}: {describe(e)}")
 

@@ -78,11 +78,11 @@ from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
-from shardmgr.cluster.errors import ClusterError, CoordinationError, CoordinationUnavailable, transport_reason
+from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, transport_reason
 from shardmgr.cluster.extras_uploader import ExtrasUploader
 from shardmgr.cluster.forwarding import Forwarder
 from shardmgr.cluster.holdings import Holdings
-from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.kv import TLS_PORT_HINT, Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.membership import Membership, data_id, hold_id
 from shardmgr.cluster.objects import ObjectStore
@@ -175,9 +175,11 @@ class ClusterNode:
         """Lease, node id, object store, catalog, watch, thread (module docstring)."""
         try:
             self.lease.start()
-        except CoordinationError as e:  # the first request to etcd: say what is wrong in one line
+        except CoordinationUnavailable as e:  # the first request to etcd: say what is wrong in one line
+            hint = TLS_PORT_HINT if TLS_PORT_HINT in str(e) else ""
             raise type(e)(f"cannot reach etcd at {self.config.etcd_host}:{self.config.etcd_port}: "
-                          f"{transport_reason(e, self.config.etcd_timeout_s)}") from e
+                          f"{transport_reason(e, self.config.etcd_timeout_s)}{hint}") from e
+        # (a refusal, CoordinationDenied or CoordinationError, already says what etcd refused in one line)
         self.lease.on_lost(self._lost)
         self.data_id = data_id(self.store.data_dir)  # (the server holds the directory's lock)
         self._hold_id(self.lease, address, Membership(self.config, self._kv))
