@@ -21,8 +21,6 @@ import workq
 from shardmgr.store.client import StoreClient
 from tests.shardmgr.server.serverproc import ServerProcess
 
-pytest.importorskip("wordllama", reason="the examples' model: pip install -e '.[examples]'")
-
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))  # the examples import their sibling modules as scripts do

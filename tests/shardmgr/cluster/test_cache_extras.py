@@ -10,21 +10,17 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.wire.client import RpcClient  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.extras import ShardExtras  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
-from shardmgr.cluster.objects import file_crc32c  # noqa: E402
-from shardmgr.cluster.placement import owners  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, search, start_all, wait_for  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from common.wire.client import RpcClient
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.extras import ShardExtras
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.mirror import ClusterMirror
+from shardmgr.cluster.objects import file_crc32c
+from shardmgr.cluster.placement import owners
+from shardmgr.store.client import StoreClient
+from tests.shardmgr.cluster.nodes import DIM, batches, node, search, start_all, wait_for
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def cached(proc: ServerProcess, collection: str, shard_id: int, name: str) -> Path:

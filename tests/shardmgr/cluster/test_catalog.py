@@ -7,11 +7,9 @@ import queue
 
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.errors import CollectionConflict  # noqa: E402
+from shardmgr.cluster.catalog import Catalog, CollectionMeta
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.errors import CollectionConflict
 
 
 def test_one_creator_wins_same_parameters_agree_and_others_are_refused(etcd_config: ClusterConfig) -> None:

@@ -20,17 +20,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.wire.errors import ServiceError, Unavailable  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, search, start_all, wait_for  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from common.wire.errors import ServiceError, Unavailable
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.store.client import StoreClient
+from shardmgr.store.store import Store
+from tests.shardmgr.cluster.nodes import DIM, batches, node, search, start_all, wait_for
+from tests.shardmgr.server.serverproc import ServerProcess
 
 Acked = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (vectors, ids, refs) of each acknowledged append
 

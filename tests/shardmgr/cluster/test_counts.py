@@ -16,19 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-import shardmgr  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.counts import count  # noqa: E402
-from shardmgr.cluster.report import CollectionReport, NodeReport, ShardCount  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardObject  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.shardmgr.cluster.nodes import batches, search, wait_for  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+import shardmgr
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.counts import count
+from shardmgr.cluster.report import CollectionReport, NodeReport, ShardCount
+from shardmgr.cluster.shard_map import ShardEntry, ShardObject
+from shardmgr.store.client import StoreClient
+from tests.shardmgr.cluster.nodes import batches, search, wait_for
+from tests.shardmgr.server.serverproc import ServerProcess
 
 #: what every node must answer, of collection_info's keys
 KEYS = ("rows", "deleted", "shards", "sealed", "growing", "bytes", "partial", "missing")

@@ -19,19 +19,16 @@ import signal
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.wire.client import RpcClient  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
-from shardmgr.errors import RowDeleted  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from shardmgr.store.search import SearchResult  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import batches, search, wait_for  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from common.wire.client import RpcClient
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.mirror import ClusterMirror
+from shardmgr.errors import RowDeleted
+from shardmgr.store.client import StoreClient
+from shardmgr.store.search import SearchResult
+from shardmgr.store.store import Store
+from tests.shardmgr.cluster.nodes import batches, search, wait_for
+from tests.shardmgr.server.serverproc import ServerProcess
 
 K = 7
 

@@ -10,19 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
-
-from common.journal.errors import FormatError  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.deletes_merger import DeletesMerger  # noqa: E402
-from shardmgr.cluster.extras import DeletesEntry  # noqa: E402
-from shardmgr.cluster.mirror import ClusterState  # noqa: E402
-from shardmgr.cluster.objects import ObjectStore  # noqa: E402
-from shardmgr.cluster.shard_map import ShardObject  # noqa: E402
-from shardmgr.store.config import StoreConfig  # noqa: E402
-from shardmgr.store.deletes import FILE as DELETES  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import bucket  # noqa: E402
+from common.journal.errors import FormatError
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.deletes_merger import DeletesMerger
+from shardmgr.cluster.extras import DeletesEntry
+from shardmgr.cluster.mirror import ClusterState
+from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.shard_map import ShardObject
+from shardmgr.store.config import StoreConfig
+from shardmgr.store.deletes import FILE as DELETES
+from shardmgr.store.store import Store
+from tests.shardmgr.cluster.nodes import bucket
 
 DIM, ROWS = 8, 50
 

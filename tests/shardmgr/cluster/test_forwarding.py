@@ -30,25 +30,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-import shardmgr  # noqa: E402
-from common.wire.client import RpcClient, TimedOut  # noqa: E402
-from common.wire.component import Component, Request  # noqa: E402
-from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.errors import ShardmgrError  # noqa: E402
-from shardmgr.server.auth import add_token  # noqa: E402
-from shardmgr.server.config import ServerConfig  # noqa: E402
-from shardmgr.server.server import Server  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, start_all, wait_for  # noqa: E402
-from tests.shardmgr.server.certs import make_pki  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+import shardmgr
+from common.wire.client import RpcClient, TimedOut
+from common.wire.component import Component, Request
+from shardmgr.cluster.catalog import Catalog, CollectionMeta
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election
+from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable
+from shardmgr.cluster.kv import Kv
+from shardmgr.errors import ShardmgrError
+from shardmgr.server.auth import add_token
+from shardmgr.server.config import ServerConfig
+from shardmgr.server.server import Server
+from shardmgr.store.client import StoreClient
+from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, node, start_all, wait_for
+from tests.shardmgr.server.certs import make_pki
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def cluster_stats(proc: ServerProcess, **options: str) -> dict[str, int]:

@@ -8,13 +8,11 @@ import time
 
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.errors import LeaseLost  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from tests.cluster_servers import EtcdServer  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.errors import LeaseLost
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.lease import NodeLease
+from tests.cluster_servers import EtcdServer
 
 
 def test_the_keepalive_thread_holds_the_lease_past_its_ttl_and_close_revokes_it(etcd_config: ClusterConfig) -> None:

@@ -9,13 +9,11 @@ import time
 
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.errors import BadClusterConfig, NodeIdTaken  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.membership import MemberEvent, Membership  # noqa: E402
-from tests.cluster_servers import EtcdServer  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.errors import BadClusterConfig, NodeIdTaken
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.membership import MemberEvent, Membership
+from tests.cluster_servers import EtcdServer
 
 
 def next_event(events: queue.Queue[MemberEvent], timeout: float) -> MemberEvent:

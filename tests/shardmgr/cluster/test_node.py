@@ -24,20 +24,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.wire.client import RpcClient  # noqa: E402
-from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.errors import CoordinationUnavailable, WriterElsewhere, WriterUnreachable  # noqa: E402
-from shardmgr.cluster.membership import Membership  # noqa: E402
-from shardmgr.cluster.objects import file_crc32c  # noqa: E402
-from shardmgr.errors import CollectionConflict  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.cluster_servers import WeedServer  # noqa: E402
-from tests.shardmgr.cluster.nodes import (  # noqa: E402
+from common.wire.client import RpcClient
+from shardmgr.cluster.catalog import Catalog, CollectionMeta
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election
+from shardmgr.cluster.errors import CoordinationUnavailable, WriterElsewhere, WriterUnreachable
+from shardmgr.cluster.membership import Membership
+from shardmgr.cluster.objects import file_crc32c
+from shardmgr.errors import CollectionConflict
+from shardmgr.store.client import StoreClient
+from tests.cluster_servers import WeedServer
+from tests.shardmgr.cluster.nodes import (
     DIM,
     ROWS,
     batches,
@@ -48,7 +45,7 @@ from tests.shardmgr.cluster.nodes import (  # noqa: E402
     published,
     wait_for,
 )
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def members(config: ClusterConfig) -> dict[str, str]:

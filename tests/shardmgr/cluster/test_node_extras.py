@@ -15,22 +15,18 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.journal import Journal  # noqa: E402
-from common.wire.client import RpcClient  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.extras import DeletesEntry, ShardExtras  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.objects import ObjectStore, file_crc32c  # noqa: E402
-from shardmgr.cluster.shard_map import ShardMap, ShardObject  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from shardmgr.store.deletes import DeleteLog  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, bucket, node, published, wait_for  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from common.journal import Journal
+from common.wire.client import RpcClient
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.extras import DeletesEntry, ShardExtras
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.objects import ObjectStore, file_crc32c
+from shardmgr.cluster.shard_map import ShardMap, ShardObject
+from shardmgr.store.client import StoreClient
+from shardmgr.store.deletes import DeleteLog
+from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, bucket, node, published, wait_for
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def deleted_rows(objects: ObjectStore, obj: ShardObject, where: Path) -> list[int]:

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from common.errors import CommonError  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.objects import file_crc32c  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, bucket, node, objects_under, published, wait_for  # noqa: E402
+from common.errors import CommonError
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.objects import file_crc32c
+from shardmgr.store.client import StoreClient
+from tests.shardmgr.cluster.nodes import DIM, batches, bucket, node, objects_under, published, wait_for
 
 SOAK_S = float(os.environ.get("CLUSTER_SOAK_S", "60"))
 

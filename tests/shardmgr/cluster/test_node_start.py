@@ -17,16 +17,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.loopback import free_ports  # noqa: E402
-from shardmgr.cluster.membership import DATA_ID_FILE, Membership  # noqa: E402
-from shardmgr.server.readiness import NotReady  # noqa: E402
-from tests.shardmgr.cluster.nodes import node  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.loopback import free_ports
+from shardmgr.cluster.membership import DATA_ID_FILE, Membership
+from shardmgr.server.readiness import NotReady
+from tests.shardmgr.cluster.nodes import node
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def members(config: ClusterConfig) -> dict[str, str]:

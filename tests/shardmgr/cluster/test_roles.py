@@ -9,17 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig, NodeConfig  # noqa: E402
-from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.errors import WriterElsewhere  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.membership import Membership  # noqa: E402
-from shardmgr.cluster.roles import WriterRoles  # noqa: E402
-from shardmgr.errors import NoShardIds  # noqa: E402
-from shardmgr.store.config import StoreConfig  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.election import Election
+from shardmgr.cluster.errors import WriterElsewhere
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.membership import Membership
+from shardmgr.cluster.roles import WriterRoles
+from shardmgr.errors import NoShardIds
+from shardmgr.store.config import StoreConfig
+from shardmgr.store.store import Store
 
 
 def store_at(path: Path) -> Store:

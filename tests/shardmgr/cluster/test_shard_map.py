@@ -7,20 +7,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import boto3
 import pytest
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-pytest.importorskip("boto3", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-import boto3  # noqa: E402
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.errors import NotWriter, ShardConflict  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.objects import ObjectStore  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
-from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election
+from shardmgr.cluster.errors import NotWriter, ShardConflict
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
+from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY
 
 
 def test_upload_check_publish_then_fetch_by_the_entry(cluster_config: ClusterConfig, tmp_path: Path) -> None:

@@ -22,21 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-pytest.importorskip("etcd3gw")
-
-from click.testing import CliRunner  # noqa: E402
-
-from shardmgr.cli import main  # noqa: E402
-from shardmgr.cluster.commands import COLLECTION_COLUMNS, NODE_COLUMNS  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.errors import CoordinationUnavailable  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.placement import owners  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardObject  # noqa: E402
-from shardmgr.cluster.status import HOLDER_GONE, read_status  # noqa: E402
-from shardmgr.cluster.status_cache import StatusCache  # noqa: E402
-from tests.cluster_servers import free_ports  # noqa: E402
+from shardmgr.cli import main
+from shardmgr.cluster.commands import COLLECTION_COLUMNS, NODE_COLUMNS
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.errors import CoordinationUnavailable
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.placement import owners
+from shardmgr.cluster.shard_map import ShardEntry, ShardObject
+from shardmgr.cluster.status import HOLDER_GONE, read_status
+from shardmgr.cluster.status_cache import StatusCache
+from tests.cluster_servers import free_ports
 
 
 def put_json(kv: Kv, key: str, value: object, lease: int = 0) -> int:

@@ -32,17 +32,14 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.server.auth import Authenticator, add_token  # noqa: E402
-from shardmgr.server.metrics import serve_metrics  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from tests.cluster_servers import free_ports  # noqa: E402
-from tests.shardmgr.cluster.browser import Browser  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.kv import Kv
+from shardmgr.server.auth import Authenticator, add_token
+from shardmgr.server.metrics import serve_metrics
+from shardmgr.store.client import StoreClient
+from tests.cluster_servers import free_ports
+from tests.shardmgr.cluster.browser import Browser
+from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install "

@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-pytest.importorskip("boto3", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
-from shardmgr.cluster.sweep import sweep_orphans  # noqa: E402
-from tests.shardmgr.cluster.nodes import bucket, objects_under  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
+from shardmgr.cluster.sweep import sweep_orphans
+from tests.shardmgr.cluster.nodes import bucket, objects_under
 
 
 def test_the_sweep_removes_only_unnamed_objects_of_ended_tenures_past_the_grace(

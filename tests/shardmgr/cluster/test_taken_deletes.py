@@ -17,17 +17,13 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.extras import DeletesEntry, ShardExtras  # noqa: E402
-from shardmgr.store.client import StoreClient  # noqa: E402
-from shardmgr.store.search import SearchResult  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, batches, node, published, search, start_all, wait_for  # noqa: E402
-from tests.shardmgr.server.serverproc import ServerProcess  # noqa: E402
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.extras import DeletesEntry, ShardExtras
+from shardmgr.store.client import StoreClient
+from shardmgr.store.search import SearchResult
+from tests.shardmgr.cluster.nodes import DIM, batches, node, published, search, start_all, wait_for
+from tests.shardmgr.server.serverproc import ServerProcess
 
 
 def complete(address: str, vectors: np.ndarray) -> SearchResult | None:

@@ -8,18 +8,15 @@ from typing import cast
 
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("etcd3gw")
-
-from shardmgr.cluster.cache import ShardCache  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.deletes_merger import DeletesMerger  # noqa: E402
-from shardmgr.cluster.errors import ShardsUnavailable  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.mirror import ClusterMirror  # noqa: E402
-from shardmgr.cluster.taker import ShardTaker  # noqa: E402
-from shardmgr.store.store import Store  # noqa: E402
-from tests.shardmgr.cluster.nodes import DIM, bucket  # noqa: E402
+from shardmgr.cluster.cache import ShardCache
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.deletes_merger import DeletesMerger
+from shardmgr.cluster.errors import ShardsUnavailable
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.mirror import ClusterMirror
+from shardmgr.cluster.taker import ShardTaker
+from shardmgr.store.store import Store
+from tests.shardmgr.cluster.nodes import DIM, bucket
 
 
 def test_a_take_waits_for_the_watched_state_to_reach_the_writers_tenure(

@@ -12,28 +12,24 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
+from click.testing import CliRunner
 
-pytest.importorskip("etcd3gw", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-pytest.importorskip("boto3", reason="needs the cluster extra: pip install -e '.[test,cluster]'")
-
-import boto3  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
-
-from common.journal.check import Problem, Severity  # noqa: E402
-from shardmgr.cli import main  # noqa: E402
-from shardmgr.cluster.catalog import Catalog, CollectionMeta  # noqa: E402
-from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.election import Election, Writer  # noqa: E402
-from shardmgr.cluster.extras import DeletesEntry, IndexEntry, ShardExtras  # noqa: E402
-from shardmgr.cluster.kv import Kv  # noqa: E402
-from shardmgr.cluster.lease import NodeLease  # noqa: E402
-from shardmgr.cluster.objects import ObjectStore  # noqa: E402
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject  # noqa: E402
-from shardmgr.store.rows import HEADER_SIZE  # noqa: E402
-from shardmgr.verification.cluster_checks import verify_cluster  # noqa: E402
-from shardmgr.verification.runner import Report  # noqa: E402
-from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY, WeedServer  # noqa: E402
+from common.journal.check import Problem, Severity
+from shardmgr.cli import main
+from shardmgr.cluster.catalog import Catalog, CollectionMeta
+from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.election import Election, Writer
+from shardmgr.cluster.extras import DeletesEntry, IndexEntry, ShardExtras
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.lease import NodeLease
+from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
+from shardmgr.store.rows import HEADER_SIZE
+from shardmgr.verification.cluster_checks import verify_cluster
+from shardmgr.verification.runner import Report
+from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY, WeedServer
 
 DIM = 4
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
