@@ -13,6 +13,12 @@ live members from etcd (``<prefix>/members/<node>``: JSON ``{"node",
   (``unavailable``: it cannot be reached, the connection broke, it is
   stopping or not joined) the client reads the members again and repeats
   the call on another, at most ``attempts`` nodes in all.
+- **Reads after a delete.** Once a delete (``delete``, ``delete_ids``) is
+  acknowledged, this client reads that collection from the node that
+  acknowledged it, for as long as that node answers: that node skips the
+  deleted rows at once, while other nodes skip them only once the writer
+  has published them (within about ``scan_interval_s``; docs/cluster.md,
+  "When a delete is seen"). If that node fails, reads go to any node again.
 - **Appends and deletes** go to the collection's writer when etcd names
   one (``<prefix>/writers/<collection>``, cached), else to any member,
   which forwards them (forwarding.py) or becomes the writer. Only where
@@ -108,6 +114,7 @@ class ClusterClient:
         self._clients: dict[str, StoreClient] = {}  # address -> its client
         self._reader: str | None = None  # where reads go while it answers
         self._writers: dict[str, str] = {}  # collection -> its writer's address, as last read
+        self._deleted_at: dict[str, str] = {}  # collection -> the node that acknowledged this client's last delete
         self._rng = random.Random()
 
     # ------------------------------------------------------------- members
@@ -144,15 +151,18 @@ class ClusterClient:
             client.close()
         if self._reader == address:
             self._reader = None
+        self._deleted_at = {name: a for name, a in self._deleted_at.items() if a != address}
         self._writers = {name: a for name, a in self._writers.items() if a != address}
 
     # --------------------------------------------------------------- reads
 
-    def _read(self, call: Callable[[StoreClient], T]) -> T:
-        """``call`` on the reading node, repeated on another after a failure of that node."""
+    def _read(self, call: Callable[[StoreClient], T], name: str | None = None) -> T:
+        """``call`` on the reading node (for collection ``name``, the node that acknowledged this client's
+        last delete in it, if any: module docstring), repeated on another after a failure of that node."""
         tried: list[str] = []
         while True:
-            address = self._reader if self._reader is not None and not tried else self._pick(tried)
+            first = self._deleted_at.get(name, self._reader) if name is not None else self._reader
+            address = first if first is not None and not tried else self._pick(tried)
             try:
                 result = call(self._client(address))
             except Unavailable:
@@ -161,7 +171,8 @@ class ClusterClient:
                 if len(tried) >= self.attempts:
                     raise
                 continue
-            self._reader = address
+            if name not in self._deleted_at:
+                self._reader = address
             return result
 
     # -------------------------------------------------------------- writes
@@ -182,8 +193,9 @@ class ClusterClient:
             self._writers[name] = address
         return address
 
-    def _write(self, name: str, call: Callable[[StoreClient], T]) -> T:
-        """``call`` on the writer of ``name`` (or a node that forwards it); module docstring."""
+    def _write(self, name: str, call: Callable[[StoreClient], T]) -> tuple[T, str]:
+        """``call`` on the writer of ``name`` (or a node that forwards it), and the address of the node
+        that answered it; module docstring."""
         tried: list[str] = []
         named: str | None = None  # where a WriterElsewhere sent us
         cached = self._writer(name)
@@ -210,7 +222,7 @@ class ClusterClient:
             if not cached_hit:  # a forwarding node, or a new writer: learn who writes it now
                 self._writers.pop(name, None)
                 self._writer(name)
-            return result
+            return result, address
 
     # ------------------------------------------------- StoreClient's methods
 
@@ -221,17 +233,21 @@ class ClusterClient:
         return self._read(lambda c: c.collections())
 
     def collection_info(self, name: str) -> dict[str, Any]:
-        return self._read(lambda c: c.collection_info(name))
+        return self._read(lambda c: c.collection_info(name), name)
 
     def append(self, name: str, vectors: Any, ids: Any, durable: bool = False, timeout: Timeout = ...) -> np.ndarray:
         """Append float32 [n, dim] vectors with int64 [n] ids on the collection's writer; one ref per row."""
-        return self._write(name, lambda c: c.append(name, vectors, ids, durable, timeout))
+        return self._write(name, lambda c: c.append(name, vectors, ids, durable, timeout))[0]
 
     def delete(self, name: str, refs: Any, durable: bool = False, timeout: Timeout = ...) -> int:
-        return self._write(name, lambda c: c.delete(name, refs, durable, timeout))
+        """Delete by ref on the collection's writer; this client's next reads of it see it (module docstring)."""
+        deleted, self._deleted_at[name] = self._write(name, lambda c: c.delete(name, refs, durable, timeout))
+        return deleted
 
     def delete_ids(self, name: str, ids: Any, durable: bool = False, timeout: Timeout = ...) -> int:
-        return self._write(name, lambda c: c.delete_ids(name, ids, durable, timeout))
+        """Delete by id on the collection's writer; this client's next reads of it see it (module docstring)."""
+        deleted, self._deleted_at[name] = self._write(name, lambda c: c.delete_ids(name, ids, durable, timeout))
+        return deleted
 
     def compact(self, name: str | None = None, timeout: Timeout = None) -> int:
         """Store.compact on the collection's writer (or the reading node); rewrites are off in cluster mode."""
@@ -241,13 +257,13 @@ class ClusterClient:
     def search(self, name: str, queries: Any, k: int = 10, params: dict[str, int] | None = None,
                timeout: Timeout = ...) -> SearchResult:
         """StoreClient.search on the reading node (which fans out across the cluster)."""
-        return self._read(lambda c: c.search(name, queries, k, params, timeout))
+        return self._read(lambda c: c.search(name, queries, k, params, timeout), name)
 
     def get(self, name: str, refs: Any, timeout: Timeout = ...) -> np.ndarray:
-        return self._read(lambda c: c.get(name, refs, timeout))
+        return self._read(lambda c: c.get(name, refs, timeout), name)
 
     def ids(self, name: str, refs: Any, timeout: Timeout = ...) -> np.ndarray:
-        return self._read(lambda c: c.ids(name, refs, timeout))
+        return self._read(lambda c: c.ids(name, refs, timeout), name)
 
     def flush(self) -> None:
         """Make durable every write this client made: a flush on each node it is connected to."""

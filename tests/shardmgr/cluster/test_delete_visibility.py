@@ -7,7 +7,9 @@ and n3, and a growing one). Rows that searches through n2 return are
 deleted through n2 (forwarded to the writer, by ref), rows n3 returns
 through n3 (by id), rows n1 returns through n1 (the writer itself). The
 very next search and get on the node that acknowledged each delete skips
-every deleted row and still returns k rows, complete; once every node has
+every deleted row and still returns k rows, complete, and so do the next
+search and get of a ``connect_cluster`` client that reads from n3 and
+deleted through the writer; once every node has
 seen the published deletes, every node's answer equals the writer's data
 directory opened as one store.
 """
@@ -19,6 +21,7 @@ import signal
 import numpy as np
 import pytest
 
+import shardmgr
 from common.wire.client import RpcClient
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.kv import Kv
@@ -97,6 +100,20 @@ def test_the_next_search_on_the_acknowledging_node_skips_the_deleted_rows(
         deleted_refs |= set(doomed.tolist())
         with pytest.raises(RowDeleted):
             c1.get("docs", doomed[-1:])
+
+    # through connect_cluster reading from n3: the delete goes to the writer, and the client's next
+    # search and get of the collection go to the node that acknowledged it
+    with shardmgr.connect_cluster(cluster_config.etcd_url, prefer="n3") as cluster:
+        now = cluster.search("docs", queries, k=K)
+        check(now, set(), set())  # (n3 may not have seen the deletes above yet)
+        fresh = ~np.isin(now.refs[:, :2], list(deleted_refs)) & ~np.isin(now.ids[:, :2], list(deleted_ids))
+        doomed = np.unique(now.refs[:, :2][fresh])
+        assert np.isin(doomed >> 40, cached).any()
+        assert cluster.delete("docs", doomed) == len(doomed)
+        deleted_refs |= set(doomed.tolist())
+        check(cluster.search("docs", queries, k=K), deleted_refs, deleted_ids)
+        with pytest.raises(RowDeleted):
+            cluster.get("docs", doomed[:1])
     assert len(deleted_refs) + len(deleted_ids) > 40
 
     # once the writer published the logs, every node skips every deleted row, the acknowledging nodes
