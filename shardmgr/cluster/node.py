@@ -52,8 +52,8 @@ uploads and publishes (uploader.py), then the deletes and indexes of
 published shards (extras_uploader.py); sweeps orphans of the collections it
 writes (sweep.py) at each new tenure and every ``sweep_interval_s``.
 
-Threads: the gate runs on connection threads (its etcd client, the
-catalog's, under ``_catalog_lock``; the roles have their own); the catalog
+Threads: the gate runs on connection threads (the catalog's etcd client
+under its lock, node_catalog.py; the roles have their own); the catalog
 watch creates collections on its thread; the node's thread has its own etcd
 client; ``start``/``join``/``stop`` run on the server's main thread.
 """
@@ -74,7 +74,6 @@ import crc32c
 import numpy as np
 
 from shardmgr.cluster import acked_deletes
-from shardmgr.cluster.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
 from shardmgr.cluster.deletes_merger import DeletesMerger
 from shardmgr.cluster.election import Writer
@@ -85,6 +84,7 @@ from shardmgr.cluster.holdings import Holdings
 from shardmgr.cluster.kv import TLS_PORT_HINT, Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.membership import Membership, data_id, hold_id
+from shardmgr.cluster.node_catalog import NodeCatalog
 from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.query import QueryRouter
@@ -95,7 +95,7 @@ from shardmgr.cluster.sweep import sweep_orphans
 from shardmgr.cluster.taker import ShardTaker
 from shardmgr.cluster.uploader import Uploader
 from shardmgr.cluster.watch import PrefixWatch
-from shardmgr.errors import CollectionConflict, ShardmgrError, UnknownCollection
+from shardmgr.errors import CollectionConflict, UnknownCollection
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store
 
@@ -136,10 +136,7 @@ class ClusterNode:
         self.objects = ObjectStore(config)
         self._kv = Kv(config)  # the main thread's (start, join, stop)
         self._thread_kv = Kv(config)  # the node thread's (rejoin, sweep)
-        self._catalog = Catalog(config)
-        self._catalog_lock = threading.Lock()
-        self._known: dict[str, CollectionMeta] = {}  # the catalog as this node has seen it
-        self._conflicting: dict[str, str] = {}  # local collections whose parameters differ from the catalog's
+        self.catalog = NodeCatalog(config, store)
         self._joined = threading.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -185,23 +182,12 @@ class ClusterNode:
         self._hold_id(self.lease, address, Membership(self.config, self._kv))
         self._advertised = address
         self.objects.probe(self.node_id)
-        with self._catalog_lock:
-            for name in self.store.collections():
-                info = self.store.collection_info(name)
-                meta = CollectionMeta(name, info["dim"], info["metric"], info["index"])
-                try:
-                    self._catalog.publish(meta)
-                except CollectionConflict as e:
-                    self._conflict(name, str(e))
-            known, revision = self._catalog.read()
-        for meta in known.values():
-            self._adopt(meta)
-        self._watch = self._catalog.watch(self._adopt, start_revision=revision, on_reset=self._reread)
+        self._watch = self.catalog.start()
         self.query.start()
         self._thread.start()
         self.reporter.start()
         log.info("cluster node %s: etcd %s, objects %s, %d collections known", self.node_id, self.config.etcd_url,
-                 self.config.s3_url, len(self._known))
+                 self.config.s3_url, len(self.catalog))
 
     def join(self) -> None:
         """The port is open: take writes, announce what this node serves, start the thread's passes."""
@@ -242,7 +228,7 @@ class ClusterNode:
             log.warning("leaving the cluster cleanly failed (the lease ends it): %s", e)
         self.reporter.stop(remove=False)  # (no-op after the one above; else only the thread, if that failed)
         self.lease.close(revoke=True)
-        for closable in (self.roles, self.uploader, self.extras, self._catalog.kv, self._kv, self._thread_kv,
+        for closable in (self.roles, self.uploader, self.extras, self.catalog, self._kv, self._thread_kv,
                          self.objects, self.forwarder):
             closable.close()
         if self._advertised:
@@ -280,15 +266,7 @@ class ClusterNode:
 
     def creating(self, name: str, dim: int, metric: str, index: str) -> None:
         """Before a create: publish it in the catalog; campaign if this call created it there."""
-        meta = CollectionMeta(name, dim, metric, index)
-        known = self._known.get(name)
-        if known is not None:
-            check_same(known, meta)
-            return
-        with self._catalog_lock:
-            created = self._catalog.publish(meta)
-        self._known[name] = meta
-        if created and self._joined.is_set():
+        if self.catalog.creating(name, dim, metric, index) and self._joined.is_set():
             try:
                 self.roles.campaign(name)
             except ClusterError as e:  # the first append campaigns again
@@ -299,16 +277,11 @@ class ClusterNode:
         if not self._joined.is_set():
             raise CoordinationUnavailable(f"collection {name!r}: this node ({self.node_id}) is not a member of the "
                                           "cluster right now (starting, or rejoining after its lease was lost): retry")
-        if name in self._conflicting:
-            raise CollectionConflict(self._conflicting[name])
-        try:
-            self.store.collection(name)
-        except UnknownCollection:
-            with self._catalog_lock:
-                meta = self._catalog.get(name)
-            if meta is None:
-                return  # the store says unknown_collection
-            self._adopt(meta)
+        conflict = self.catalog.conflict(name)
+        if conflict is not None:
+            raise CollectionConflict(conflict)
+        if not self.catalog.ensure_local(name):
+            return  # the store says unknown_collection
         self.roles.ensure(name)
         self.holdings.writing(name, self._kv)  # the holder key says "not clean" before the write is acknowledged
 
@@ -335,28 +308,6 @@ class ClusterNode:
         for acked in promised:
             self.extras.promise(name, acked.shard_id, acked.count)
         self.acked.hold(name, held)
-
-    # ------------------------------------------------------------- catalog
-
-    def _adopt(self, meta: CollectionMeta) -> None:
-        """Know ``meta`` and have the collection locally (the watch's thread, or a writer's)."""
-        self._known[meta.name] = meta
-        try:
-            self.store.create_collection(meta.name, meta.dim, meta.metric, meta.index)
-        except ShardmgrError as e:  # other parameters here, or an index this node's faiss refuses
-            self._conflict(meta.name, str(e))
-
-    def _conflict(self, name: str, why: str) -> None:
-        self._conflicting[name] = (f"collection {name!r} on this node differs from the cluster's: {why}; "
-                                   f"writes to it are refused here")
-        log.error("%s", self._conflicting[name])
-
-    def _reread(self) -> None:
-        """The watch missed events (compaction): read the catalog again."""
-        with self._catalog_lock:
-            known, _ = self._catalog.read()
-        for meta in known.values():
-            self._adopt(meta)
 
     # ---------------------------------------------------------- lease loss
 
@@ -403,15 +354,16 @@ class ClusterNode:
         if not self.lease.alive():  # also notices a deadline passed while the process was paused
             self._rejoin()
         self.roles.maintain()
+        conflicting = self.catalog.conflicting()
         for name in self.store.collections():
-            if name not in self._conflicting and name not in self.roles.held() \
+            if name not in conflicting and name not in self.roles.held() \
                     and (self.uploader.unpublished(name) or self.extras.unpublished(name)) \
                     and self.roles.campaign(name):
                 log.info("writer of %s: to publish its sealed shards (or their deletes or indexes) held here", name)
         held = self.roles.held()
         self.uploader.run_once(held, self._stop)
         self.extras.run_once(held, self._stop)
-        self.holdings.release(self.query.mirror.state(), held, self._conflicting, self._thread_kv)
+        self.holdings.release(self.query.mirror.state(), held, conflicting, self._thread_kv)
         self.holdings.mark_clean(held, self._thread_kv)
         for name, token in self.roles.held().items():
             if name in held and not self._stop.is_set():
