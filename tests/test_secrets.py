@@ -87,7 +87,7 @@ def holders(tmp_path: Path) -> list[object]:
     frame = framing.Frame({"id": 1, "cmd": "auth", "args": {"token": TOKEN}}, {}, 64)
     made: list[object] = [rpc, dialer, frame, StoreClient(("127.0.0.1", 1), token=TOKEN),
                           QueueClient(("127.0.0.1", 1), token=TOKEN), Worker(("127.0.0.1", 1), "w1", token=TOKEN),
-                          auth, auth._entries, auth.authenticate(issued), HttpAuth(lambda e, s: [], auth)]
+                          auth, auth._entries, auth.authenticate(issued), HttpAuth(lambda e, s: [], auth, port=7301)]
     if importlib.util.find_spec("etcd3gw") and importlib.util.find_spec("boto3"):
         from shardmgr.cluster.cluster_client import ClusterClient
         from shardmgr.cluster.config import NodeConfig

@@ -148,14 +148,15 @@ def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig |
         scraped: Iterable[bytes] = metrics(environ, start_response)
         return scraped
 
-    gated: WsgiApp = HttpAuth(app, auth, metrics_open=metrics_open, count_error=count_error) \
-        if auth is not None and auth.required else app
-
     # the address family of host (IPv6 for "::1"), as prometheus-client's start_http_server finds it
     family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     server_class = type("MetricsServer", (MetricsServer,), {"address_family": family})
-    http_server: MetricsServer = make_server(str(sockaddr[0]), port, gated, server_class=server_class,
+    http_server: MetricsServer = make_server(str(sockaddr[0]), port, app, server_class=server_class,
                                              handler_class=_Quiet)
+    if auth is not None and auth.required:  # the bound port names the session cookie
+        gated: WsgiApp = HttpAuth(app, auth, port=http_server.server_address[1], metrics_open=metrics_open,
+                                  count_error=count_error)
+        http_server.set_app(gated)
     http_server.pages = pages
     threading.Thread(target=http_server.serve_forever, args=(POLL_S,), name="metrics-http", daemon=True).start()
     return http_server
