@@ -337,10 +337,12 @@ def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | 
             raise SystemExit(EXIT_FAILED) from None
     else:
         from shardmgr.server.exposure import is_loopback
-        from shardmgr.snapshots import after_lost_answer
+        from shardmgr.snapshots import after_lost_answer, identity
 
-        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(dest.absolute())}, wait=None,
-                             lost=lambda exc: after_lost_answer(dest.absolute(), exc, local=is_loopback(host)))
+        target = dest.absolute()
+        before = identity(target)  # if the answer is lost, only a DEST that appears meanwhile can be this one
+        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(target)}, wait=None,
+                             lost=lambda exc: after_lost_answer(target, exc, local=is_loopback(host), before=before))
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
     elif "answer_lost" in result:
