@@ -158,30 +158,9 @@ class Server:
         except BaseException:
             self._shutdown()
             raise
-        self._warn_exposure()
+        exposure.warn(self.config, self.auth.required, self.cluster.config if self.cluster is not None else None)
         log.info("ready: listening on %s:%d (data %s%s%s)", host, port, self.config.data_dir,
                  ", TLS" if self._tls is not None else "", ", tokens required" if self.auth.required else "")
-
-    def _warn_exposure(self) -> None:
-        found = exposure.exposed(self.config.listen_addresses)
-        if found and not self.auth.required:
-            log.warning("INSECURE: listening on %s (not loopback) without a tokens file: anyone who can reach "
-                        "the port can read, write and delete data (--insecure; see docs/security.md)",
-                        ", ".join(found))
-        etcd = self.cluster.config if self.cluster is not None else None
-        if etcd is not None and not etcd.etcd_security.uses_tls and not exposure.is_loopback(etcd.etcd_host):
-            log.warning("INSECURE: etcd at %s:%d (not loopback) without TLS: whoever can read or change that "
-                        "traffic decides where writes are forwarded and searches go (--insecure; see "
-                        "docs/security.md)", etcd.etcd_host, etcd.etcd_port)
-        if self.config.metrics_port is not None and not exposure.is_loopback(self.config.metrics_host):
-            if not self.auth.required:
-                log.warning("the metrics endpoint on %s:%s checks no tokens (no tokens file): it shows counters "
-                            "and the cluster's pages to anyone who reaches it", self.config.metrics_host,
-                            self.config.metrics_port)
-            elif self.config.metrics_open:
-                log.warning("the metrics endpoint on %s:%s serves /metrics without a token (metrics_open): it "
-                            "shows counters to anyone who reaches it", self.config.metrics_host,
-                            self.config.metrics_port)
 
     def _bind_metrics(self) -> None:
         if self.config.metrics_port is not None:
