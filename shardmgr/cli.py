@@ -1,11 +1,14 @@
-"""The ``shardmgr`` command line (click). Each command is a thin layer over the library."""
+"""The ``shardmgr`` command line (click). Each command is a thin layer over the library.
+
+Two groups of commands live with their packages and are registered here:
+``shardmgr cluster ...`` (shardmgr/cluster/commands.py) and ``shardmgr
+verify`` (shardmgr/verification/command.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,9 +20,9 @@ from rich.table import Table
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, ConnectionLost, RpcClient
-from shardmgr.cluster.commands import cluster, etcd_client_options, etcd_options
-from shardmgr.cluster.config import EtcdSecurity
+from shardmgr.cluster.commands import cluster, etcd_options
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
+from shardmgr.verification.command import verify
 
 from . import __version__, tables
 
@@ -38,6 +41,7 @@ def main() -> None:
 
 
 main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster status'
+main.add_command(verify)  # shardmgr/verification/command.py: 'shardmgr verify'
 
 
 @main.command()
@@ -337,10 +341,12 @@ def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | 
             raise SystemExit(EXIT_FAILED) from None
     else:
         from shardmgr.server.exposure import is_loopback
-        from shardmgr.snapshots import after_lost_answer
+        from shardmgr.snapshots import after_lost_answer, identity
 
-        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(dest.absolute())}, wait=None,
-                             lost=lambda exc: after_lost_answer(dest.absolute(), exc, local=is_loopback(host)))
+        target = dest.absolute()
+        before = identity(target)  # if the answer is lost, only a DEST that appears meanwhile can be this one
+        result = remote_call("snapshot", host, port, timeout, "snapshot", {"dest": str(target)}, wait=None,
+                             lost=lambda exc: after_lost_answer(target, exc, local=is_loopback(host), before=before))
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
     elif "answer_lost" in result:
@@ -349,72 +355,3 @@ def snapshot(host: str, port: int, timeout: float, dest: Path, data_dir: Path | 
     else:
         click.echo(f"snapshot {result['dest']}: {result['bytes_copied']:,} bytes copied (the rest linked) in "
                    f"{result['seconds']} s; writes paused {result['paused_s']} s")
-
-
-@main.command()
-@click.argument("data_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--cluster", default=None, metavar="etcd://HOST:PORT/PREFIX",
-              help="Also (or only) check this cluster's shard map and objects; needs --object-store.")
-@click.option("--object-store", default=None, metavar="s3://BUCKET/PREFIX", help="The cluster's bucket.")
-@click.option("--s3-endpoint", default=None, metavar="URL", show_default="AWS",
-              help="S3 endpoint; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
-@click.option("--orphan-grace", "orphan_grace_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
-              show_default="4200: the sweep's default grace plus one period",
-              help="--cluster: an orphan object older than this is repairable (the sweep should have removed it).")
-@click.option("--deep", is_flag=True, help="Also read everything and verify every checksum.")
-@click.option("--repair", is_flag=True, help="Offline: quarantine corrupt units, run recovery, then check again.")
-@click.option("--json", "as_json", is_flag=True, help="Print one machine-readable report.")
-@etcd_client_options
-def verify(data_dir: Path | None, cluster: str | None, object_store: str | None, s3_endpoint: str | None,
-           orphan_grace_s: float | None, deep: bool, repair: bool, as_json: bool, etcd_security: EtcdSecurity) -> None:
-    """Check every file of a data directory, or a cluster, for damage.
-
-    Read-only and safe beside a running server, unless --repair, which
-    needs the directory to itself. Exit status: 0 clean, 1 only problems
-    that recovery repairs by itself, 2 data corruption, 3 could not run.
-
-    --cluster checks every published shard's objects in the bucket (size and
-    crc32c; --deep downloads them) and reports orphan objects; with DATA_DIR
-    too, both are checked and the verdict is the worse. --repair is for a
-    data directory only.
-
-    On a terminal, a table of the findings, worst first. Piped or
-    redirected, one line per finding, never wrapped or cut: SEVERITY, PATH
-    (whole, as --json gives it; a cluster's findings name an etcd:// key or
-    an s3:// object), OFFSET, PROBLEM, EXPECTED, FOUND, tab-separated, "-"
-    for none. Then a "repaired: ..." line per --repair action and the
-    verdict line. See docs/verify.md.
-    """
-    from shardmgr.verification.runner import EXIT_CANNOT_RUN, count_files, verify_cluster
-    from shardmgr.verification.runner import verify as run
-    from shardmgr.verification.view import LateProgress, show
-
-    from .errors import CannotVerify
-
-    progress = LateProgress(count_files(data_dir) if data_dir is not None and data_dir.is_dir() else 0,
-                            enabled=not as_json)
-    try:
-        if data_dir is None and cluster is None:
-            raise CannotVerify("give a DATA_DIR to check, or --cluster (with --object-store), or both")
-        if repair and cluster is not None:
-            raise CannotVerify("--repair is for a data directory only: published entries are write-once, and "
-                               "the writer's own sweep removes orphan objects (docs/cluster.md)")
-        report = run(data_dir, deep=deep, repair=repair, on_file=progress.advance) if data_dir is not None else None
-        if cluster is not None:
-            checked = verify_cluster(cluster, object_store, s3_endpoint, deep=deep, orphan_grace_s=orphan_grace_s,
-                                     on_object=progress.advance, on_total=progress.expect, etcd_security=etcd_security)
-            report = checked if report is None else report.joined(checked)
-    except CannotVerify as exc:
-        click.echo(f"shardmgr verify: {exc}", err=True)
-        raise SystemExit(EXIT_CANNOT_RUN) from None
-    except Exception:  # a failure of verify itself: "could not run", never a verdict on the data
-        click.echo(f"shardmgr verify: could not run:\n{traceback.format_exc()}", err=True)
-        raise SystemExit(EXIT_CANNOT_RUN) from None
-    finally:
-        progress.stop()
-    assert report is not None
-    if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
-    else:
-        show(report)
-    raise SystemExit(report.exit_code)

@@ -28,9 +28,10 @@ enqueues, leases and completions wait while the files are copied; reads
 (searches, gets) do not.
 
 A ``shardmgr snapshot`` whose answer is lost (the server died, the
-connection broke) checks ``dest`` itself when the server is on its machine
-(:func:`after_lost_answer`): complete and verified is success; otherwise
-it fails saying how to tell.
+connection broke) checks ``dest`` itself when the server seems to be on
+its machine (:func:`after_lost_answer`): a ``dest`` that appeared during
+the call, complete and verified, is success; otherwise it fails saying how
+to tell.
 """
 
 from __future__ import annotations
@@ -163,16 +164,31 @@ def _copy(building: Path, store: Store, broker: Broker | None) -> tuple[float, i
     return time.monotonic() - started, copied
 
 
-def after_lost_answer(dest: Path, lost: Exception, *, local: bool) -> dict[str, Any]:
+def identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what is at ``path`` (a symlink itself), or None if nothing is."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def after_lost_answer(dest: Path, lost: Exception, *, local: bool, before: tuple[int, int] | None) -> dict[str, Any]:
     """What a ``snapshot`` request whose answer was lost (the server died, the
     connection broke) left, for ``shardmgr snapshot``. The snapshot is
-    complete if and only if ``dest`` exists (it is renamed into place only
-    whole and synced). ``local`` (the server is on this machine): if
-    ``dest`` is there and ``verify`` finds it clean, its rename is made
-    durable (its parent synced: the one step a server killed right after the
-    rename may have missed) and ``{dest, answer_lost, verified}`` returned.
-    Otherwise CannotSnapshot, saying how to tell."""
-    if local and dest.is_dir():
+    complete if and only if ``dest`` appeared on the server's machine (it is
+    renamed into place only whole and synced; an existing ``dest`` is
+    refused). ``local``: the server is on this machine, as far as the
+    caller can tell (a loopback host: which an SSH tunnel or a container's
+    port-forward makes another machine's). ``before``: :func:`identity` of
+    ``dest`` just before the request. If ``local`` and a directory is at
+    ``dest`` that was not there before (or was another) and ``verify``
+    finds it clean, its rename is made durable (its parent synced: the one
+    step a server killed right after the rename may have missed) and
+    ``{dest, answer_lost, verified}`` returned. Otherwise CannotSnapshot,
+    saying how to tell."""
+    now = identity(dest)
+    if local and now is not None and now != before and dest.is_dir():
         from shardmgr.verification.runner import verify
 
         report = verify(dest)
@@ -181,11 +197,17 @@ def after_lost_answer(dest: Path, lost: Exception, *, local: bool) -> dict[str, 
                                  f"{dest}' finds {len(report.problems)} problem(s) in it (exit {report.exit_code})")
         fsync_dir(dest.parent)
         return {"dest": str(dest), "answer_lost": str(lost), "verified": True}
-    where = "here" if local else "on the server's machine"
-    raise CannotSnapshot(f"{lost}: the server did not answer, so the snapshot may not be complete. It is complete "
-                         f"if and only if {dest} exists {where} (check with 'shardmgr verify {dest}' there); "
-                         f"{dest.name}{TMP_SUFFIX} beside it is an incomplete one (being built while the server "
-                         f"runs, else cut short: remove it and take the snapshot again)")
+    how = (f"It is complete if and only if {dest} appeared on the server's machine during the call (check with "
+           f"'shardmgr verify {dest}' there); {dest.name}{TMP_SUFFIX} beside it is an incomplete one (being "
+           f"built while the server runs, else cut short: remove it and take the snapshot again)")
+    if not local:
+        raise CannotSnapshot(f"{lost}: the server did not answer, so the snapshot may not be complete. {how}")
+    here = (f"{dest} was here before this call, so it is not this snapshot (a server on this machine refuses an "
+            "existing destination)" if now is not None and now == before else
+            f"{dest} is not here{'' if now is None else ' as a directory'}")
+    raise CannotSnapshot(f"{lost}: the server did not answer, and {here}: if the server runs on this machine, the "
+                         f"snapshot was not taken. But a loopback --host reaches another machine's server through an "
+                         f"SSH tunnel or a container's port-forward. {how}")
 
 
 def snapshot(data_dir: str | Path, dest: str | Path) -> dict[str, Any]:

@@ -11,10 +11,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "workq", "shardmgr")
+MODULES = ("common_shadowing",)  # top-level modules beside the packages
 
 #: module prefix -> project modules it must not import (prefixes).
 FORBIDDEN = {
     "common": ("workq", "shardmgr"),
+    "common_shadowing": ("common.journal", "common.wire", "workq", "shardmgr"),  # `common` itself, nothing more
     "common.journal": ("common.wire",),
     "common.wire": ("common.journal",),
     "workq": ("shardmgr",),
@@ -36,25 +38,25 @@ def modules() -> dict[str, set[str]]:
     """Each project module and the project modules it imports (absolute names);
     read once per run (every layer's case reads the same files)."""
     found: dict[str, set[str]] = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            is_package = parts[-1] == "__init__"
-            name = ".".join(parts[:-1] if is_package else parts)
-            base = name.split(".") if is_package else name.split(".")[:-1]
-            imported: set[str] = set()
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    imported.update(a.name for a in node.names)
-                elif isinstance(node, ast.ImportFrom):
-                    if node.level:
-                        anchor = base[: len(base) - node.level + 1]
-                        target = ".".join(anchor + ([node.module] if node.module else []))
-                    else:
-                        target = node.module or ""
-                    imported.add(target)
-                    imported.update(f"{target}.{a.name}" for a in node.names)
-            found[name] = {m for m in imported if m.split(".")[0] in PACKAGES}
+    files = [ROOT / f"{module}.py" for module in MODULES] + [p for d in PACKAGES for p in (ROOT / d).rglob("*.py")]
+    for path in files:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    anchor = base[: len(base) - node.level + 1]
+                    target = ".".join(anchor + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                imported.add(target)
+                imported.update(f"{target}.{a.name}" for a in node.names)
+        found[name] = {m for m in imported if m.split(".")[0] in PACKAGES + MODULES}
     return found
 
 

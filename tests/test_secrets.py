@@ -54,10 +54,7 @@ def dataclasses_of_the_packages() -> list[type[Any]]:
         for module_info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if module_info.name.endswith("__main__"):
                 continue
-            try:
-                module = importlib.import_module(module_info.name)
-            except ImportError:  # an optional extra (cluster) is missing: its modules are not checked
-                continue
+            module = importlib.import_module(module_info.name)  # the test extra brings every package: no skip
             found += [obj for obj in vars(module).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)
                       and obj.__module__ == module.__name__]
     return found
@@ -87,14 +84,13 @@ def holders(tmp_path: Path) -> list[object]:
     frame = framing.Frame({"id": 1, "cmd": "auth", "args": {"token": TOKEN}}, {}, 64)
     made: list[object] = [rpc, dialer, frame, StoreClient(("127.0.0.1", 1), token=TOKEN),
                           QueueClient(("127.0.0.1", 1), token=TOKEN), Worker(("127.0.0.1", 1), "w1", token=TOKEN),
-                          auth, auth._entries, auth.authenticate(issued), HttpAuth(lambda e, s: [], auth)]
-    if importlib.util.find_spec("etcd3gw") and importlib.util.find_spec("boto3"):
-        from shardmgr.cluster.cluster_client import ClusterClient
-        from shardmgr.cluster.config import NodeConfig
-        from shardmgr.cluster.forwarding import Forwarder
+                          auth, auth._entries, auth.authenticate(issued), HttpAuth(lambda e, s: [], auth, port=7301)]
+    from shardmgr.cluster.cluster_client import ClusterClient  # (the test extra brings the cluster extra)
+    from shardmgr.cluster.config import NodeConfig
+    from shardmgr.cluster.forwarding import Forwarder
 
-        forwarder = Forwarder(NodeConfig(), "n1", token=TOKEN)
-        made += [ClusterClient("etcd://127.0.0.1:1/x", token=TOKEN), forwarder, forwarder._peers]
+    forwarder = Forwarder(NodeConfig(), "n1", token=TOKEN)
+    made += [ClusterClient("etcd://127.0.0.1:1/x", token=TOKEN), forwarder, forwarder._peers]
     return made + [issued]  # the last: the token file's token, whose hash must not show either
 
 

@@ -73,15 +73,17 @@ class Acceptor:
 
     def bind(self) -> None:
         """Bind the configured address without listening: the port is taken
-        (and known, for ``--port 0``) but a connection attempt is refused."""
+        (and known, for ``--port 0``) but a connection attempt is refused. An
+        OSError naming the port if it cannot be bound."""
         if self._listener is None:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does
                 listener.bind((self._config.host, self._config.port))
-            except OSError:
+            except OSError as exc:
                 listener.close()
-                raise
+                raise OSError(f"cannot bind the service port {self._config.host}:{self._config.port}: "
+                              f"{exc.strerror or exc} (is another process using it? give another --port)") from exc
             self._listener = listener
 
     def listen(self) -> None:

@@ -5,14 +5,27 @@ a non-loopback address only if the server has a tokens file
 (``auth_file``), or if the operator says ``insecure`` (then every start
 logs a warning). A host name counts as loopback only if every address it
 resolves to is a loopback address; ``""``, ``0.0.0.0`` and ``::`` are every
-interface.
+interface. What a start let through is logged as a warning at every start
+(:func:`warn`): a service port without tokens or an etcd without TLS off
+loopback (``--insecure``), a metrics port off loopback that checks no
+tokens or leaves ``/metrics`` open.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from common.wire.hosts import is_loopback
 
-__all__ = ["exposed", "is_loopback", "refusal"]
+if TYPE_CHECKING:
+    from shardmgr.cluster.config import ClusterConfig
+
+    from .config import ServerConfig
+
+__all__ = ["exposed", "is_loopback", "refusal", "warn"]
+
+log = logging.getLogger(__name__)
 
 
 def exposed(addresses: dict[str, str]) -> list[str]:
@@ -29,3 +42,22 @@ def refusal(addresses: dict[str, str], has_tokens: bool, insecure: bool) -> str 
             f"file. Anyone who can reach the port could read, write and delete data. Create a token with "
             f"'shardmgr token create NAME --roles ...' and start with --auth-file FILE, or bind 127.0.0.1, "
             f"or pass --insecure to accept the risk (see docs/security.md)")
+
+
+def warn(config: ServerConfig, has_tokens: bool, etcd: ClusterConfig | None) -> None:
+    """Log a warning for each exposure ``config`` starts with (module docstring); ``etcd``: cluster mode's."""
+    found = exposed(config.listen_addresses)
+    if found and not has_tokens:
+        log.warning("INSECURE: listening on %s (not loopback) without a tokens file: anyone who can reach "
+                    "the port can read, write and delete data (--insecure; see docs/security.md)", ", ".join(found))
+    if etcd is not None and not etcd.etcd_security.uses_tls and not is_loopback(etcd.etcd_host):
+        log.warning("INSECURE: etcd at %s:%d (not loopback) without TLS: whoever can read or change that "
+                    "traffic decides where writes are forwarded and searches go (--insecure; see "
+                    "docs/security.md)", etcd.etcd_host, etcd.etcd_port)
+    if config.metrics_port is not None and not is_loopback(config.metrics_host):
+        if not has_tokens:
+            log.warning("the metrics endpoint on %s:%s checks no tokens (no tokens file): it shows counters "
+                        "and the cluster's pages to anyone who reaches it", config.metrics_host, config.metrics_port)
+        elif config.metrics_open:
+            log.warning("the metrics endpoint on %s:%s serves /metrics without a token (metrics_open): it "
+                        "shows counters to anyone who reaches it", config.metrics_host, config.metrics_port)

@@ -17,13 +17,23 @@ string lands in access logs, proxies' logs and the browser's history: a
 - a session cookie, for browsers. A request without a token from a client
   that accepts HTML gets the login form (status 401); the form posts the
   token to ``/login``, which answers 303 to the page asked for, setting
-  ``shardmgr_session``: 256 random bits, ``HttpOnly`` (the page's script
-  cannot read it), ``SameSite=Strict`` (no other site's page sends it),
-  ``Max-Age`` SESSION_S. A session lives in this process's memory only (a
-  restart ends them all; at most MAX_SESSIONS, the oldest dropped first)
-  and holds the token's hash, not the token: each request checks that hash
-  against the tokens file as it is then, so revoking a token ends its
-  sessions at once. ``POST /logout`` ends one.
+  ``shardmgr_session_<PORT>`` (session_cookie: the port in the name, since
+  browsers scope cookies by host, not port, and every node on one machine
+  would otherwise replace the others' cookie): 256 random bits,
+  ``HttpOnly`` (the page's script cannot read it), ``SameSite=Strict`` (no
+  other site's page sends it; services on the same host's other ports do
+  receive it: docs/security.md), ``Max-Age`` SESSION_S. A session lives in
+  this process's memory only (a restart ends them all; at most
+  MAX_SESSIONS, the oldest dropped first) and holds the token's hash, not
+  the token: each request checks that hash against the tokens file as it
+  is then, so revoking a token ends its sessions at once. ``POST /logout``
+  ends one.
+
+The Cookie header is read by hand (cookie_values), not with
+``http.cookies``, which drops every cookie of a header holding one value it
+cannot parse (``theme=dark mode``, ``prefs={"a":1}``: what another web app
+on the same host name may set); several cookies of the session's name (set
+with other paths or domains) are each tried.
 
 Tokens compare in constant time (auth.Authenticator); a session is found by
 the SHA-256 of its id, so the lookup's time says nothing about the id. Every
@@ -40,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import html
-import http.cookies
 import json
 import logging
 import re
@@ -59,6 +68,7 @@ StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 SESSION_COOKIE = "shardmgr_session"
+"""The session cookie's name, before the port (session_cookie)."""
 SESSION_S = 12 * 3600
 """How long a login lasts, in seconds (the cookie's ``Max-Age`` and the session's life)."""
 MAX_SESSIONS = 1024
@@ -116,10 +126,12 @@ class _Session:
 class HttpAuth:
     """A WSGI app that lets a request through to ``app`` only with a token allowed to read (module docstring)."""
 
-    def __init__(self, app: WsgiApp, auth: Authenticator, *, metrics_open: bool = False,
+    def __init__(self, app: WsgiApp, auth: Authenticator, *, port: int, metrics_open: bool = False,
                  count_error: Callable[[str], None] | None = None) -> None:
+        """``port``: the metrics port this app answers on, which names its cookie (session_cookie)."""
         self._app = app
         self._auth = auth
+        self.cookie = session_cookie(port)
         self.metrics_open = metrics_open
         self._count_error = count_error or (lambda code: None)
         self._lock = threading.Lock()
@@ -161,24 +173,22 @@ class HttpAuth:
             if scheme.lower() != "bearer":
                 return None, "Authorization header (only 'Bearer TOKEN' is taken)"
             return self._auth.authenticate(token.strip()), "bearer token"
-        key = self._session_key(environ)
-        if key is None:
-            return None, ""
         now = time.monotonic()
-        with self._lock:
-            session = self._sessions.get(key)
-            if session is not None and session.expires <= now:
-                del self._sessions[key]
-                session = None
-        return (self._auth.by_digest(session.digest) if session is not None else None), ""
+        for key in self._session_keys(environ):  # a stale one (another path's, a restart's) may come first
+            with self._lock:
+                session = self._sessions.get(key)
+                if session is not None and session.expires <= now:
+                    del self._sessions[key]
+                    session = None
+            principal = self._auth.by_digest(session.digest) if session is not None else None
+            if principal is not None:
+                return principal, ""
+        return None, ""
 
-    @staticmethod
-    def _session_key(environ: dict[str, Any]) -> bytes | None:
-        try:
-            morsel = http.cookies.SimpleCookie(environ.get("HTTP_COOKIE", "")).get(SESSION_COOKIE)
-        except http.cookies.CookieError:
-            return None
-        return hashlib.sha256(morsel.value.encode()).digest() if morsel is not None and morsel.value else None
+    def _session_keys(self, environ: dict[str, Any]) -> list[bytes]:
+        """The SHA-256 of each value of this server's session cookie in the request, in the header's order."""
+        return [hashlib.sha256(value.encode()).digest()
+                for value in cookie_values(environ.get("HTTP_COOKIE", ""), self.cookie) if value]
 
     # --------------------------------------------------------- login, logout
 
@@ -212,7 +222,7 @@ class HttpAuth:
         session_id = secrets.token_urlsafe(32)
         self._add(hashlib.sha256(session_id.encode()).digest(), hashlib.sha256(token.encode()).digest())
         log.info("metrics port: %s logged in as %s", environ.get("REMOTE_ADDR", "?"), principal.name)
-        cookie = f"{SESSION_COOKIE}={session_id}; Path=/; Max-Age={SESSION_S}; HttpOnly; SameSite=Strict"
+        cookie = f"{self.cookie}={session_id}; Path=/; Max-Age={SESSION_S}; HttpOnly; SameSite=Strict"
         return answer(start_response, "303 See Other", "text/plain; charset=utf-8", b"logged in\n",
                        [("Location", next_path), ("Set-Cookie", cookie), ("Cache-Control", "no-store")])
 
@@ -226,13 +236,33 @@ class HttpAuth:
             self._sessions[key] = _Session(digest, now + SESSION_S)
 
     def _logout(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        key = self._session_key(environ)
-        if key is not None:
-            with self._lock:
+        with self._lock:
+            for key in self._session_keys(environ):
                 self._sessions.pop(key, None)
         return answer(start_response, "303 See Other", "text/plain; charset=utf-8", b"logged out\n",
                        [("Location", LOGIN_PATH), ("Cache-Control", "no-store"),
-                        ("Set-Cookie", f"{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict")])
+                        ("Set-Cookie", f"{self.cookie}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict")])
+
+
+def session_cookie(port: int) -> str:
+    """The session cookie's name on metrics port ``port``. The port, not a
+    random tag per process: a restarted server on the same port has no
+    sessions anyway (its browser's old cookie is refused, then replaced at
+    the next login, not piled up beside it)."""
+    return f"{SESSION_COOKIE}_{port}"
+
+
+def cookie_values(header: str, name: str) -> list[str]:
+    """The values of every cookie called ``name`` in a Cookie header, in order
+    (RFC 6265: ``name=value`` pairs split by ``;``; a value in double quotes
+    loses them). Any other cookie, well formed or not, is skipped."""
+    found = []
+    for pair in header.split(";"):
+        key, equals, value = pair.strip().partition("=")
+        if equals and key.strip() == name:
+            value = value.strip()
+            found.append(value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value)
+    return found
 
 
 def _lacks_read(principal: Principal) -> str:

@@ -19,9 +19,11 @@ store or its cluster thread use. Outside cluster mode they are 404.
 With a tokens file every path needs a token allowed to read (``/metrics``
 too unless ``metrics_open``): http_auth.py checks it before any of the above.
 
-Each request has a thread of its own (daemon threads) and HANDLER_TIMEOUT_S
-for each read and write of its socket; ``shutdown()`` stops the server within
-~0.1 s and closes its socket.
+The port is bound at the server's start beside the service port, before a
+cluster node takes its node id, and opened with it (bind_metrics, then
+``serve()``). Each request has a thread of its own (daemon threads) and
+HANDLER_TIMEOUT_S for each read and write of its socket; ``shutdown()``
+stops the server within ~0.1 s and closes its socket.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -115,27 +117,48 @@ class _Quiet(WSGIRequestHandler):
 
 
 class MetricsServer(ThreadingMixIn, WSGIServer):
-    """The endpoint's HTTP server: a thread per request; ``shutdown()`` also closes the socket and the pages."""
+    """The endpoint's HTTP server: a thread per request; bound by bind_metrics, opened by ``serve()``;
+    ``shutdown()`` also closes the socket and the pages."""
 
     daemon_threads = True
     pages: ClusterPages | None = None
+    _serving = False
+
+    def serve(self) -> None:
+        """Listen on the bound port and answer requests in a background thread."""
+        self.server_activate()
+        threading.Thread(target=self.serve_forever, args=(POLL_S,), name="metrics-http", daemon=True).start()
+        self._serving = True
 
     def shutdown(self) -> None:
-        super().shutdown()
+        if self._serving:  # (socketserver's shutdown waits for a serve_forever that would never come)
+            super().shutdown()
         self.server_close()
         if self.pages is not None:
             self.pages.close()
 
 
-def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
-                  replicas: int = 1, auth: Authenticator | None = None, metrics_open: bool = False,
-                  count_error: Callable[[str], None] | None = None) -> MetricsServer:
-    """Start the HTTP endpoint on ``host``:``port`` in a background thread,
-    with the cluster pages if ``cluster`` is given (owners shown: ``replicas``
-    per shard, the node's setting); returns the HTTP server (call
-    ``.shutdown()`` to stop it). With an ``auth`` that requires tokens, every
+def bind_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
+                 replicas: int = 1, auth: Authenticator | None = None, metrics_open: bool = False,
+                 count_error: Callable[[str], None] | None = None) -> MetricsServer:
+    """The HTTP endpoint, bound to ``host``:``port`` but not listening yet
+    (a connection attempt is refused until ``.serve()``; ``.shutdown()``
+    releases it): so that a taken port ends a start before anything else
+    opens. An OSError naming the port if it cannot be bound. With the
+    cluster pages if ``cluster`` is given (owners shown: ``replicas`` per
+    shard, the node's setting). With an ``auth`` that requires tokens, every
     path needs one (``/metrics`` not if ``metrics_open``); ``count_error``
     hears of each refusal ("unauthenticated", "forbidden")."""
+    # the address family of host (IPv6 for "::1"), as prometheus-client's start_http_server finds it
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    server_class = type("MetricsServer", (MetricsServer,), {"address_family": family})
+    http_server: MetricsServer = server_class((str(sockaddr[0]), port), _Quiet, bind_and_activate=False)
+    try:
+        http_server.server_bind()
+    except OSError as exc:
+        http_server.server_close()
+        raise OSError(f"cannot bind the metrics port {host}:{port}: {exc.strerror or exc} (is another process "
+                      f"using it? give another --metrics-port)") from exc
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(server))
     metrics = make_wsgi_app(registry)
@@ -148,14 +171,19 @@ def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig |
         scraped: Iterable[bytes] = metrics(environ, start_response)
         return scraped
 
-    gated: WsgiApp = HttpAuth(app, auth, metrics_open=metrics_open, count_error=count_error) \
+    bound_port = http_server.server_address[1]
+    gated: WsgiApp = HttpAuth(app, auth, port=bound_port, metrics_open=metrics_open, count_error=count_error) \
         if auth is not None and auth.required else app
-
-    # the address family of host (IPv6 for "::1"), as prometheus-client's start_http_server finds it
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    server_class = type("MetricsServer", (MetricsServer,), {"address_family": family})
-    http_server: MetricsServer = make_server(str(sockaddr[0]), port, gated, server_class=server_class,
-                                             handler_class=_Quiet)
+    http_server.set_app(gated)
     http_server.pages = pages
-    threading.Thread(target=http_server.serve_forever, args=(POLL_S,), name="metrics-http", daemon=True).start()
+    return http_server
+
+
+def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
+                  replicas: int = 1, auth: Authenticator | None = None, metrics_open: bool = False,
+                  count_error: Callable[[str], None] | None = None) -> MetricsServer:
+    """bind_metrics, then serve at once: the endpoint open (call ``.shutdown()`` to stop it)."""
+    http_server = bind_metrics(server, host, port, cluster, replicas=replicas, auth=auth,
+                               metrics_open=metrics_open, count_error=count_error)
+    http_server.serve()
     return http_server

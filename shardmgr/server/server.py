@@ -3,9 +3,10 @@
 Start-up order, each step logged: take the data directory's LOCK (a second
 server on the same directory is refused), remove a stale ready file, start
 the flusher, recover every component, start their owner threads, bind the
-port (not listening yet), in cluster mode take the node id and check the
-object store (shardmgr/cluster/node.py), and only then open the listening
-socket (and the metrics port) and write the ready file (readiness.py).
+port and the metrics port (neither listening yet: a taken one ends the
+start here), in cluster mode take the node id and check the object store
+(shardmgr/cluster/node.py), and only then open the listening socket (and
+the metrics port) and write the ready file (readiness.py).
 Until then connection attempts are refused, so a client never talks to a
 half-recovered server, nor to a node whose id another process holds.
 
@@ -144,6 +145,7 @@ class Server:
             for component in self.components:
                 component.start()
             self._acceptor.bind()  # the port is known, connections still refused
+            self._bind_metrics()  # ... and the metrics port: a taken one ends the start before the node id is held
             host, port = self.address
             if self.cluster is not None:  # the node id is held before any port opens
                 self.cluster.start(self.config.advertise or f"{host}:{port}")
@@ -156,40 +158,23 @@ class Server:
         except BaseException:
             self._shutdown()
             raise
-        self._warn_exposure()
+        exposure.warn(self.config, self.auth.required, self.cluster.config if self.cluster is not None else None)
         log.info("ready: listening on %s:%d (data %s%s%s)", host, port, self.config.data_dir,
                  ", TLS" if self._tls is not None else "", ", tokens required" if self.auth.required else "")
 
-    def _warn_exposure(self) -> None:
-        found = exposure.exposed(self.config.listen_addresses)
-        if found and not self.auth.required:
-            log.warning("INSECURE: listening on %s (not loopback) without a tokens file: anyone who can reach "
-                        "the port can read, write and delete data (--insecure; see docs/security.md)",
-                        ", ".join(found))
-        etcd = self.cluster.config if self.cluster is not None else None
-        if etcd is not None and not etcd.etcd_security.uses_tls and not exposure.is_loopback(etcd.etcd_host):
-            log.warning("INSECURE: etcd at %s:%d (not loopback) without TLS: whoever can read or change that "
-                        "traffic decides where writes are forwarded and searches go (--insecure; see "
-                        "docs/security.md)", etcd.etcd_host, etcd.etcd_port)
-        if self.config.metrics_port is not None and not exposure.is_loopback(self.config.metrics_host):
-            if not self.auth.required:
-                log.warning("the metrics endpoint on %s:%s checks no tokens (no tokens file): it shows counters "
-                            "and the cluster's pages to anyone who reaches it", self.config.metrics_host,
-                            self.config.metrics_port)
-            elif self.config.metrics_open:
-                log.warning("the metrics endpoint on %s:%s serves /metrics without a token (metrics_open): it "
-                            "shows counters to anyone who reaches it", self.config.metrics_host,
-                            self.config.metrics_port)
+    def _bind_metrics(self) -> None:
+        if self.config.metrics_port is not None:
+            from .metrics import bind_metrics
+
+            self._metrics = bind_metrics(self, self.config.metrics_host, self.config.metrics_port,
+                                         self.cluster.config if self.cluster is not None else None,
+                                         replicas=self.config.node.replicas, auth=self.auth,
+                                         metrics_open=self.config.metrics_open, count_error=self._count_error)
 
     def _listen(self) -> None:
         self._acceptor.listen()
-        if self.config.metrics_port is not None:
-            from .metrics import serve_metrics
-
-            self._metrics = serve_metrics(self, self.config.metrics_host, self.config.metrics_port,
-                                          self.cluster.config if self.cluster is not None else None,
-                                          replicas=self.config.node.replicas, auth=self.auth,
-                                          metrics_open=self.config.metrics_open, count_error=self._count_error)
+        if self._metrics is not None:
+            self._metrics.serve()
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then stop cleanly and return 0. A

@@ -36,11 +36,11 @@ from shardmgr.errors import BadVectors, CollectionConflict, NeedsReopen, NoShard
 from . import index as indexes
 from . import lineage, metadata, rewrite
 from .config import StoreConfig
-from .quarantine import quarantine, quarantine_reason
+from .opening import open_shards
 from .refs import MAX_SHARD, ref_of
 from .search import Hits
 from .searcher import Searcher
-from .shard import TMP_SUFFIX, Shard
+from .shard import Shard
 from .shard_files import ShardDamaged
 from .view import View, gather
 
@@ -101,58 +101,16 @@ class Collection:
 
     @classmethod
     def open(cls, directory: Path, flusher: Flusher, config: StoreConfig) -> Collection:
-        """Load the metadata, open every shard (quarantining those that fail)."""
+        """Load the metadata, open every shard (opening.py: leftovers removed, those that fail quarantined)."""
         with Journal.open(directory / "collection", kind=META_KIND, writable=False) as journal:
             meta = metadata.decode(journal.metadata, journal.path, {"name": str, "dim": int, "metric": str,
                                                                     "index": str})
         collection = cls(directory, meta["name"], meta["dim"], meta["metric"], meta["index"], flusher, config)
-        collection._open_shards()
+        opened = open_shards(directory, collection.name, collection.dim, collection.index, flusher, config)
+        collection.shards, collection.quarantined, collection.next_shard = \
+            opened.shards, opened.quarantined, opened.next_shard
+        collection._publish()
         return collection
-
-    def _open_shards(self) -> None:
-        quarantine = self.directory / "quarantine"
-        moved = sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.exists() else []
-        seen = [int(p.name.split("-")[0]) for p in moved]
-        self.quarantined = [f"{p.name}: {quarantine_reason(p)}" for p in moved]
-        for path in self.directory.glob(f"*{TMP_SUFFIX}"):  # a creation or rewrite a crash cut short
-            if path.is_dir() and path.name[:-len(TMP_SUFFIX)].isdigit():  # not collection.tmp, say
-                seen.append(int(path.name[:-len(TMP_SUFFIX)]))
-                shutil.rmtree(path)
-        # newest first: a rewritten shard's id is above its inputs', so its lineage names the inputs a
-        # crash left behind (between the rewrite's commit and their removal) before they come up
-        superseded: set[int] = set()
-        for path in sorted((p for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit()),
-                           key=lambda p: -int(p.name)):
-            shard_id = int(path.name)
-            seen.append(shard_id)
-            if shard_id in superseded:
-                log.info("collection %s: removing shard %d, replaced by a rewrite", self.name, shard_id)
-                shutil.rmtree(path)
-                fsync_dir(self.directory)
-                continue
-            try:
-                shard = Shard.open(path, shard_id, self.dim, self.flusher, self.config.extent_bytes)
-            except ShardDamaged as exc:
-                self._quarantine(path, exc.reason)
-                continue
-            except BaseException:  # not damage (e.g. too many open files): nothing moves, nothing stays open
-                self.close()
-                raise
-            self.shards[shard_id] = shard
-            superseded.update(shard.lineage.inputs if shard.lineage is not None else ())
-            if self.index != indexes.EXACT:
-                shard.index = indexes.load(path, shard.rows, self.index, shard.uuid)
-        self.shards = dict(sorted(self.shards.items()))
-        for shard_id, (sources, others) in lineage.overlaps({i: s.lineage for i, s in self.shards.items()}).items():
-            log.error("collection %s: shard %d holds rows of shards %s that shards %s hold too: their refs are "
-                      "ambiguous (shardmgr verify: overlapping_sources)", self.name, shard_id, sources, others)
-        self.next_shard = max(seen, default=0) + 1
-        self._publish()
-
-    def _quarantine(self, path: Path, reason: str) -> None:
-        target = quarantine(path, reason)
-        self.quarantined.append(f"{target.name}: {reason}")
-        log.error("collection %s: shard %s quarantined to %s: %s", self.name, path.name, target, reason)
 
     def close(self) -> None:
         for shard in self.shards.values():

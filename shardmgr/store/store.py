@@ -13,8 +13,9 @@ state (create, append, delete, seal, a rewrite's plan and commit, a
 snapshot's copy); its holder is the owner. Searches and gets run on the
 caller's thread, concurrently with appends, on a published snapshot of the
 shards (rows are never rewritten in place, and faiss releases the GIL while
-it computes). A maintenance thread seals shards that stay idle and runs
-rewrites (built off the lock, one at a time); an index thread builds indexes.
+it computes). The background work, a composed Maintenance (maintenance.py),
+has two threads: one seals shards that stay idle and runs rewrites (built
+off the lock, one at a time), the other builds indexes.
 
 Cluster mode's seam (seam.py: the write gate ``gate``, the callbacks
 ``on_sealed``, ``on_deleted`` and ``on_indexed``, listings of sealed shards
@@ -41,10 +42,11 @@ from common.journal.full_disk import FullDisk
 from common.journal.lockfile import LockFile
 from shardmgr.errors import DiskFull, UnknownCollection
 
-from . import batch, index, rewrite
+from . import batch, index
 from .collection import Collection
 from .config import StoreConfig
 from .copies import copy_collections
+from .maintenance import Maintenance
 from .names import check_name
 from .refs import split_refs
 from .seam import ClusterSeam, WriteGate
@@ -54,8 +56,6 @@ log = logging.getLogger(__name__)
 NO_GATE = contextlib.nullcontext()
 """The write gate around a write when there is none (reusable: it holds no state)."""
 T = TypeVar("T")
-MAX_REWRITES = 10_000
-"""Most rewrites one compact() call runs (each removes a shard or a share of deleted rows)."""
 PARTLY = ("the rows of some shards may be deleted (not durably) and the others not: the call can be "
           "repeated once there is space (rows deleted already count 0)")
 
@@ -77,12 +77,9 @@ class Store(ClusterSeam):
         self._write = threading.Lock()
         #: writes refused for a full disk: counted in stats, logged once per episode
         self.full_disk = FullDisk(f"vector store {self.root}", log)
-        self._rewriting = threading.Lock()  # one rewrite at a time: the maintenance thread's or compact()'s
         self._collections: dict[str, Collection] = {}
-        self._index_failed: set[Path] = set()  # shards whose index build failed (index thread)
-        self._stop = threading.Event()
-        self._maintenance = threading.Thread(target=self._maintain, name="shardmgr-maintenance", daemon=True)
-        self._indexer = threading.Thread(target=self._index, name="shardmgr-index", daemon=True)
+        #: idle seals, rewrites and index builds, on threads of their own (maintenance.py)
+        self.maintenance = Maintenance(self._listed, self._write, self.config, self.flusher)
         #: cluster mode (seam.py): the write gate, the callbacks (quick: they run under the write lock,
         #: with the collection's name and the shard's id), and granted shard ids only
         self.gate: WriteGate | None = None
@@ -121,14 +118,10 @@ class Store(ClusterSeam):
                  shards, sum(len(c.quarantined) for c in self._collections.values()), time.monotonic() - started)
 
     def start(self) -> None:
-        self._maintenance.start()
-        self._indexer.start()
+        self.maintenance.start()
 
     def close(self) -> None:
-        self._stop.set()
-        for thread in (self._maintenance, self._indexer):
-            if thread.is_alive():
-                thread.join()
+        self.maintenance.stop()
         with self._write:
             for collection in self._collections.values():
                 collection.close()
@@ -141,9 +134,7 @@ class Store(ClusterSeam):
     def abandon(self) -> None:
         """Stop at once, as a crash would: no further flush, files released
         unsynced (crash tests)."""
-        self._stop.set()
-        if self._maintenance.is_alive():
-            self._maintenance.join()
+        self.maintenance.stop(wait_for_index=False)
         if self._own_flusher:
             self.flusher.stop(flush=False)
         with self._write:
@@ -159,17 +150,6 @@ class Store(ClusterSeam):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _maintain(self) -> None:
-        while not self._stop.wait(1.0):
-            idle_since = time.monotonic() - self.config.idle_seal_s
-            for collection in list(self._collections.values()):
-                try:
-                    with self._write:
-                        collection.seal_idle(idle_since)
-                    self._rewrite_once(collection)
-                except Exception:  # keep maintaining the others; the error is in the log
-                    log.exception("shardmgr: maintaining %s (idle seal, rewrite) failed", collection.name)
 
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
@@ -188,51 +168,11 @@ class Store(ClusterSeam):
         shards to merge: rewrite.py), in ``name`` or every collection, until
         none is; returns how many ran. The maintenance thread does the same
         in the background, one rewrite per collection per second."""
-        done = 0
-        for collection in [self.collection(name)] if name is not None else list(self._collections.values()):
-            while done < MAX_REWRITES and self._rewrite_once(collection):
-                done += 1
-        return done
-
-    def _rewrite_once(self, collection: Collection) -> bool:
-        """Plan, build (off the write lock) and publish one rewrite; False if none is due."""
-        with self._rewriting:
-            with self._write:
-                plan = collection.plan_rewrite(self._index_failed)
-            if plan is None:
-                return False
-            built = rewrite.build(collection.directory, plan, collection.dim, collection.name, self.flusher)
-            with self._write:
-                collection.publish_rewrite(built, plan)
-            return True
-
-    def _index(self) -> None:
-        """Build approximate indexes of sealed shards, one at a time, off the write lock."""
-        while not self._stop.wait(0.5):
-            with self._write:
-                todo = [(c, s) for c in list(self._collections.values()) for s in c.unindexed()
-                        if s.directory not in self._index_failed]
-            for collection, shard in todo[:1]:
-                try:
-                    built = index.build(shard.view().vectors, collection.metric, collection.index,
-                                        self.config.hnsw_m, self.config.index_train_rows)
-                    index.save(shard.directory, built, shard.rows, collection.index, self.config.hnsw_m, shard.uuid)
-                except Exception:  # the shard stays searched exactly; not retried until a restart
-                    log.exception("shardmgr: building the index of %s failed", shard.directory)
-                    self._index_failed.add(shard.directory)
-                    continue
-                with self._write:
-                    collection.install_index(shard, built)
-                log.info("shardmgr: %s: %s index of %d rows built", shard.directory, collection.index, shard.rows)
+        return self.maintenance.compact([self.collection(name)] if name is not None else self._listed())
 
     def wait_for_indexes(self, timeout: float = 600.0) -> None:
         """Block until every sealed shard that should have an index has one (tests, benchmarks)."""
-        deadline = time.monotonic() + timeout
-        while any(s.directory not in self._index_failed for c in list(self._collections.values())
-                  for s in c.unindexed()):
-            if time.monotonic() > deadline:
-                raise TimeoutError("indexes were not built in time")
-            time.sleep(0.1)
+        self.maintenance.wait_for_indexes(timeout)
 
     # ------------------------------------------------------------ collections
 
@@ -266,6 +206,10 @@ class Store(ClusterSeam):
 
     def collections(self) -> list[str]:
         return sorted(self._collections)
+
+    def _listed(self) -> list[Collection]:
+        """The collections now (a copy: creators may add one meanwhile)."""
+        return list(self._collections.values())
 
     def collection_info(self, name: str) -> dict[str, Any]:
         return self.collection(name).info()

@@ -1,6 +1,7 @@
 """``shardmgr verify``: the offline integrity check of a whole data directory.
 
-Owns the run and its report (``runner``), the checks of the queue's files
+Owns the command (``command``, which shardmgr/cli.py registers), the run
+and its report (``runner``), the checks of the queue's files
 (``queue_checks``) and of the vector shards (``shard_checks``) on top of the
 journal check (``common.journal.check``), deep checksums of row files
 (``row_checksums``), ``--repair`` (``repair``) and the terminal view
@@ -13,5 +14,6 @@ Named ``verification`` because ``shardmgr.verify`` is the function.
 May import: ``common``, ``workq``, ``shardmgr.store``, ``shardmgr.errors``, and
 ``shardmgr.cluster`` from ``cluster_checks`` and ``object_checks`` only, which
 ``runner`` imports when ``--cluster`` is asked for (the cluster extra is
-optional); never ``shardmgr.server``.
+optional), and from ``command``, whose etcd options (``cluster.commands``,
+``cluster.config``) need no extra; never ``shardmgr.server``.
 """

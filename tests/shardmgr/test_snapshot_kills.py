@@ -12,7 +12,9 @@ the queue, the server, ``verify --repair``) and reported by ``verify``
 (``incomplete_snapshot``), or, killed right after its mkdir, is empty and
 reported by ``verify`` all the same, or, killed between the mark's removal
 and the rename, is whole; and the same snapshot again either succeeds (and its copy
-verifies and holds the same) or says clearly why not.
+verifies and holds the same) or says clearly why not. ``shardmgr snapshot``
+whose server died before answering claims success only for a DEST that
+appeared during its call.
 """
 
 from __future__ import annotations
@@ -243,8 +245,38 @@ def test_the_cli_tells_whether_the_snapshot_of_a_server_that_died_before_answeri
         assert shardmgr.verify(dest, deep=True).exit_code == 0
     else:
         assert cli.returncode == 1 and not dest.exists(), out + err
-        assert f"It is complete if and only if {dest} exists here (check with 'shardmgr verify {dest}' there); " \
-               f"snap.tmp beside it is an incomplete one" in err, err
+        assert f"and {dest} is not here: if the server runs on this machine, the snapshot was not taken. But a " \
+               "loopback --host reaches another machine's server through an SSH tunnel" in err, err
+        assert f"It is complete if and only if {dest} appeared on the server's machine during the call (check " \
+               f"with 'shardmgr verify {dest}' there); snap.tmp beside it is an incomplete one" in err, err
+
+
+def test_the_cli_claims_no_snapshot_after_a_lost_answer_when_dest_was_there_before(tmp_path: Path) -> None:
+    data, dest, ready = tmp_path / "data", tmp_path / "snap", tmp_path / "ready"
+    # the second snapshot stops before the server even looks at DEST (which it would refuse: it exists)
+    server = ServerProcess(data, "--config", str(_config(tmp_path)),
+                           program=child("shardmgr.snapshots:Path 2", ready)[1:]).start()
+    cli: subprocess.Popen[str] | None = None
+    command = [sys.executable, "-m", "shardmgr", "snapshot", str(dest), "--port", str(server.port)]
+    try:
+        with shardmgr.connect(server.address) as store:
+            store.create_collection("c", 4)
+        first = subprocess.run(command, cwd=ROOT, text=True, capture_output=True, timeout=60)
+        assert first.returncode == 0 and shardmgr.verify(dest).exit_code == 0, first.stderr  # a whole snapshot
+        cli = subprocess.Popen(command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert server.proc is not None
+        wait_ready(ready, server.proc)  # type: ignore[arg-type]
+        server.signal(signal.SIGKILL)
+        server.wait()
+        out, err = cli.communicate(timeout=60)
+    finally:
+        server.kill()
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    assert cli.returncode == 1, out + err  # DEST is whole and verifies clean, but it is the first call's
+    assert f"the server did not answer, and {dest} was here before this call, so it is not this snapshot (a " \
+           "server on this machine refuses an existing destination)" in err, err
 
 
 def test_a_server_will_not_serve_a_snapshot_cut_short(tmp_path: Path) -> None:

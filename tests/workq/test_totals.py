@@ -3,12 +3,15 @@
 while a freeze holds the owner (as a snapshot's copy does) and after the
 queue closed, ``stats`` answers the last totals marked stale and counts
 the failures, logs one line per episode, and is fresh again once the owner
-answers. It used to answer ``{}``: the queue's metrics went blank, silently."""
+answers. It used to answer ``{}``: the queue's metrics went blank, silently.
+An answer that came after its read gave up is never served as fresh later,
+and its age counts from when it was computed."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +83,56 @@ def test_stats_answers_the_last_totals_marked_stale_while_the_owner_cannot_answe
         closed = service.stats()
     assert (closed["pending"], closed["stats_stale"], closed["stats_failures_total"]) == (2, 1, 4)
     assert any("Unavailable" in r.getMessage() for r in caplog.records)
+
+
+class Freeze:
+    """The owner thread held (as a snapshot's copy holds it) until ``release()``."""
+
+    def __init__(self, service: WorkqService) -> None:
+        self._release, frozen = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            frozen.set()
+            self._release.wait(60)
+
+        self._holder = threading.Thread(target=service.broker.frozen, args=(hold,), daemon=True)
+        self._holder.start()
+        assert frozen.wait(30)
+
+    def release(self) -> None:
+        self._release.set()
+        self._holder.join(30)
+
+
+def test_an_answer_that_came_after_its_read_gave_up_is_never_served_as_fresh(server: Server) -> None:
+    [service] = [c for c in server.components if isinstance(c, WorkqService)]
+    service.totals.wait_s = 0.2
+    with QueueClient(server.address) as queue:
+        queue.enqueue("j", "m", "s", 1, [b"a", b"b"], durable=True)
+        freeze = Freeze(service)
+        try:
+            assert queue_stats(server)["stats_stale"] == 1  # its request stays queued behind the freeze
+        finally:
+            freeze.release()
+        # the owner answers that request (pending 2) before this enqueue, which it runs after it
+        queue.enqueue("j", "m", "s", 1, [b"c", b"d"], durable=True)
+        now = queue_stats(server)
+        assert (now["pending"], now["stats_stale"]) == (4, 0), now  # asked again: not the late answer's 2
+
+        freeze = Freeze(service)
+        try:
+            queue_stats(server)  # unanswered again
+        finally:
+            freeze.release()
+        queue.enqueue("j", "m", "s", 1, [b"e", b"f"], durable=True)  # after the late answer (pending 4)
+        computed_by = time.monotonic()
+        time.sleep(0.3)  # so that its age shows
+        freeze = Freeze(service)
+        try:
+            asked_at = time.monotonic()
+            late = queue_stats(server)
+        finally:
+            freeze.release()
+    # the late answer is the last known: stale, aged from when the owner computed it, not from this read
+    assert (late["pending"], late["stats_stale"]) == (4, 1), late
+    assert late["stats_age_seconds"] >= asked_at - computed_by - 0.001, late

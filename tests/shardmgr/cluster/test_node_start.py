@@ -3,7 +3,8 @@
 opens, a live holder of it refuses the start at once, naming it, while this
 data directory's own previous run is waited for, and said so; a start
 without a working object store, or with a wrong etcd address, is refused in
-one line naming the cause.
+one line naming the cause; a taken metrics port ends the start before any
+port opens or anything is written to etcd.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
 from shardmgr.cluster.loopback import free_ports
 from shardmgr.cluster.membership import DATA_ID_FILE, Membership
+from shardmgr.cluster.watch import PrefixWatch, WatchEvent
 from shardmgr.server.readiness import NotReady
 from tests.shardmgr.cluster.nodes import node
 from tests.shardmgr.server.serverproc import ServerProcess
@@ -118,3 +121,42 @@ def test_a_start_without_a_working_object_store_or_etcd_is_refused_in_one_line(
             assert line.startswith("shardmgr serve: the object store refused a test write (a put and a delete), "
                                    "so this node could never publish: s3://"), line
     assert members(cluster_config) == {}  # the refused nodes left no member key behind
+
+
+def test_a_taken_metrics_port_ends_the_start_before_the_node_id_is_held_or_a_port_opens(
+        cluster_config: ClusterConfig, tmp_path: Path, started: list[ServerProcess]) -> None:
+    kv = Kv(cluster_config)
+    try:
+        before = kv.get_prefix(cluster_config.key(""))[1]
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()  # another process's metrics port
+            metrics = taken.getsockname()[1]
+            [port] = free_ports(1)
+            n1 = node(tmp_path, "n1", cluster_config, metrics_port=metrics)
+            n1.port = port
+            started.append(n1)
+            said, answered = [], []
+            starting = threading.Thread(target=lambda: said.append(refused(n1)))
+            starting.start()
+            while starting.is_alive():  # until it exits: its service port never takes a connection
+                answered.extend([port] if reachable(port) else [])
+                starting.join(0.01)
+        assert said and said[0].startswith(f"shardmgr serve: cannot bind the metrics port 127.0.0.1:{metrics}: "
+                                           "Address already in use"), n1.log
+        assert answered == []
+        # nothing was written under the cluster's prefix since: every change from `before` on, up to a last
+        # key of the test's own (so that the watch has caught up), is that key
+        events: list[WatchEvent] = []
+        caught_up = threading.Event()
+        watch = PrefixWatch(cluster_config, cluster_config.key(""),
+                            lambda e: (events.append(e), e.entry.key.endswith("/caught-up") and caught_up.set()),
+                            start_revision=before + 1).start()
+        try:
+            kv.put(cluster_config.key("caught-up"), b"")
+            assert caught_up.wait(30)
+        finally:
+            watch.stop()
+        assert [e.entry.key for e in events] == [cluster_config.key("caught-up")], events
+    finally:
+        kv.close()

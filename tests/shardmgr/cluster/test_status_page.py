@@ -279,7 +279,8 @@ def test_with_tokens_a_browser_sees_no_cluster_data_until_it_logs_in_and_then_th
             assert tab.evaluate("location.href") == base + "/cluster"  # the token is in no URL
             assert tab.evaluate("document.cookie") == ""  # HttpOnly: the page's script cannot read the session
             [cookie] = browser.cookies()
-            assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == ("shardmgr_session", True, "Strict")
+            assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == \
+                (f"shardmgr_session_{port}", True, "Strict")  # the port in the name: one cookie per node
             assert cookie["value"] != reader and reader not in cookie["value"]
         assert fetch(base + "/cluster.json")[0] == 401 and fetch(base + "/metrics")[0] == 401
         assert not [line for line in n1.log if reader in line or writer in line]

@@ -1,15 +1,21 @@
 """Tokens on the metrics port (shardmgr/server/http_auth.py) through a real
 server with a tokens file, over plain HTTP: bearer tokens, the login form
-and its session cookie (ended by logout and by revoking the token), what a
-refusal says, counts and logs (never the token), and ``metrics_open``.
+and its session cookie (ended by logout and by revoking the token; found
+among other apps' cookies whatever their values; one per server, so two
+servers on one host keep their sessions in one cookie jar), what a refusal
+says, counts and logs (never the token), and ``metrics_open``.
 The cluster pages and a real browser: tests/shardmgr/cluster/test_status_page.py."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import http.cookiejar
 import logging
+import urllib.error
 import urllib.parse
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +28,8 @@ from shardmgr.server.server import Server
 Answer = tuple[int, dict[str, str], str]
 
 
-def serving(tmp_path: Path, **settings: object) -> Iterator[Server]:
-    server = Server(ServerConfig(data_dir=tmp_path / "data", port=0, auth_file=tmp_path / "tokens", metrics_port=0,
+def serving(tmp_path: Path, data: str = "data", **settings: object) -> Generator[Server, None, None]:
+    server = Server(ServerConfig(data_dir=tmp_path / data, port=0, auth_file=tmp_path / "tokens", metrics_port=0,
                                  **settings))  # type: ignore[arg-type]
     server.start()
     try:
@@ -76,6 +82,7 @@ def test_a_login_opens_the_pages_with_a_session_cookie_until_logout_or_the_token
     status, headers, _ = login(server, tokens["dashboard"])
     assert (status, headers["Location"]) == (303, "/metrics")
     cookie = headers["Set-Cookie"]
+    assert cookie.startswith(f"shardmgr_session_{server._metrics.server_address[1]}=")
     assert f"; Path=/; Max-Age={SESSION_S}; HttpOnly; SameSite=Strict" in cookie
     assert tokens["dashboard"] not in cookie
     session = {"Cookie": cookie.split(";")[0]}
@@ -134,3 +141,50 @@ def test_metrics_open_serves_metrics_alone_without_a_token(tmp_path: Path, token
         assert request(server, "GET", "/cluster.json", {"Authorization": f"Bearer {tokens['dashboard']}"})[0] == 404
         assert request(server, "GET", "/metrics/")[0] == 401  # the scrape path alone
         assert counted(server) == (2, 0)
+
+
+def session_of(answer: Answer) -> tuple[str, str]:
+    """The name and value of the session cookie a login's answer set."""
+    name, _, value = answer[1]["Set-Cookie"].split(";")[0].partition("=")
+    return name, value
+
+
+def test_the_session_is_found_among_cookies_other_apps_of_the_host_set_however_they_look(
+        server: Server, tokens: dict[str, str]) -> None:
+    name, value = session_of(login(server, tokens["dashboard"]))
+    for header in (f'theme=dark mode; prefs={{"a":1}}; {name}={value}',  # values http.cookies gives up on
+                   f'{name}={value}; theme=dark mode',
+                   f'{name}="{value}"; x="unterminated',
+                   f'{name}=ended-or-another-paths; {name}={value}',  # several of that name: each is tried
+                   f'{name}={value}; {name}=ended-or-another-paths'):
+        assert request(server, "GET", "/metrics", {"Cookie": header})[0] == 200, header
+    assert request(server, "GET", "/metrics", {"Cookie": f'theme=dark mode; {name}=not-a-session'})[0] == 401
+    assert request(server, "GET", "/metrics", {"Cookie": f'other_{name}={value}'})[0] == 401  # the name exactly
+
+
+def test_two_metrics_servers_on_one_host_keep_their_own_sessions_in_one_browsers_cookie_jar(
+        tmp_path: Path, tokens: dict[str, str]) -> None:
+    """As docs/cluster.md's quick start runs them: several nodes on 127.0.0.1, one browser logged into each
+    (cookies are scoped by host, not port: with one name for all, each login replaced the other's)."""
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with contextlib.ExitStack() as stack:
+        servers = [next(stack.enter_context(contextlib.closing(serving(tmp_path, name))))
+                   for name in ("n1", "n2")]
+        bases = [f"http://127.0.0.1:{server._metrics.server_address[1]}" for server in servers]
+        for base in bases:  # the login form posts, the 303 goes back to /metrics with the cookie
+            form = urllib.parse.urlencode({"token": tokens["dashboard"], "next": "/metrics"}).encode()
+            with browser.open(base + "/login", form, timeout=10) as page:
+                assert page.status == 200 and "shardmgr_server_requests_total" in page.read().decode()
+        for base in bases:  # each still logged in, though each gets the other's cookie too (same host)
+            with browser.open(base + "/metrics", timeout=10) as page:
+                assert page.status == 200
+        assert sorted(c.name for c in jar) == sorted(f"shardmgr_session_{b.rsplit(':', 1)[1]}" for b in bases)
+        with browser.open(urllib.request.Request(bases[0] + "/logout", b"", method="POST"), timeout=10):
+            pass  # (ends on the login form)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            browser.open(bases[0] + "/metrics", timeout=10)
+        assert refused.value.code == 401
+        with browser.open(bases[1] + "/metrics", timeout=10) as page:
+            assert page.status == 200  # a logout from one node ends no session of the other
+        assert [c.name for c in jar] == [f"shardmgr_session_{bases[1].rsplit(':', 1)[1]}"]  # (n1's cookie dropped)

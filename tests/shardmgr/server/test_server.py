@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -21,6 +22,7 @@ import pytest
 from common.wire import framing
 from common.wire.client import IDLE_CHECK_S, ConnectionLost, RpcClient
 from common.wire.errors import BadRequest, Unavailable, UnknownCommand
+from shardmgr.server.readiness import NotReady
 
 from .serverproc import ServerProcess
 
@@ -325,3 +327,35 @@ def test_a_connection_over_max_connections_gets_unavailable(tmp_path: Path) -> N
         for client in clients:
             client.close()
         proc.kill()
+
+
+def test_a_taken_metrics_port_ends_the_start_before_the_service_port_opens(tmp_path: Path) -> None:
+    with socket.socket() as taken, socket.socket() as spare:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()  # another process's metrics port, say
+        spare.bind(("127.0.0.1", 0))
+        metrics_port, port = taken.getsockname()[1], spare.getsockname()[1]
+        spare.close()
+        proc = ServerProcess(tmp_path / "data", "--metrics-port", str(metrics_port), port=port)
+        answered = []
+
+        def start() -> None:
+            with contextlib.suppress(NotReady):  # (it must exit before it is ready: asserted below)
+                proc.start()
+
+        starting = threading.Thread(target=start)
+        starting.start()
+        try:
+            while starting.is_alive():  # until it exits: the service port never takes a connection
+                with socket.socket() as probe:
+                    probe.settimeout(1.0)
+                    if probe.connect_ex(("127.0.0.1", port)) == 0:
+                        answered.append(port)
+                starting.join(0.01)
+        finally:
+            starting.join(60)
+            proc.kill()
+    assert proc.proc is not None and proc.proc.returncode == 1, proc.log
+    assert proc.log[-1].startswith(f"shardmgr serve: cannot bind the metrics port 127.0.0.1:{metrics_port}: "
+                                   "Address already in use"), proc.log
+    assert answered == [] and not proc.ready_file.exists()
