@@ -98,7 +98,10 @@ class CollectionReport:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeReport:
-    """A node's report (module docstring); ``at`` in wall-clock seconds."""
+    """A node's report (module docstring); ``at`` in wall-clock seconds;
+    ``revision``: the ``applied`` revision of the cluster state it was built
+    from (mirror.py; 0: not said), so that a reader can wait until its own
+    state reflects as much (query.py)."""
 
     node_id: str
     address: str
@@ -106,6 +109,7 @@ class NodeReport:
     collections: Mapping[str, CollectionReport]
     failing: tuple[FailingUpload, ...]
     uploads_failed_total: int
+    revision: int = 0
 
     def content(self) -> dict[str, Any]:
         """The report without its time: what decides whether it is written again."""
@@ -118,7 +122,7 @@ class NodeReport:
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON values (its key's value; ``shardmgr.report``'s answer)."""
-        return {**self.content(), "at": self.at}
+        return {**self.content(), "at": self.at, "revision": self.revision}
 
     def encode(self) -> bytes:
         return json.dumps(self.as_json(), separators=(",", ":")).encode()
@@ -141,7 +145,7 @@ class NodeReport:
         failing = tuple(FailingUpload(str(f["collection"]), int(f["shard_id"]), str(f["what"]), int(f["tries"]),
                                       float(f["since"]), str(f["error"])) for f in raw["failing"])
         return cls(check_node_id(node_id), str(raw["address"]), float(raw["at"]), collections, failing,
-                   int(raw["uploads_failed_total"]))
+                   int(raw["uploads_failed_total"]), int(raw.get("revision", 0)))
 
     def unpublished_rows(self) -> int:
         """Live rows here the shard map does not hold, over every collection (as reported)."""
@@ -161,9 +165,9 @@ def published_deleted(entry: ShardEntry, deletes: int | None) -> int | None:
 
 def build(node_id: str, address: str, store: Store, published: Mapping[str, Mapping[int, ShardEntry]],
           deletes: Mapping[str, Mapping[int, int]], failing: tuple[FailingUpload, ...],
-          uploads_failed_total: int) -> NodeReport:
+          uploads_failed_total: int, revision: int = 0) -> NodeReport:
     """This node's report now: ``published``/``deletes``, the shard map and
-    the deletes keys' counts as this node watches them."""
+    the deletes keys' counts as this node watches them, at ``revision``."""
     collections = {}
     for name in store.collections():
         try:
@@ -180,7 +184,7 @@ def build(node_id: str, address: str, store: Store, published: Mapping[str, Mapp
                     here[v.shard] = v.deleted_count
         if unpublished or here:
             collections[name] = CollectionReport(unpublished, here)
-    return NodeReport(node_id, address, time.time(), collections, failing, uploads_failed_total)
+    return NodeReport(node_id, address, time.time(), collections, failing, uploads_failed_total, revision)
 
 
 def failing_uploads(shards: Mapping[tuple[str, int], Failure],
