@@ -16,7 +16,7 @@ collections (``catalog``), and a node's life: its writer roles (``roles``),
 upload on seal (``uploader``), upload of later deletes and built indexes
 (``extras_uploader``), retry pauses (``backoff``), the orphan sweep
 (``sweep``), and joining, the store's write gate and its thread (``node``);
-the deletes a node acknowledged, held until published (``acked_deletes``);
+the deletes a node acknowledged, held until seen elsewhere (``acked_deletes``);
 the writes a node may not make, forwarded to the writer (``forwarding``);
 the client of a whole cluster, ``shardmgr.connect_cluster``
 (``cluster_client``); what an operator sees: one snapshot of it all

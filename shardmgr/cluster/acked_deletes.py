@@ -1,4 +1,5 @@
-"""Deletes this node acknowledged, held until the copies it reads hold them.
+"""Deletes this node acknowledged, held until searches routed without this
+node find them deleted.
 
 A delete is written on the collection's writer (its own copy of each shard
 skips the rows at once) and reaches the other copies of a published shard
@@ -8,20 +9,29 @@ is seen by its next search and get on the node that acknowledged it,
 whichever nodes serve the shards, that node holds the acknowledged rows
 here:
 
+- :meth:`AckedDeletes.admit` before the delete: refused with DeletesBacklog
+  (retryable, nothing written) while this node holds ``max_rows`` rows or
+  more, so that what is held, and sent with each search, stays bounded
+  (docs/cluster.md, "When a delete is seen"); from half of it on, every
+  hold calls ``publish_now`` (the node's thread: a writer publishes at once).
 - :meth:`AckedDeletes.hold` before the acknowledgement: the writer holds
   its own deletes (the store's gate, node.py); a node that forwarded the
   delete holds what the writer's answer lists (:func:`encode`, forwarding.py).
-- Every search from this node sends them to each node it asks
-  (``shardmgr.search_shards``'s ``deleted`` part), which skips them inside
-  its shard searches as it skips its own deleted rows (shard_search.py): so
-  each shard still answers its k best live rows, and the merged answer is
-  never short of k while k rows remain. A get of one of them is RowDeleted
-  (lookup.py).
-- They are dropped once they are published: once this node's watched state
-  shows a deletes key that holds them (:meth:`Acked.published`). From then
-  on searches go only to copies that hold that key's rows (fresh copies:
-  mirror.py, routing.py), so nothing is dropped before every copy asked
-  holds it.
+- Every search from this node sends each node it asks the held rows of the
+  shards asked of it (:func:`asked`; ``shardmgr.search_shards``'s
+  ``deleted`` part), which skips them inside its shard searches as it skips
+  its own deleted rows (shard_search.py): so each shard still answers its k
+  best live rows, and the merged answer is never short of k while k rows
+  remain. A get of one of them is RowDeleted (lookup.py).
+- They are dropped once this node's watched state shows them *seen*
+  (:meth:`Acked.seen`): a deletes key holds them, and a live node serving
+  the shard has a fresh copy (mirror.py). Searches then go to fresh copies
+  only (routing.py), which hold that key's rows. While no fresh copy is
+  served (the writer published the key and died before any other copy
+  installed it) they are kept: the search goes to a stale copy, flagged
+  partial, and still skips them. Once dropped, a search goes to a stale
+  copy only if every fresh one has left since: flagged partial, as on any
+  node.
 
 When is a published log known to hold an acknowledged delete? The writer
 says, per sealed shard, how many deleted rows its own copy held after the
@@ -37,8 +47,9 @@ Nothing is held without cluster mode, and a node holding nothing pays one
 dict lookup per search. What is held lives in memory: a restart forgets it
 (the delete is then seen as on other nodes: docs/cluster.md).
 
-Threads: connection threads hold and read; the tuple per collection is
-replaced whole under ``_lock``, never mutated.
+Threads: connection threads admit, hold and read. The entry per collection
+(:class:`_Held`) is immutable and replaced whole under ``_lock``, as are the
+counters; readers take an entry without the lock.
 """
 
 from __future__ import annotations
@@ -50,11 +61,14 @@ from typing import Any
 
 import numpy as np
 
-from shardmgr.cluster.mirror import ClusterState
+from shardmgr.cluster.config import NodeConfig
+from shardmgr.cluster.errors import DeletesBacklog
+from shardmgr.cluster.mirror import EMPTY, ClusterState
 from shardmgr.errors import RowDeleted
 from shardmgr.store.refs import ROW_BITS
 from shardmgr.store.view import View
 
+DEFAULT_MAX_ROWS = NodeConfig().max_held_deletes
 PART = "acked"
 """Prefix of the parts a writer's answer to a forwarded delete lists its acknowledged rows in."""
 
@@ -78,16 +92,64 @@ class Acked:
                 return True
         return state.deletes_by.get(collection, {}).get(self.shard_id, {}).get(self.writer, 0) >= self.count
 
+    def seen(self, state: ClusterState, collection: str) -> bool:
+        """Whether searches routed by ``state`` skip these rows without being
+        told: a deletes key holds them and a live node serves a fresh copy of
+        the shard (so routing.py asks fresh copies only)."""
+        return self.published(state, collection) and any(
+            self.shard_id in state.ready(node, collection) and state.fresh(node, collection, self.shard_id)
+            for node in state.members)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Held:
+    """What one collection holds: ``acked``; their refs sorted and unique, once
+    joined (None: not yet); the state they were last pruned at (None: not yet)."""
+
+    acked: tuple[Acked, ...]
+    refs: np.ndarray | None = None
+    state: ClusterState | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(len(a.refs) for a in self.acked)
+
 
 class AckedDeletes:
-    """The rows this node acknowledged as deleted and that are not published yet (module docstring)."""
+    """The rows this node acknowledged as deleted that searches elsewhere may
+    not skip yet (module docstring). ``max_rows``: the bound of :meth:`admit`;
+    ``publish_now``: called when half of it is held."""
 
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[Acked, ...]] = {}
-        self._joined: dict[str, tuple[tuple[Acked, ...], np.ndarray]] = {}  # the refs of a held tuple, made once
+    def __init__(self, max_rows: int = DEFAULT_MAX_ROWS,
+                 publish_now: Callable[[], None] = lambda: None) -> None:
+        self.max_rows = max_rows
+        self.publish_now = publish_now
+        #: the watched cluster state that :meth:`admit` prunes by (node.py sets the mirror's)
+        self.states: Callable[[], ClusterState] = lambda: EMPTY
+        self._held: dict[str, _Held] = {}
+        self._rows = 0  # over every collection, as held (a row deleted twice counts twice)
         self._lock = threading.Lock()
         self._last = threading.local()
-        self.counters = {"acked_deletes_held_total": 0}
+        self.counters = {"acked_deletes_held_total": 0, "deletes_refused_held_total": 0}
+
+    def admit(self) -> None:
+        """Before a delete is written or forwarded: DeletesBacklog (nothing is
+        written) if this node holds ``max_rows`` rows or more once those seen
+        are dropped."""
+        if self._rows < self.max_rows:
+            return
+        state = self.states()
+        for collection, entry in list(self._held.items()):
+            self._pruned(collection, entry, state)
+        if self._rows < self.max_rows:
+            return
+        with self._lock:
+            self.counters["deletes_refused_held_total"] += 1
+        self.publish_now()
+        raise DeletesBacklog(
+            f"this node holds {self._rows} rows of acknowledged deletes that other nodes' searches may not skip "
+            f"yet (max_held_deletes is {self.max_rows}): nothing was deleted; retry once the collection's writer "
+            "has published its deletes (within about scan_interval_s)")
 
     def hold(self, collection: str, acked: Sequence[Acked]) -> None:
         """Hold ``acked`` (before the delete is acknowledged); it is also what
@@ -95,9 +157,15 @@ class AckedDeletes:
         self._last.value = (collection, tuple(acked))
         if not acked:
             return
+        rows = sum(len(a.refs) for a in acked)
         with self._lock:
-            self._held[collection] = (*self._held.get(collection, ()), *acked)
-        self.counters["acked_deletes_held_total"] += sum(len(a.refs) for a in acked)
+            before = self._held.get(collection)
+            self._held[collection] = _Held((*(before.acked if before is not None else ()), *acked))
+            self._rows += rows
+            self.counters["acked_deletes_held_total"] += rows
+            many = self._rows >= self.max_rows // 2
+        if many:
+            self.publish_now()
 
     def last(self) -> tuple[str, tuple[Acked, ...]] | None:
         """What this thread held last, once (None: nothing since)."""
@@ -105,31 +173,46 @@ class AckedDeletes:
         self._last.value = None
         return found
 
+    def holds(self, collection: str) -> bool:
+        """Whether rows of ``collection`` are held (as of the last search, get or admit that pruned them)."""
+        return collection in self._held
+
     def refs(self, collection: str, states: Callable[[], ClusterState]) -> tuple[ClusterState, np.ndarray | None]:
         """(the state to route a search or get by: ``states()``, the refs held
-        for ``collection`` that it does not show published, sorted and unique,
-        or None). Those it shows published are dropped: what is held is read
-        before the state is taken, and states only move forward, so a search
-        that took an older state read them before they were dropped."""
-        held = self._held.get(collection)
+        for ``collection`` that it does not show seen, sorted and unique, or
+        None). Those it shows seen are dropped. What is held is read before
+        the state is taken, and states only move forward, so a search that
+        took an older state read them before they were dropped."""
+        entry = self._held.get(collection)
         state = states()
-        if not held:
+        if entry is None:
             return state, None
-        if any(a.published(state, collection) for a in held):
+        if entry.state is not state:
+            pruned = self._pruned(collection, entry, state)
+            if pruned is None:
+                return state, None
+            entry = pruned
+        if entry.refs is None:  # joined once per change (a race joins twice: no harm)
+            joined = dataclasses.replace(entry, refs=np.unique(np.concatenate([a.refs for a in entry.acked])))
             with self._lock:
-                kept = tuple(a for a in self._held.get(collection, ()) if not a.published(state, collection))
-                if kept:
-                    self._held[collection] = kept
+                if self._held.get(collection) is entry:
+                    self._held[collection] = joined
+            entry = joined
+        return state, entry.refs
+
+    def _pruned(self, collection: str, entry: _Held, state: ClusterState) -> _Held | None:
+        """``entry`` less what ``state`` shows seen (None: nothing left); it
+        replaces the stored entry if that is still ``entry``."""
+        kept = tuple(a for a in entry.acked if not a.seen(state, collection))
+        pruned = _Held(kept, entry.refs if len(kept) == len(entry.acked) else None, state) if kept else None
+        with self._lock:
+            if self._held.get(collection) is entry:
+                self._rows -= entry.rows - (pruned.rows if pruned is not None else 0)
+                if pruned is not None:
+                    self._held[collection] = pruned
                 else:
-                    self._held.pop(collection, None)
-                    self._joined.pop(collection, None)
-            held = tuple(a for a in held if not a.published(state, collection))
-        if not held:
-            return state, None
-        joined = self._joined.get(collection)
-        if joined is None or joined[0] is not held:  # (a race makes it twice: no harm)
-            joined = self._joined[collection] = (held, np.unique(np.concatenate([a.refs for a in held])))
-        return state, joined[1]
+                    del self._held[collection]
+        return pruned
 
     def check(self, collection: str, refs: np.ndarray, held: np.ndarray | None) -> None:
         """RowDeleted naming the first of ``refs`` among ``held`` (a get of it)."""
@@ -137,7 +220,21 @@ class AckedDeletes:
             raise RowDeleted(f"collection {collection!r}: ref {int(refs[np.argmax(gone)])} was deleted")
 
     def rows_held(self) -> int:
-        return sum(len(a.refs) for held in list(self._held.values()) for a in held)
+        return self._rows
+
+
+def asked(deleted: np.ndarray | None, shards: Sequence[int], unpublished: bool,
+          published: np.ndarray) -> np.ndarray | None:
+    """Of the refs a search holds (``deleted``), those a node is asked to
+    skip: the rows of the published ``shards`` asked of it and, if it is
+    asked for its rows not published too (a holder), the rows of every shard
+    outside ``published``; None if none."""
+    if deleted is None:
+        return None
+    shard_of = deleted >> np.int64(ROW_BITS)
+    mine = np.isin(shard_of, shards)
+    found = deleted[mine | ~np.isin(shard_of, published) if unpublished else mine]
+    return found if len(found) else None
 
 
 def written(collection: str, refs: np.ndarray, views: Iterable[View], state: ClusterState,

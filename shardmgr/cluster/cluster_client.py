@@ -15,10 +15,16 @@ live members from etcd (``<prefix>/members/<node>``: JSON ``{"node",
   the call on another, at most ``attempts`` nodes in all.
 - **Reads after a delete.** Once a delete (``delete``, ``delete_ids``) is
   acknowledged, this client reads that collection from the node that
-  acknowledged it, for as long as that node answers: that node skips the
-  deleted rows at once, while other nodes skip them only once the writer
-  has published them (within about ``scan_interval_s``; docs/cluster.md,
-  "When a delete is seen"). If that node fails, reads go to any node again.
+  acknowledged it: that node skips the deleted rows at once, while other
+  nodes skip them only once the writer has published them (within about
+  ``scan_interval_s``; docs/cluster.md, "When a delete is seen"). Each of
+  its search and get replies says whether it still holds acknowledged
+  deletes of the collection (``held_deletes``) and the revision of its
+  cluster state (``state_revision``: docs/protocol.md). The first reply
+  that holds none ends the pin: reads go to the usual node again, each
+  naming that revision (``after``), so that no node answers them from an
+  older state (one behind answers ``watch_behind`` and another is tried).
+  If the pinned node fails, reads go to any node again.
 - **Appends and deletes** go to the collection's writer when etcd names
   one (``<prefix>/writers/<collection>``, cached), else to any member,
   which forwards them (forwarding.py) or becomes the writer. Only where
@@ -49,6 +55,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from common.wire.client import Reply
 from common.wire.errors import ServiceError, Unavailable
 from shardmgr.cluster.config import EtcdSecurity, parse_etcd_url
 from shardmgr.cluster.election import Writer
@@ -93,6 +100,21 @@ def _not_applied(e: ServiceError) -> bool:
     return e.code == Unavailable.code
 
 
+class NodeClient(StoreClient):
+    """A StoreClient of one node for the cluster client: its searches and gets
+    name the revision in ``after`` (when set) and keep their reply's result."""
+
+    def __init__(self, address: str, **options: Any) -> None:
+        super().__init__(address, **options)
+        self.after = 0
+        self.answer: dict[str, Any] = {}
+
+    def _read(self, cmd: str, args: dict[str, Any], parts: dict[str, np.ndarray], timeout: float | None) -> Reply:
+        reply = super()._read(cmd, {**args, "after": self.after} if self.after else args, parts, timeout)
+        self.answer = reply.result
+        return reply
+
+
 class ClusterClient:
     """A client of every node of one cluster (module docstring)."""
 
@@ -111,10 +133,11 @@ class ClusterClient:
         self.options = {"retry_for": MEMBER_RETRY_S, **options}
         self._kv = Kv(self.etcd)
         self._members: dict[str, str] = {}  # node id -> address, as last read
-        self._clients: dict[str, StoreClient] = {}  # address -> its client
+        self._clients: dict[str, NodeClient] = {}  # address -> its client
         self._reader: str | None = None  # where reads go while it answers
         self._writers: dict[str, str] = {}  # collection -> its writer's address, as last read
         self._deleted_at: dict[str, str] = {}  # collection -> the node that acknowledged this client's last delete
+        self._after: dict[str, int] = {}  # collection -> the revision its reads name, since the pin ended
         self._rng = random.Random()
 
     # ------------------------------------------------------------- members
@@ -138,10 +161,10 @@ class ClusterClient:
             return left[self.prefer]
         return left[self._rng.choice(sorted(left))]
 
-    def _client(self, address: str) -> StoreClient:
+    def _client(self, address: str) -> NodeClient:
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = StoreClient(address, **self.options)
+            client = self._clients[address] = NodeClient(address, **self.options)
         return client
 
     def _drop(self, address: str) -> None:
@@ -163,17 +186,31 @@ class ClusterClient:
         while True:
             first = self._deleted_at.get(name, self._reader) if name is not None else self._reader
             address = first if first is not None and not tried else self._pick(tried)
+            client = self._client(address)
+            client.after = self._after.get(name, 0) if name is not None else 0
+            client.answer = {}  # (a call other than a search or get leaves it so)
             try:
-                result = call(self._client(address))
+                result = call(client)
             except Unavailable:
                 tried.append(address)
                 self._drop(address)
                 if len(tried) >= self.attempts:
                     raise
                 continue
-            if name not in self._deleted_at:
+            if name is not None and self._deleted_at.get(name) == address:
+                self._unpin(name, client.answer)
+            elif name not in self._deleted_at:
                 self._reader = address
             return result
+
+    def _unpin(self, name: str, answer: dict[str, Any]) -> None:
+        """End the pin of ``name`` once the pinned node's reply says it holds
+        none of its acknowledged deletes (module docstring); a reply without
+        those fields (collection_info, or a node before them) keeps it."""
+        revision = answer.get("state_revision")
+        if isinstance(revision, int) and not answer.get("held_deletes"):
+            del self._deleted_at[name]
+            self._after[name] = max(self._after.get(name, 0), revision)
 
     # -------------------------------------------------------------- writes
 

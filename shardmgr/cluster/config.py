@@ -241,6 +241,10 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return parts.netloc, prefix
 
 
+MAX_HELD_DELETES = 16_000_000
+"""The largest ``max_held_deletes``: 128 MiB of refs, half of the default frame (docs/protocol.md)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeConfig:
     """A cluster node's timings (``shardmgr serve``'s ``[node]`` table). ``validate()`` checks them."""
@@ -282,6 +286,11 @@ class NodeConfig:
     #: the report of a node that has not been a member for this long is removed (until then the status
     #: lists the node as gone, with what it held)
     gone_keep_s: float = 86400.0
+    #: rows of acknowledged deletes a node holds, at most, until other nodes' searches skip them
+    #: (acked_deletes.py: 8 bytes each, sent with each search to the nodes asked for their shards); a
+    #: delete past it is refused (deletes_backlog, retryable). Keep it x 8 bytes well below the
+    #: servers' max_frame_bytes (256 MiB: 33 M rows)
+    max_held_deletes: int = 4_000_000
 
     def validate(self) -> NodeConfig:
         """This config, if every field is sane; else BadClusterConfig naming the field."""
@@ -305,4 +314,7 @@ class NodeConfig:
             raise BadClusterConfig(f"replicas must be in 1..16, got {self.replicas!r}")
         if not 0 <= self.cache_linger_s < math.inf:
             raise BadClusterConfig(f"cache_linger_s must be >= 0 seconds, got {self.cache_linger_s}")
+        if not isinstance(self.max_held_deletes, int) or not 1 <= self.max_held_deletes <= MAX_HELD_DELETES:
+            raise BadClusterConfig(f"max_held_deletes must be a number of rows in 1..{MAX_HELD_DELETES}, "
+                                   f"got {self.max_held_deletes!r}")
         return self

@@ -25,7 +25,7 @@ __all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "Coordinatio
            "LeaseLost",
            "NodeIdTaken", "NotWriter", "WriterElsewhere", "WriterUnreachable", "ForwardDenied", "ShardConflict",
            "ObjectStoreError", "ObjectStoreUnavailable", "ObjectStoreDenied", "ObjectExists", "ObjectMissing",
-           "ChecksumMismatch", "writer_address"]
+           "ChecksumMismatch", "ShardsUnavailable", "DeletesBacklog", "WatchBehind", "writer_address"]
 
 
 class ClusterError(ShardmgrError):
@@ -184,6 +184,24 @@ class ShardsUnavailable(ClusterError, Unavailable):
 
     code = "shardmgr.cluster.shards_unavailable"
 
+
+
+class DeletesBacklog(ClusterError, Unavailable):
+    """A delete was refused before anything was written: the node holds
+    ``max_held_deletes`` rows of acknowledged deletes that other nodes'
+    searches may not skip yet (acked_deletes.py; the collection's writer has
+    not published them, or no fresh copy serves them). Retry: they go once
+    the writer publishes (about ``scan_interval_s``; longer while S3 fails)."""
+
+    code = "shardmgr.cluster.deletes_backlog"
+
+
+class WatchBehind(ClusterError, Unavailable):
+    """A read that named the cluster state it needs (``after``: a revision
+    another node's answer gave, cluster_client.py) reached a node whose
+    watch had not reached it in time; nothing was read. Retry, on any node."""
+
+    code = "shardmgr.cluster.watch_behind"
 
 def writer_address(message: str) -> str | None:
     """The ``writer_address=HOST:PORT`` a message ends with, or None (absent or ``unknown``)."""

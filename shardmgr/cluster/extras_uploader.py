@@ -9,7 +9,8 @@ for each collection this node writes, over the shards that are published:
   announced by the store (``Store.on_deleted``, under its write lock: it
   only notes the shard; it does not wake the thread, so the deletes of a
   busy shard go up at most once a pass, normally every
-  ``scan_interval_s``). If the shard's local deleted rows are more than
+  ``scan_interval_s``, unless the node holds half of ``max_held_deletes``:
+  acked_deletes.py). If the shard's local deleted rows are more than
   those published, a durable copy of its delete log is taken
   (``Store.copy_deletes``), uploaded write-once to ``<shard
   id>/<tenure>/deletes.<rows>`` and checked (``ObjectStore.put_file``), and

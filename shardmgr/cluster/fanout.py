@@ -9,7 +9,7 @@ The node that receives ``shardmgr.search`` coordinates it:
    as deleted that are not published yet (acked_deletes.py).
 3. It asks every node of the plan at once (``shardmgr.search_shards``; itself
    directly, on the calling thread, while the others answer), each to skip
-   those rows as it skips its own deleted ones.
+   those of them in the shards asked of it as it skips its own deleted ones.
 4. A node that cannot be reached or fails, and each shard a node says it no
    longer has, is asked of the shard's next alternate, round after round,
    until every shard is answered or has no alternate left. A holder that
@@ -22,32 +22,34 @@ one store holding all the rows returns (the same per-shard faiss searches
 and the same merge): tested against one.
 
 Threads: connection threads call :meth:`FanOut.search` concurrently; the
-peer calls run on a shared pool of ``fanout`` threads.
+peer calls run on a shared pool of ``fanout`` threads (also a count's
+report requests: :meth:`FanOut.at_once`, query.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
-from shardmgr.cluster.acked_deletes import AckedDeletes
+from shardmgr.cluster.acked_deletes import AckedDeletes, asked
 from shardmgr.cluster.mirror import ClusterMirror, ClusterState
 from shardmgr.cluster.peers import Peers
 from shardmgr.cluster.routing import Ask, Plan, holder_missing, plan, shard_missing
 from shardmgr.cluster.shard_search import ShardSearch
 from shardmgr.store import batch, index
 from shardmgr.store.client import SEARCH_SECONDS_PER_VALUE  # a peer search's allowance, as a client's
-from shardmgr.store.refs import ROW_BITS
 from shardmgr.store.search import Hits, SearchResult, merge
 from shardmgr.store.store import Store
 
 log = logging.getLogger(__name__)
 
 THREADS = 16
+T = TypeVar("T")
 
 Answer = tuple[Hits, list[int]]
 
@@ -132,22 +134,23 @@ class FanOut:
 
     def _round(self, asks: dict[str, Ask],
                ask: Callable[[str, Ask], Answer]) -> dict[str, tuple[Answer | None, BaseException | None]]:
-        """Ask every node at once: the others on the pool, this node on the calling thread."""
-        futures = {node: self._pool.submit(ask, node, a) for node, a in asks.items() if node != self.node_id}
-        results: dict[str, tuple[Answer | None, BaseException | None]] = {}
-        if self.node_id in asks:
-            results[self.node_id] = _outcome(lambda: ask(self.node_id, asks[self.node_id]))
+        """Ask every node at once."""
+        return self.at_once({node: functools.partial(ask, node, a) for node, a in asks.items()})
+
+    def at_once(self, calls: Mapping[str, Callable[[], T]]) -> dict[str, tuple[T | None, BaseException | None]]:
+        """Each node's call at once: the others' on the pool, this node's on
+        the calling thread; per node, its answer or its error."""
+        futures = {node: self._pool.submit(call) for node, call in calls.items() if node != self.node_id}
+        results: dict[str, tuple[T | None, BaseException | None]] = {}
+        if self.node_id in calls:
+            results[self.node_id] = _outcome(calls[self.node_id])
         for node, future in futures.items():
             results[node] = _outcome(future.result)
         return results
 
     def _ask(self, node: str, name: str, queries: np.ndarray, k: int, params: dict[str, int], ask: Ask,
              published: np.ndarray, deleted: np.ndarray | None) -> Answer:
-        if deleted is not None:  # those of the shards asked (and, of a holder, of those not published)
-            shard_of = deleted >> np.int64(ROW_BITS)
-            mine = np.isin(shard_of, ask.shards)
-            deleted = deleted[mine | ~np.isin(shard_of, published) if ask.unpublished else mine]
-            deleted = deleted if len(deleted) else None
+        deleted = asked(deleted, ask.shards, ask.unpublished, published)
         if node == self.node_id:
             return self.local.search(name, queries, k, params, ask.shards, ask.unpublished, published, deleted)
         address = self.mirror.state().members.get(node)
@@ -166,7 +169,7 @@ class FanOut:
         return Hits(found["scores"], found["ids"], found["refs"]), [int(i) for i in reply.result["not_here"]]
 
 
-def _outcome(call: Callable[[], Answer]) -> tuple[Answer | None, BaseException | None]:
+def _outcome(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
     try:
         return call(), None
     except Exception as e:  # any failure of one node is that node's: the others' answers still count

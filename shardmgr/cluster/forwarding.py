@@ -16,6 +16,10 @@ The rules, for ``shardmgr.append``, ``shardmgr.delete`` and
   WriterElsewhere (the role moved while it was on its way), and that
   refusal is what the first node answers. No request can loop while roles
   move.
+- A delete, forwarded or not, is refused with DeletesBacklog (retryable,
+  nothing written) while this node holds ``max_held_deletes`` rows of
+  acknowledged deletes that other nodes' searches may not skip yet
+  (acked_deletes.py), on the forwarding node and on the writer alike.
 - The writer's reply (refs, counts) is this node's reply. To a forwarded
   delete the writer also lists the rows it deleted in its sealed shards and
   what will publish them (acked_deletes.py); this node holds them before it
@@ -106,7 +110,11 @@ class Forwarder:
 
     def handle(self, request: Request, local: Callable[[Request], None]) -> None:
         """Serve ``request`` with ``local`` (the store's handler); if this node
-        is not the writer and the request was not forwarded already, forward it."""
+        is not the writer and the request was not forwarded already, forward it.
+        A delete is first admitted (acked_deletes.py: refused while this node
+        holds too many acknowledged deletes, nothing written)."""
+        if request.cmd in DELETES:
+            self.acked.admit()
         try:
             local(request)
             return

@@ -143,6 +143,9 @@ def holder_text(member: Member) -> str:
     return f"at {member.address or 'an unknown address'}, lease {member.lease:x}{held}"
 
 
+UNKNOWN_HOLDER_PAUSE_S = 0.1
+"""The pause before a join is tried again after a refusal whose holder could not be read."""
+
 DATA_ID_FILE = "cluster-node.json"
 """In a node's data directory: ``{"data_id": hex}``, the directory's id in its member key (created once)."""
 
@@ -166,7 +169,9 @@ def hold_id(members: Membership, node_id: str, lease: NodeLease, address: str, d
     holds the id: another live process. A key of this data directory is
     its previous run's (that process is gone: it held the lock), whose lease
     expires within the TTL: waited for, saying so in the log, up to
-    ``wait_s``, then NodeIdTaken."""
+    ``wait_s``, then NodeIdTaken. A holder that cannot be read (its key
+    ended as the join was refused) is tried again after a pause, within the
+    same ``wait_s``."""
     deadline = time.monotonic() + wait_s
     logged = False
     while True:
@@ -174,8 +179,13 @@ def hold_id(members: Membership, node_id: str, lease: NodeLease, address: str, d
             return members.join(node_id, lease, address, data)
         except NodeIdTaken as e:
             holder = e.holder
-            if holder is None:
-                continue  # its key ended between the two reads of the transaction: try again at once
+            if holder is None:  # its key ended between the two reads of the transaction: try again shortly
+                if time.monotonic() >= deadline or stopping.is_set():
+                    raise NodeIdTaken(f"node id {node_id!r} could not be joined on etcd {members.kv.endpoint} "
+                                      f"within {wait_s:g} s (join_timeout_s): its key kept ending as each join "
+                                      "was refused") from e
+                time.sleep(min(UNKNOWN_HOLDER_PAUSE_S, members.config.lease_ttl_s / 4))
+                continue
             if holder.data_id != data or not data:
                 raise NodeIdTaken(f"node id {node_id!r} is held by another live process ({holder_text(holder)}) on "
                                   f"etcd {members.kv.endpoint}: start this one with another --node-id, or stop that "

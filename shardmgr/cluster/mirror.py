@@ -34,6 +34,12 @@ change of one neither rebuilds the state nor calls the listeners.
 Threads: the watch thread applies events under ``_lock``; any thread reads
 ``state()``; listeners run on the watch thread and must be quick.
 
+**Revisions.** ``ClusterState.applied`` is the newest mod_revision the
+state reflects; a node's report and its search replies carry it, so that
+another node can wait until its own mirror reflects as much
+(:meth:`ClusterMirror.caught_up`) before it counts or routes by it
+(query.py, cluster_client.py).
+
 **Fresh copies.** A published shard's delete log grows (extras.py), so a
 node may serve a copy older than the newest deletes key. Each node's
 serving key says how many deleted rows each copy it serves holds, and a
@@ -87,6 +93,10 @@ class ClusterState:
     copies: Mapping[str, Mapping[str, Mapping[int, int]]] = dataclasses.field(default_factory=dict)
     #: collection -> shard id -> node -> the most deleted rows a deletes key that node published held
     deletes_by: Mapping[str, Mapping[int, Mapping[str, int]]] = dataclasses.field(default_factory=dict)
+    #: the newest mod_revision among the changes this state reflects: another node's mirror that has
+    #: caught up to it (``ClusterMirror.caught_up``) reflects them too (``revision`` may be a read's header
+    #: revision, which another node's watch need not reach)
+    applied: int = 0
 
     def ready(self, node: str, collection: str) -> frozenset[int]:
         """The published shards of ``collection`` that ``node`` says it can search now."""
@@ -138,6 +148,7 @@ class ClusterMirror:
         self._copies: dict[str, dict[str, dict[int, int]]] = {}
         self._deletes_by: dict[str, dict[int, dict[str, int]]] = {}
         self._revision = 0
+        self._applied = 0
         self._state: ClusterState | None = EMPTY
         self._listeners: list[Callable[[], None]] = []
         self._watch: PrefixWatch | None = None
@@ -172,7 +183,8 @@ class ClusterMirror:
                     {c: dict(n) for c, n in self._holders.items() if n},
                     {n: dict(s) for n, s in self._serving.items()}, dict(self._writers),
                     {c: dict(m) for c, m in self._deletes.items()}, {c: dict(m) for c, m in self._indexes.items()},
-                    dict(self._copies), {c: {s: dict(n) for s, n in m.items()} for c, m in self._deletes_by.items()})
+                    dict(self._copies), {c: {s: dict(n) for s, n in m.items()} for c, m in self._deletes_by.items()},
+                    self._applied)
             return self._state
 
     def reports(self) -> dict[str, tuple[NodeReport, int]]:
@@ -182,7 +194,8 @@ class ClusterMirror:
 
     def caught_up(self, revision: int, timeout: float) -> bool:
         """Whether this mirror has applied every change of the prefix up to
-        ``revision``, waiting up to ``timeout`` seconds for its watch."""
+        ``revision`` (a mod_revision, or another mirror's ``applied``),
+        waiting up to ``timeout`` seconds for its watch."""
         deadline = time.monotonic() + timeout
         while self._revision < revision:
             if time.monotonic() >= deadline:
@@ -202,6 +215,7 @@ class ClusterMirror:
             for e in entries:
                 self._apply(e.key, e, deleted=False)
             self._revision, self._state = revision, None
+            self._applied = max([self._applied, *(e.mod_revision for e in entries)])
         self._notify()
         return revision
 
@@ -209,7 +223,7 @@ class ClusterMirror:
         routes = not event.entry.key.startswith(self._root + "reports/")
         with self._lock:
             self._apply(event.entry.key, event.entry, deleted=event.kind == "DELETE")
-            self._revision = event.entry.mod_revision
+            self._revision = self._applied = event.entry.mod_revision
             if routes:
                 self._state = None
         if routes:

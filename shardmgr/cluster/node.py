@@ -146,7 +146,8 @@ class ClusterNode:
         self.merger = DeletesMerger(self.node_id, store, self.objects)
         self.extras = ExtrasUploader(config, self.node, store, self.objects, self.uploader, self._fenced,
                                      self._wake.set, self.merger)
-        self.acked = acked_deletes.AckedDeletes()  # deletes this node acknowledged, until published
+        # deletes this node acknowledged, until other nodes' searches skip them; many wake the thread to publish
+        self.acked = acked_deletes.AckedDeletes(self.node.max_held_deletes, self._wake.set)
         self.forwarder = Forwarder(self.node, self.node_id, acked=self.acked)  # the server hands it to the service
         self._watch: PrefixWatch | None = None
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
@@ -157,7 +158,7 @@ class ClusterNode:
                                  self.acked)
         self.taker = ShardTaker(store, self.objects, self.query.mirror, self.query.cache, self.merger)
         self.holdings = Holdings(config, self.node_id, self._all_published)
-        self.query.report_here = self._report
+        self.query.report_here, self.acked.states = self._report, self.query.mirror.state
         self.reporter = Reporter(config, self.node, self.node_id, self._report, self.query.mirror.reports,
                                  lambda: self.query.mirror.state().members)
         self.roles.on_tenure = self.holdings.tenure_started
@@ -377,7 +378,7 @@ class ClusterNode:
         deletes = {name: {i: d.deleted for i, d in shards.items()} for name, shards in state.deletes.items()}
         failing = failing_uploads(self.uploader.failures(), self.extras.failures())
         failed = self.uploader.counters["uploads_failed_total"] + self.extras.counters["extras_failed_total"]
-        return build(self.node_id, self.address, self.store, state.published, deletes, failing, failed)
+        return build(self.node_id, self.address, self.store, state.published, deletes, failing, failed, state.applied)
 
     def _all_published(self, name: str) -> bool:
         """No row of ``name`` here that is not published (growing shard empty, every sealed one published)."""

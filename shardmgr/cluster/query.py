@@ -14,18 +14,19 @@ once the node joined, :meth:`stop` at a clean stop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from common.errors import CommonError
 from shardmgr.cluster.acked_deletes import AckedDeletes
 from shardmgr.cluster.cache import ShardCache
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.counts import CollectionCount, count
 from shardmgr.cluster.deletes_merger import DeletesMerger
+from shardmgr.cluster.errors import WatchBehind
 from shardmgr.cluster.fanout import FanOut
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.lease import NodeLease
@@ -41,7 +42,10 @@ from shardmgr.store.search import Hits, SearchResult
 from shardmgr.store.store import Store
 
 REPORT_TIMEOUT_S = 2.0
-"""How long a count waits for a node's report (it is built from memory: milliseconds)."""
+"""How long a count waits for a node's report (it is built from memory: milliseconds), and then for
+this node's watch to reach the reports' revision."""
+AFTER_WAIT_S = 2.0
+"""How long a search or get that names a revision (``after``) waits for this node's watch to reach it."""
 
 
 class QueryRouter:
@@ -78,34 +82,64 @@ class QueryRouter:
     def counters(self) -> dict[str, int]:
         return {**self.cache.counters, **self.fanout.counters}
 
-    def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
-        """A search of the whole collection across the cluster (fanout.py)."""
-        return self.fanout.search(name, queries, k, params)
+    def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None,
+               after: int = 0) -> tuple[SearchResult, dict[str, Any]]:
+        """A search of the whole collection across the cluster (fanout.py),
+        once this node's state reflects revision ``after``; and what its
+        reply adds (:meth:`read_fields`)."""
+        self._reach(after)
+        return self.fanout.search(name, queries, k, params), self.read_fields(name)
+
+    def rows(self, name: str, refs: Any, after: int = 0) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """Rows by ref wherever they are in the cluster (lookup.py), as :meth:`search`."""
+        self._reach(after)
+        vectors, ids = self.lookup.rows(name, refs)
+        return vectors, ids, self.read_fields(name)
+
+    def read_fields(self, name: str) -> dict[str, Any]:
+        """What a search or get reply adds in cluster mode (docs/protocol.md):
+        ``state_revision``, the ``applied`` revision of this node's state now
+        (at least the one it read by), and ``held_deletes``: true while it
+        holds acknowledged deletes of ``name`` (acked_deletes.py)."""
+        fields: dict[str, Any] = {"state_revision": self.mirror.state().applied}
+        if self.fanout.acked.holds(name):
+            fields["held_deletes"] = True
+        return fields
+
+    def _reach(self, after: int) -> None:
+        """Wait until this node's state reflects revision ``after``; WatchBehind after AFTER_WAIT_S."""
+        if after > 0 and not self.mirror.caught_up(after, AFTER_WAIT_S):
+            raise WatchBehind(f"node {self.node_id} has not seen the cluster state of revision {after} within "
+                              f"{AFTER_WAIT_S:g} s (its watch is behind etcd): nothing was read; retry, here or "
+                              "on another node")
 
     def count(self, name: str) -> CollectionCount:
         """``name``'s whole count across the cluster (counts.py), the same on
         every node: the watched shard map and deletes keys, and the nodes'
-        reports, those of the live nodes that may hold rows of ``name`` not
-        published (its writer, holders not clean) asked now, so that a count
-        follows the writes acknowledged before it. One that does not answer
-        is counted from its report in etcd, and the answer says so."""
+        reports. The live nodes that may hold rows of ``name`` not published
+        (its writer, holders not clean) are asked for their report now, all at
+        once, so that a count follows the writes acknowledged before it; then
+        the state is read again, once it reflects every report's revision, so
+        that a shard a node published before its report is counted as
+        published (never nowhere). A node that does not answer is counted from
+        its report in etcd, and the answer says so."""
+        first = self.mirror.state()
+        holders = first.holders.get(name, {})
+        asked = ({n for n, clean in holders.items() if not clean} | {first.writers.get(name, "")}) & set(first.members)
+        answers = self.fanout.at_once({node_id: functools.partial(self._report_of, node_id, first.members[node_id])
+                                       for node_id in sorted(asked)})
+        fresh = {node_id: report for node_id, (report, _) in answers.items() if report is not None}
+        revision = max((report.revision for report in fresh.values()), default=0)
+        behind = not self.mirror.caught_up(revision, REPORT_TIMEOUT_S)
         state = self.mirror.state()
-        reports = {n: r for n, (r, _) in self.mirror.reports().items()}
-        late: list[str] = []
-        holders = state.holders.get(name, {})
-        asked = {n for n, clean in holders.items() if not clean} | {state.writers.get(name, "")}
-        for node_id in sorted(asked & set(state.members)):
-            try:
-                fresh = self._report_of(node_id, state.members[node_id])
-            except (CommonError, ValueError, KeyError, TypeError) as e:  # a node gone or slow; a bad answer
-                age = f"{max(0.0, time.time() - reports[node_id].at):.0f} s old" if node_id in reports else "none"
-                late.append(f"node {node_id} did not answer ({e}): its rows not yet published are counted from "
-                            f"its report in etcd ({age})")
-                continue
-            if fresh is not None:
-                reports[node_id] = fresh
+        reports = {n: r for n, (r, _) in self.mirror.reports().items()} | fresh
+        late = [_late(node_id, error, reports.get(node_id)) for node_id, (_, error) in answers.items()
+                if error is not None]
+        if behind:
+            late.append(f"this node's view of the cluster (revision {state.applied}) is behind the reports counted "
+                        f"(revision {revision}): rows published in between may be left out")
         found = count(name, state.published.get(name, {}),
-                      {i: d.deleted for i, d in state.deletes.get(name, {}).items()}, holders,
+                      {i: d.deleted for i, d in state.deletes.get(name, {}).items()}, state.holders.get(name, {}),
                       set(state.members), reports, time.time())
         return dataclasses.replace(found, missing=found.missing + tuple(late)) if late else found
 
@@ -135,10 +169,6 @@ class QueryRouter:
                 "partial": c.partial, "missing": list(c.missing), "cluster": c.as_dict(),
                 "here": {k: local[k] for k in ("rows", "deleted", "shards", "sealed", "growing")}}
 
-    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Rows by ref wherever they are in the cluster (lookup.py)."""
-        return self.lookup.rows(name, refs)
-
     def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This node's part of another node's get: (vectors, ids, here) (shard_search.py)."""
         return self.shard_search.rows(name, batch.refs(refs, self.store.config.max_batch_rows))
@@ -154,5 +184,13 @@ class QueryRouter:
         chosen = index.check_params(params)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in shards):
             raise BadVectors(f"shards must be a list of shard ids (integers), got {shards!r:.200}")
-        skip = batch.refs(deleted, self.store.config.max_batch_rows) if deleted is not None else None
+        # no row limit: the asking node bounds what it holds (max_held_deletes), the frame what it sends
+        skip = batch.refs(deleted) if deleted is not None else None
         return self.shard_search.search(name, checked, k, chosen, shards, unpublished, batch.refs(exclude), skip)
+
+
+def _late(node_id: str, error: BaseException, report: NodeReport | None) -> str:
+    """What a count says of a node asked for its report that did not answer."""
+    age = f"{max(0.0, time.time() - report.at):.0f} s old" if report is not None else "none"
+    return (f"node {node_id} did not answer ({error}): its rows not yet published are counted from its report in "
+            f"etcd ({age})")

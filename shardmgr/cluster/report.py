@@ -33,12 +33,13 @@ Readers: the mirror (mirror.py) for ``collection_info`` (counts.py), and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from shardmgr.cluster.backoff import Failure
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
@@ -51,6 +52,7 @@ from shardmgr.store.names import check_name
 from shardmgr.store.store import Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REFRESH_S = 30.0
 """A report that did not change is written again this often."""
@@ -96,7 +98,10 @@ class CollectionReport:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeReport:
-    """A node's report (module docstring); ``at`` in wall-clock seconds."""
+    """A node's report (module docstring); ``at`` in wall-clock seconds;
+    ``revision``: the ``applied`` revision of the cluster state it was built
+    from (mirror.py; 0: not said), so that a reader can wait until its own
+    state reflects as much (query.py)."""
 
     node_id: str
     address: str
@@ -104,6 +109,7 @@ class NodeReport:
     collections: Mapping[str, CollectionReport]
     failing: tuple[FailingUpload, ...]
     uploads_failed_total: int
+    revision: int = 0
 
     def content(self) -> dict[str, Any]:
         """The report without its time: what decides whether it is written again."""
@@ -116,7 +122,7 @@ class NodeReport:
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON values (its key's value; ``shardmgr.report``'s answer)."""
-        return {**self.content(), "at": self.at}
+        return {**self.content(), "at": self.at, "revision": self.revision}
 
     def encode(self) -> bytes:
         return json.dumps(self.as_json(), separators=(",", ":")).encode()
@@ -139,7 +145,7 @@ class NodeReport:
         failing = tuple(FailingUpload(str(f["collection"]), int(f["shard_id"]), str(f["what"]), int(f["tries"]),
                                       float(f["since"]), str(f["error"])) for f in raw["failing"])
         return cls(check_node_id(node_id), str(raw["address"]), float(raw["at"]), collections, failing,
-                   int(raw["uploads_failed_total"]))
+                   int(raw["uploads_failed_total"]), int(raw.get("revision", 0)))
 
     def unpublished_rows(self) -> int:
         """Live rows here the shard map does not hold, over every collection (as reported)."""
@@ -159,9 +165,9 @@ def published_deleted(entry: ShardEntry, deletes: int | None) -> int | None:
 
 def build(node_id: str, address: str, store: Store, published: Mapping[str, Mapping[int, ShardEntry]],
           deletes: Mapping[str, Mapping[int, int]], failing: tuple[FailingUpload, ...],
-          uploads_failed_total: int) -> NodeReport:
+          uploads_failed_total: int, revision: int = 0) -> NodeReport:
     """This node's report now: ``published``/``deletes``, the shard map and
-    the deletes keys' counts as this node watches them."""
+    the deletes keys' counts as this node watches them, at ``revision``."""
     collections = {}
     for name in store.collections():
         try:
@@ -178,7 +184,7 @@ def build(node_id: str, address: str, store: Store, published: Mapping[str, Mapp
                     here[v.shard] = v.deleted_count
         if unpublished or here:
             collections[name] = CollectionReport(unpublished, here)
-    return NodeReport(node_id, address, time.time(), collections, failing, uploads_failed_total)
+    return NodeReport(node_id, address, time.time(), collections, failing, uploads_failed_total, revision)
 
 
 def failing_uploads(shards: Mapping[tuple[str, int], Failure],
@@ -208,6 +214,7 @@ class Reporter:
         self._reports = reports
         self._members = members
         self._kv = Kv(config)
+        self._kv_lock = threading.Lock()  # the Kv's one user at a time: the thread, then stop()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._written: dict[str, Any] | None = None
@@ -228,23 +235,32 @@ class Reporter:
         """Stop the thread, then (once; best effort) delete this node's report
         if ``remove`` (a clean stop that leaves nothing unpublished), else write
         it one last time. Before the node ever reported, nothing is written or
-        deleted: a previous run's report stays until this run replaces it."""
+        deleted: a previous run's report stays until this run replaces it.
+        The thread is waited for as long as one etcd request may last; a
+        request of its still under way ends before the last write, and it
+        makes none after (:meth:`_request`), so the last write is the last."""
         if self._stopped:
             return
         self._stopped = True
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
-            self._thread.join(5.0)
-        try:
-            report = self._make() if self._written is not None else None
-            if report is not None and remove:
-                self._kv.delete(self.key)
-            elif report is not None:
-                self._kv.put(self.key, report.encode())
-        except ClusterError as e:
-            log.warning("the last report of this node (%s) failed: %s", self.key, e)
-        self._kv.close()
+            self._thread.join(self.config.etcd_timeout_s)
+        with self._kv_lock:
+            try:
+                report = self._make() if self._written is not None else None
+                if report is not None and remove:
+                    self._kv.delete(self.key)
+                elif report is not None:
+                    self._kv.put(self.key, report.encode())
+            except ClusterError as e:
+                log.warning("the last report of this node (%s) failed: %s", self.key, e)
+            self._kv.close()
+
+    def _request(self, call: Callable[[Kv], T]) -> T | None:
+        """``call(kv)`` for the thread, unless :meth:`stop` began (None then)."""
+        with self._kv_lock:
+            return None if self._stop.is_set() else call(self._kv)
 
     def _run(self) -> None:
         run_passes(self._stop, self._wake, self.node.report_interval_s, self.report_once, "cluster report")
@@ -257,7 +273,8 @@ class Reporter:
         content = report.content()
         now = time.monotonic()
         if content != self._written or now - self._written_at >= REFRESH_S:
-            self._kv.put(self.key, report.encode())
+            if self._request(lambda kv: kv.put(self.key, report.encode())) is None:
+                return  # stopping: stop() writes the last one
             self._written, self._written_at = content, now
             self.counters["reports_written_total"] += 1
         if now - self._pruned_at >= PRUNE_EVERY_S:
@@ -270,6 +287,12 @@ class Reporter:
             if node_id not in members and report.at < cutoff:
                 key = self.config.key("reports", node_id)
                 # only the report read: a node that came back meanwhile has written a newer one
-                if self._kv.txn([same_mod(key, revision)], [delete_op(key)], [], f"delete {key}").succeeded:
+                done = self._request(functools.partial(_delete_if_same, key, revision))
+                if done:
                     log.info("node %s has not been a member for %.0f s: its report is removed", node_id,
                              self.node.gone_keep_s)
+
+
+def _delete_if_same(key: str, revision: int, kv: Kv) -> bool:
+    """Delete ``key`` if its mod_revision is still ``revision``; whether it did."""
+    return kv.txn([same_mod(key, revision)], [delete_op(key)], [], f"delete {key}").succeeded

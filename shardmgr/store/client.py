@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.client import MAX_CLIENT_SECONDS, RpcClient
+from common.wire.client import MAX_CLIENT_SECONDS, Reply, RpcClient
 
 from . import batch
 from .search import SearchResult
@@ -94,8 +94,8 @@ class StoreClient:
         args: dict[str, Any] = {"name": name, "k": k}
         if params:
             args["params"] = {key: int(value) for key, value in params.items()}
-        reply = self.rpc.call("shardmgr.search", args, {"queries": queries},
-                              timeout=self._timeout(timeout, queries.size * SEARCH_SECONDS_PER_VALUE))
+        reply = self._read("shardmgr.search", args, {"queries": queries},
+                           self._timeout(timeout, queries.size * SEARCH_SECONDS_PER_VALUE))
         parts = reply.parts
         return SearchResult(parts["scores"], parts["ids"], parts["refs"], list(reply.result.get("missing", ())))
 
@@ -107,9 +107,13 @@ class StoreClient:
 
     def _rows(self, name: str, refs: Any, timeout: Timeout) -> tuple[np.ndarray, np.ndarray]:
         wanted = batch.refs(refs)
-        parts = self.rpc.call("shardmgr.get", {"name": name}, {"refs": wanted},
-                              timeout=self._timeout(timeout, wanted.size * GET_SECONDS_PER_ROW)).parts
+        parts = self._read("shardmgr.get", {"name": name}, {"refs": wanted},
+                           self._timeout(timeout, wanted.size * GET_SECONDS_PER_ROW)).parts
         return parts["vectors"], parts["ids"]
+
+    def _read(self, cmd: str, args: dict[str, Any], parts: dict[str, np.ndarray], timeout: float | None) -> Reply:
+        """A search's or get's call: connect_cluster's node clients add to it (shardmgr/cluster/cluster_client.py)."""
+        return self.rpc.call(cmd, args, parts, timeout=timeout)
 
     def _timeout(self, timeout: Timeout, allowance: float) -> float | None:
         """The call's own timeout if given, else the client's plus ``allowance`` (None stays None)."""

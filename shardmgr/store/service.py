@@ -30,15 +30,18 @@ from .store import Store
 
 
 class Router(Protocol):
-    """Cluster mode's searches (shardmgr/cluster/node.py): a whole collection across the nodes, and
-    this node's part of another node's search; and ``collection_info``'s counts over the whole cluster."""
+    """Cluster mode's searches (shardmgr/cluster/query.py): a whole collection across the nodes, and
+    this node's part of another node's search; and ``collection_info``'s counts over the whole cluster.
+    A search or get waits until the node's cluster state reaches revision ``after`` (0: no wait) and
+    also gives the fields its reply adds (docs/protocol.md, "Cluster fields of searches and gets")."""
 
-    def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult: ...
+    def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None,
+               after: int = 0) -> tuple[SearchResult, dict[str, Any]]: ...
 
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
                       unpublished: bool, exclude: Any, deleted: Any = None) -> tuple[Hits, list[int]]: ...
 
-    def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]: ...
+    def rows(self, name: str, refs: Any, after: int = 0) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]: ...
 
     def info(self, name: str) -> dict[str, Any]: ...
 
@@ -144,8 +147,13 @@ class StoreService(Component):
     def _search(self, request: Request) -> None:
         args = (request.arg("name", str), request.part("queries"), request.arg("k", int, 10),
                 request.arg("params", dict, None))
-        found = self.store.search(*args) if self.router is None else self.router.search(*args)
-        result = {"partial": True, "missing": list(found.missing)} if found.partial else {}
+        result: dict[str, Any] = {}
+        if self.router is None:
+            found = self.store.search(*args)
+        else:
+            found, result = self.router.search(*args, after=request.arg("after", int, 0))
+        if found.partial:
+            result = {**result, "partial": True, "missing": list(found.missing)}
         request.reply(result, {"scores": found.scores, "ids": found.ids, "refs": found.refs})
 
     def _search_shards(self, request: Request) -> None:
@@ -160,8 +168,12 @@ class StoreService(Component):
 
     def _get(self, request: Request) -> None:
         name, refs = request.arg("name", str), request.part("refs")
-        vectors, ids = self.store.rows(name, refs) if self.router is None else self.router.rows(name, refs)
-        request.reply({}, {"vectors": vectors, "ids": ids})
+        if self.router is None:
+            vectors, ids = self.store.rows(name, refs)
+            request.reply({}, {"vectors": vectors, "ids": ids})
+            return
+        vectors, ids, result = self.router.rows(name, refs, after=request.arg("after", int, 0))
+        request.reply(result, {"vectors": vectors, "ids": ids})
 
     def _get_shards(self, request: Request) -> None:
         """A node's part of a cluster get (shardmgr/cluster/lookup.py)."""

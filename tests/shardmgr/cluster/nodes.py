@@ -41,6 +41,7 @@ flush_interval_ms = {flush_interval_ms}
 seal_bytes = 4096
 extent_bytes = 4096
 idle_seal_s = {idle_seal_s}
+{store_settings}
 
 [node]
 lease_ttl_s = {lease_ttl_s}
@@ -58,15 +59,18 @@ join_timeout_s = 15.0
 def node(tmp_path: Path, node_id: str, config: ClusterConfig, *, hook: str | None = None,
          sweep_interval_s: float = 60.0, idle_seal_s: float = 300.0, metrics_port: int | None = None,
          flush_interval_ms: float = 5.0, extra: Sequence[str] = (), env: dict[str, str] | None = None,
-         node_settings: str = "", lease_ttl_s: int = 2, s3_endpoint: str | None = None) -> ServerProcess:
+         node_settings: str = "", lease_ttl_s: int = 2, s3_endpoint: str | None = None,
+         store_settings: str = "") -> ServerProcess:
     """A cluster node (not started) with data in ``tmp_path/node_id``; ``hook``: the uploader's test hook
     (with it, let the idle timer seal the shard, so that no client waits for a reply when the hook fires);
     ``metrics_port``: serve the metrics endpoint (and the cluster pages) there; ``extra``: more ``serve``
     options; ``env``: more environment variables; ``node_settings``: more lines of the ``[node]`` table;
-    ``s3_endpoint``: another way to the bucket than ``config``'s (a relay that a test cuts)."""
+    ``s3_endpoint``: another way to the bucket than ``config``'s (a relay that a test cuts);
+    ``store_settings``: more lines of the ``[store]`` table."""
     settings = tmp_path / f"{node_id}.toml"
     settings.write_text(SETTINGS.format(sweep_interval_s=sweep_interval_s, idle_seal_s=idle_seal_s,
-                                        flush_interval_ms=flush_interval_ms, lease_ttl_s=lease_ttl_s) + node_settings)
+                                        flush_interval_ms=flush_interval_ms, lease_ttl_s=lease_ttl_s,
+                                        store_settings=store_settings) + node_settings)
     variables = {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
                  "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null", **(env or {})}
     if hook is not None:

@@ -1,14 +1,19 @@
-"""Acknowledged deletes held until published (acked_deletes.py), without servers: what a writer says
-of a delete it wrote, when a watched state shows the rows published, and the answer's parts."""
+"""Acknowledged deletes held until seen elsewhere (acked_deletes.py), without servers: what a writer
+says of a delete it wrote, when a watched state shows the rows published and served fresh, which rows
+each node asked is sent, the bound on what is held, its counts under concurrent holds, and the
+answer's parts."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 
 import numpy as np
 import pytest
 
-from shardmgr.cluster.acked_deletes import Acked, AckedDeletes, decode, encode, written
+from shardmgr.cluster.acked_deletes import Acked, AckedDeletes, asked, decode, encode, written
+from shardmgr.cluster.errors import DeletesBacklog
 from shardmgr.cluster.extras import DeletesEntry
 from shardmgr.cluster.mirror import EMPTY, ClusterState
 from shardmgr.cluster.shard_map import ShardObject
@@ -21,9 +26,19 @@ def key(shard_id: int, deleted: int, node: str) -> DeletesEntry:
     return DeletesEntry("c", shard_id, ShardObject("deletes", f"k{deleted}", 1, 0), deleted, node=node)
 
 
-def with_keys(*keys: DeletesEntry, seen: dict[int, dict[str, int]] | None = None) -> ClusterState:
+def with_keys(*keys: DeletesEntry, seen: dict[int, dict[str, int]] | None = None,
+              serving: dict[str, dict[int, int]] | None = None) -> ClusterState:
+    """A state with these deletes keys; ``serving``: live node -> the copies it serves (shard -> its deleted
+    rows); by default each key's node serves its shard (a fresh copy: its own log)."""
     by = seen if seen is not None else {k.shard_id: {k.node: k.deleted} for k in keys}
-    return dataclasses.replace(EMPTY, deletes={"c": {k.shard_id: k for k in keys}}, deletes_by={"c": by})
+    if serving is None:
+        serving = {}
+        for k in keys:
+            serving.setdefault(k.node, {})[k.shard_id] = k.deleted
+    return dataclasses.replace(EMPTY, deletes={"c": {k.shard_id: k for k in keys}}, deletes_by={"c": by},
+                               members={node: f"{node}:1" for node in serving},
+                               serving={node: {"c": frozenset(copies)} for node, copies in serving.items()},
+                               copies={node: {"c": copies} for node, copies in serving.items()})
 
 
 def view(shard_id: int, deleted: int, *, sealed: bool = True) -> View:
@@ -80,3 +95,66 @@ def test_the_answers_parts_round_trip_and_malformed_ones_are_refused() -> None:
     parts = encode(sent)
     with pytest.raises(ValueError, match="malformed"):
         decode({**parts, "acked_refs": parts["acked_refs"][:1]}, "w")
+
+
+def test_published_rows_are_kept_while_no_live_node_serves_a_fresh_copy_of_their_shard() -> None:
+    acked = AckedDeletes()
+    refs = ref_of(1, np.array([4]))
+    acked.hold("c", [Acked(1, refs, "w", count=3)])
+    published = key(1, 3, "w")
+    # the writer published the key and died before any other copy installed it: only a stale copy is served
+    _, held = acked.refs("c", lambda: with_keys(published, serving={"q": {1: 1}}))
+    assert held is not None and held.tolist() == refs.tolist()
+    _, held = acked.refs("c", lambda: with_keys(published, serving={"q": {1: 1}, "w": {2: 0}}))  # w: not shard 1
+    assert held is not None and acked.rows_held() == 1 and acked.holds("c")
+    _, held = acked.refs("c", lambda: with_keys(published, serving={"q": {1: 3}}))  # q installed the key's log
+    assert held is None and acked.rows_held() == 0 and not acked.holds("c")
+
+
+def test_only_the_held_rows_of_the_shards_asked_of_a_node_are_sent_to_it() -> None:
+    held = np.sort(np.concatenate([ref_of(1, np.array([1, 2])), ref_of(2, np.array([0])), ref_of(5, np.array([3]))]))
+    published = np.array([1, 2, 3], np.int64)  # shard 5 is not published: its rows are on a holder
+    assert asked(held, (2,), False, published).tolist() == ref_of(2, np.array([0])).tolist()
+    assert asked(held, (3,), False, published) is None
+    assert asked(held, (1,), True, published).tolist() == \
+        [*ref_of(1, np.array([1, 2])).tolist(), *ref_of(5, np.array([3])).tolist()]
+    assert asked(None, (1,), True, published) is None
+
+
+def test_a_delete_past_the_bound_is_refused_until_what_is_held_is_seen() -> None:
+    woken: list[int] = []
+    acked = AckedDeletes(max_rows=4, publish_now=lambda: woken.append(1))
+    acked.admit()
+    acked.hold("c", [Acked(1, ref_of(1, np.array([0])), "w", 1)])
+    assert woken == []
+    acked.hold("c", [Acked(2, ref_of(2, np.array([0])), "w", 1)])
+    assert woken == [1]  # half the bound: the writer is asked to publish now
+    acked.hold("d", [Acked(3, ref_of(3, np.array([0, 1])), "w", 2)])
+    with pytest.raises(DeletesBacklog, match="holds 4 rows of acknowledged deletes.*max_held_deletes is 4"):
+        acked.admit()
+    assert acked.counters["deletes_refused_held_total"] == 1 and len(woken) == 3
+    seen = with_keys(key(1, 1, "w"), key(2, 1, "w"))
+    acked.states = lambda: seen  # collection c's rows are seen elsewhere now: admit drops them first
+    acked.admit()
+    assert acked.rows_held() == 2 and acked.holds("d") and not acked.holds("c")
+
+
+def test_concurrent_holds_lose_no_count() -> None:
+    acked = AckedDeletes()
+    threads, holds = 8, 1500
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: a lost update would show
+    try:
+        def holder(n: int) -> None:
+            for i in range(holds):
+                acked.hold(f"c{n}", [Acked(i, ref_of(i, np.array([0])), "w", 1)])
+
+        workers = [threading.Thread(target=holder, args=(n,)) for n in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert acked.counters["acked_deletes_held_total"] == threads * holds
+    assert acked.rows_held() == threads * holds

@@ -9,9 +9,11 @@ through n3 (by id), rows n1 returns through n1 (the writer itself). The
 very next search and get on the node that acknowledged each delete skips
 every deleted row and still returns k rows, complete, and so do the next
 search and get of a ``connect_cluster`` client that reads from n3 and
-deleted through the writer; once every node has
+deleted through the writer (they go to the writer); once every node has
 seen the published deletes, every node's answer equals the writer's data
-directory opened as one store.
+directory opened as one store, and that client's reads go back to n3 (the
+writer's reply said it holds none of its deletes: before, they stayed on
+the writer for the client's whole life).
 """
 
 from __future__ import annotations
@@ -102,8 +104,9 @@ def test_the_next_search_on_the_acknowledging_node_skips_the_deleted_rows(
             c1.get("docs", doomed[-1:])
 
     # through connect_cluster reading from n3: the delete goes to the writer, and the client's next
-    # search and get of the collection go to the node that acknowledged it
-    with shardmgr.connect_cluster(cluster_config.etcd_url, prefer="n3") as cluster:
+    # search and get of the collection go to the node that acknowledged it, while it holds the rows
+    cluster = shardmgr.connect_cluster(cluster_config.etcd_url, prefer="n3")
+    try:
         now = cluster.search("docs", queries, k=K)
         check(now, set(), set())  # (n3 may not have seen the deletes above yet)
         fresh = ~np.isin(now.refs[:, :2], list(deleted_refs)) & ~np.isin(now.ids[:, :2], list(deleted_ids))
@@ -111,25 +114,22 @@ def test_the_next_search_on_the_acknowledging_node_skips_the_deleted_rows(
         assert np.isin(doomed >> 40, cached).any()
         assert cluster.delete("docs", doomed) == len(doomed)
         deleted_refs |= set(doomed.tolist())
+        before = searches(three_nodes)
         check(cluster.search("docs", queries, k=K), deleted_refs, deleted_ids)
+        assert (searches(three_nodes) - before).tolist() == [1, 0, 0]  # on the writer, which acknowledged it
         with pytest.raises(RowDeleted):
             cluster.get("docs", doomed[:1])
-    assert len(deleted_refs) + len(deleted_ids) > 40
-
-    # once the writer published the logs, every node skips every deleted row, the acknowledging nodes
-    # no longer hold them, and the answers are the writer's as one store
-    def converged() -> list[SearchResult] | None:
-        found = [search(proc.address, queries, k=K) for proc in three_nodes]  # (a search drops what is published)
-        if any(held(proc) for proc in three_nodes):
-            return None
-        found = [search(proc.address, queries, k=K) for proc in three_nodes]  # with nothing held
-        for result in found:
-            check(result, set(), set())
-        gone = all(not set(r.refs.ravel().tolist()) & deleted_refs and not set(r.ids.ravel().tolist()) & deleted_ids
-                   for r in found)
-        return found if gone else None
-
-    answers = wait_for("every node to skip every deleted row", converged, timeout=20)
+        assert len(deleted_refs) + len(deleted_ids) > 40
+        answers = wait_for("every node to skip every deleted row",
+                           lambda: converged(three_nodes, queries, deleted_refs, deleted_ids), timeout=20)
+        # the writer holds none of them now: the client's first read from it says so, and its reads go
+        # back to n3, which has seen what the writer saw
+        check(cluster.search("docs", queries, k=K), deleted_refs, deleted_ids)
+        before = searches(three_nodes)
+        check(cluster.search("docs", queries, k=K), deleted_refs, deleted_ids)
+        assert (searches(three_nodes) - before).tolist() == [0, 0, 1]
+    finally:
+        cluster.close()
     n1.signal(signal.SIGTERM)
     assert n1.wait() == 0
     with Store(n1.data_dir).open() as reference:
@@ -138,3 +138,28 @@ def test_the_next_search_on_the_acknowledging_node_skips_the_deleted_rows(
     for found in answers:
         for got, expected in zip(found, want, strict=True):
             np.testing.assert_array_equal(got, expected)
+
+
+def searches(nodes: list[ServerProcess]) -> np.ndarray:
+    """Each node's searches_total."""
+    found = []
+    for proc in nodes:
+        with RpcClient(proc.address) as rpc:
+            found.append(int(rpc.call("stats").result["cluster"]["searches_total"]))
+    return np.array(found)
+
+
+def converged(three_nodes: list[ServerProcess], queries: np.ndarray, deleted_refs: set[int],
+              deleted_ids: set[int]) -> list[SearchResult] | None:
+    """Once the writer published the logs: every node skips every deleted row, the acknowledging nodes
+    no longer hold them, and the answers (the writer's as one store, checked by the caller)."""
+    for proc in three_nodes:
+        search(proc.address, queries, k=K)  # (a search drops what is seen elsewhere)
+    if any(held(proc) for proc in three_nodes):
+        return None
+    found = [search(proc.address, queries, k=K) for proc in three_nodes]  # with nothing held
+    for result in found:
+        check(result, set(), set())
+    gone = all(not set(r.refs.ravel().tolist()) & deleted_refs and not set(r.ids.ravel().tolist()) & deleted_ids
+               for r in found)
+    return found if gone else None

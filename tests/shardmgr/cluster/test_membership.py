@@ -1,10 +1,12 @@
 """Membership against a real etcd: join once per node id, list, and watch
 joins and leaves, including a node whose keepalives stop (its key expires
-with its lease) and a watch that outlives an etcd restart."""
+with its lease) and a watch that outlives an etcd restart; and a join whose
+refusal names no holder, tried again after a pause until the deadline."""
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.errors import BadClusterConfig, NodeIdTaken
 from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.membership import MemberEvent, Membership
+from shardmgr.cluster.membership import Member, MemberEvent, Membership, hold_id
 from tests.cluster_servers import EtcdServer
 
 
@@ -94,3 +96,24 @@ def test_a_watch_resumes_after_etcd_restarts_and_misses_nothing(etcd: EtcdServer
         first.close()
         if second is not None:
             second.close()
+
+
+def test_a_join_refused_by_a_holder_that_cannot_be_read_is_tried_again_after_a_pause_until_the_deadline(
+        etcd_config: ClusterConfig) -> None:
+    """The race that leaves a refusal without its holder (its key ended between the transaction's two
+    reads) cannot be made on demand with a real etcd: a Membership whose every join meets it stands in."""
+
+    class Vanishing(Membership):
+        calls = 0
+
+        def join(self, node_id: str, lease: NodeLease, address: str = "", data: str = "") -> Member:
+            self.calls += 1
+            if self.calls > 1000:  # (what the loop without a pause or a deadline would do, stopped here)
+                raise RuntimeError("joined again at once, over and over")
+            raise NodeIdTaken(f"node id {node_id!r} is already a member (a lease that just ended)", holder=None)
+
+    members = Vanishing(etcd_config)
+    lease = NodeLease(etcd_config, name="n1")
+    with pytest.raises(NodeIdTaken, match="within 0.3 s .join_timeout_s.: its key kept ending"):
+        hold_id(members, "n1", lease, "127.0.0.1:1", "data", 0.3, threading.Event())
+    assert 1 <= members.calls <= 10  # a pause of 0.1 s between tries, for 0.3 s

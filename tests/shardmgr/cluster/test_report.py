@@ -12,10 +12,15 @@
   last report: the rows it holds and the failing upload) instead of
   vanishing; ``collection_info`` still counts its rows from that report and
   says plainly that it does (``partial``).
+- A reporter whose thread is stuck in a pass when a clean stop removes the
+  report writes nothing after it (before, the thread wrote it again).
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,9 @@ from click.testing import CliRunner
 
 import shardmgr
 from shardmgr.cli import main
-from shardmgr.cluster.config import ClusterConfig
+from shardmgr.cluster.config import ClusterConfig, NodeConfig
+from shardmgr.cluster.kv import Kv
+from shardmgr.cluster.report import NodeReport, Reporter
 from shardmgr.cluster.status import ClusterStatus, read_status
 from shardmgr.store.client import StoreClient
 from tests.cluster_servers import WeedServer
@@ -121,3 +128,34 @@ def test_failing_uploads_and_unpublished_rows_per_node_then_a_killed_writer_is_s
         assert (answer["rows"], answer["partial"]) == (300, True), answer
         assert len(answer["missing"]) == 1 and "node n1 (not a live member)" in answer["missing"][0]
         assert "counted from its last report" in answer["missing"][0]
+
+
+def test_a_reporter_stopped_while_its_thread_is_stuck_writes_nothing_after_its_last_report(
+        etcd_config: ClusterConfig) -> None:
+    """A reporter thread stuck in a pass when stop() removes the report (a clean stop) must not write it
+    again when it comes back: the node would show as gone for gone_keep_s."""
+    stuck, release = threading.Event(), threading.Event()
+    built = itertools.count()
+
+    def make() -> NodeReport:
+        n = next(built)  # each report differs from the last, so each pass writes
+        if n >= 1 and threading.current_thread().name == "cluster-report":
+            stuck.set()
+            release.wait(10)
+        return NodeReport("me", "127.0.0.1:1", time.time(), {}, (), n)
+
+    reporter = Reporter(etcd_config, NodeConfig(report_interval_s=0.05), "me", make, dict, dict)
+    kv = Kv(etcd_config)
+    try:
+        reporter.start()
+        wait_for("the first report", lambda: kv.get(reporter.key) is not None)
+        assert stuck.wait(10)
+        reporter.stop(remove=True)
+        assert kv.get(reporter.key) is None
+        release.set()
+        reporter._thread.join(10)
+        assert not reporter._thread.is_alive()
+        assert kv.get(reporter.key) is None
+    finally:
+        release.set()
+        kv.close()
