@@ -217,16 +217,11 @@ def test_a_server_killed_while_it_takes_a_snapshot_keeps_its_data_and_leaves_no_
         contents_of.check(directory, contents)
 
 
-@pytest.mark.parametrize("point", ["shardmgr.snapshots:fsync_dir 3", "shardmgr.store.copies:copy_prefix 1"])
-def test_the_cli_tells_whether_the_snapshot_of_a_server_that_died_before_answering_is_complete(
-        tmp_path: Path, point: str) -> None:
-    data, dest, ready = tmp_path / "data", tmp_path / "snap", tmp_path / "ready"
-    server = ServerProcess(data, "--config", str(_config(tmp_path)), program=child(point, ready)[1:]).start()
+def snapshot_killed_at_hook(server: ServerProcess, dest: Path, ready: Path) -> tuple[int, str, str]:
+    """``shardmgr snapshot DEST`` against ``server``, SIGKILLed once its hook wrote ``ready``: the CLI's
+    exit status, stdout and stderr (the server is killed whatever happens)."""
     cli: subprocess.Popen[str] | None = None
     try:
-        with shardmgr.connect(server.address) as store:
-            store.create_collection("c", 4)
-            store.append("c", [[1.0, 2.0, 3.0, 4.0]], [7], durable=True)  # a growing shard to copy
         cli = subprocess.Popen([sys.executable, "-m", "shardmgr", "snapshot", str(dest), "--port", str(server.port)],
                                cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert server.proc is not None
@@ -234,17 +229,33 @@ def test_the_cli_tells_whether_the_snapshot_of_a_server_that_died_before_answeri
         server.signal(signal.SIGKILL)
         server.wait()
         out, err = cli.communicate(timeout=60)
+        return cli.returncode, out, err
     finally:
         server.kill()
         if cli is not None and cli.poll() is None:
             cli.kill()
             cli.communicate()
+
+
+@pytest.mark.parametrize("point", ["shardmgr.snapshots:fsync_dir 3", "shardmgr.store.copies:copy_prefix 1"])
+def test_the_cli_tells_whether_the_snapshot_of_a_server_that_died_before_answering_is_complete(
+        tmp_path: Path, point: str) -> None:
+    data, dest, ready = tmp_path / "data", tmp_path / "snap", tmp_path / "ready"
+    server = ServerProcess(data, "--config", str(_config(tmp_path)), program=child(point, ready)[1:]).start()
+    try:
+        with shardmgr.connect(server.address) as store:
+            store.create_collection("c", 4)
+            store.append("c", [[1.0, 2.0, 3.0, 4.0]], [7], durable=True)  # a growing shard to copy
+    except BaseException:
+        server.kill()
+        raise
+    returncode, out, err = snapshot_killed_at_hook(server, dest, ready)
     if SERVER_POINTS[point] == "complete":  # renamed into place, its parent not yet synced: whole all the same
-        assert cli.returncode == 0, err
+        assert returncode == 0, err
         assert out.startswith(f"snapshot {dest}: complete and verified (the server's answer was lost: "), out
         assert shardmgr.verify(dest, deep=True).exit_code == 0
     else:
-        assert cli.returncode == 1 and not dest.exists(), out + err
+        assert returncode == 1 and not dest.exists(), out + err
         assert f"and {dest} is not here: if the server runs on this machine, the snapshot was not taken. But a " \
                "loopback --host reaches another machine's server through an SSH tunnel" in err, err
         assert f"It is complete if and only if {dest} appeared on the server's machine during the call (check " \
@@ -256,25 +267,17 @@ def test_the_cli_claims_no_snapshot_after_a_lost_answer_when_dest_was_there_befo
     # the second snapshot stops before the server even looks at DEST (which it would refuse: it exists)
     server = ServerProcess(data, "--config", str(_config(tmp_path)),
                            program=child("shardmgr.snapshots:Path 2", ready)[1:]).start()
-    cli: subprocess.Popen[str] | None = None
     command = [sys.executable, "-m", "shardmgr", "snapshot", str(dest), "--port", str(server.port)]
     try:
         with shardmgr.connect(server.address) as store:
             store.create_collection("c", 4)
         first = subprocess.run(command, cwd=ROOT, text=True, capture_output=True, timeout=60)
         assert first.returncode == 0 and shardmgr.verify(dest).exit_code == 0, first.stderr  # a whole snapshot
-        cli = subprocess.Popen(command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert server.proc is not None
-        wait_ready(ready, server.proc)  # type: ignore[arg-type]
-        server.signal(signal.SIGKILL)
-        server.wait()
-        out, err = cli.communicate(timeout=60)
-    finally:
+    except BaseException:
         server.kill()
-        if cli is not None and cli.poll() is None:
-            cli.kill()
-            cli.communicate()
-    assert cli.returncode == 1, out + err  # DEST is whole and verifies clean, but it is the first call's
+        raise
+    returncode, out, err = snapshot_killed_at_hook(server, dest, ready)
+    assert returncode == 1, out + err  # DEST is whole and verifies clean, but it is the first call's
     assert f"the server did not answer, and {dest} was here before this call, so it is not this snapshot (a " \
            "server on this machine refuses an existing destination)" in err, err
 

@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import boto3
 import numpy as np
 
+import shardmgr
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.kv import Kv
 from shardmgr.cluster.mirror import ClusterMirror
@@ -140,3 +141,14 @@ def start_all(started: list[ServerProcess], nodes: list[ServerProcess]) -> None:
     started.extend(nodes)
     with ThreadPoolExecutor(len(nodes)) as pool:
         list(pool.map(lambda proc: proc.start(), nodes))
+
+
+def info_everywhere(config: ClusterConfig, nodes: list[ServerProcess], name: str = "docs") -> list[dict[str, Any]]:
+    """``collection_info(name)`` from each node, then through connect_cluster."""
+    answers = []
+    for proc in nodes:
+        with StoreClient(proc.address) as client:
+            answers.append(client.collection_info(name))
+    with shardmgr.connect_cluster(config.etcd_url) as cluster:
+        answers.append(cluster.collection_info(name))
+    return answers

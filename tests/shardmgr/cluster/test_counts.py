@@ -16,33 +16,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import shardmgr
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.counts import count
 from shardmgr.cluster.report import CollectionReport, NodeReport, ShardCount
 from shardmgr.cluster.shard_map import ShardEntry, ShardObject
 from shardmgr.store.client import StoreClient
-from tests.shardmgr.cluster.nodes import batches, search, wait_for
+from tests.shardmgr.cluster.nodes import batches, info_everywhere, search, wait_for
 from tests.shardmgr.server.serverproc import ServerProcess
 
 #: what every node must answer, of collection_info's keys
 KEYS = ("rows", "deleted", "shards", "sealed", "growing", "bytes", "partial", "missing")
 
 
-def answers(config: ClusterConfig, nodes: list[ServerProcess]) -> list[dict[str, Any]]:
-    found = []
-    for proc in nodes:
-        with StoreClient(proc.address) as client:
-            found.append(client.collection_info("docs"))
-    with shardmgr.connect_cluster(config.etcd_url) as cluster:
-        found.append(cluster.collection_info("docs"))
-    return found
-
-
 def same_everywhere(config: ClusterConfig, nodes: list[ServerProcess], **expected: Any) -> list[dict[str, Any]]:
     """Every node's answer (and connect_cluster's), once all of them hold ``expected``."""
     def probe() -> list[dict[str, Any]] | None:
-        found = answers(config, nodes)
+        found = info_everywhere(config, nodes)
         views = [{k: a[k] for k in KEYS} | {"cluster": {k: v for k, v in a["cluster"].items() if k != "reports"}}
                  for a in found]
         ok = all(v == views[0] for v in views) and all(

@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import shardmgr
 from shardmgr.cli import main
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
 from shardmgr.cluster.kv import Kv
@@ -36,7 +35,7 @@ from shardmgr.cluster.report import NodeReport, Reporter
 from shardmgr.cluster.status import ClusterStatus, read_status
 from shardmgr.store.client import StoreClient
 from tests.cluster_servers import WeedServer
-from tests.shardmgr.cluster.nodes import DIM, batches, node, published, start_all, wait_for
+from tests.shardmgr.cluster.nodes import DIM, batches, info_everywhere, node, published, start_all, wait_for
 from tests.shardmgr.cluster.relay import Relay
 from tests.shardmgr.server.serverproc import ServerProcess
 
@@ -46,17 +45,6 @@ def relay(weed: WeedServer) -> Iterator[Relay]:
     r = Relay(weed.s3_port)
     yield r
     r.close()
-
-
-def info_everywhere(config: ClusterConfig, nodes: list[ServerProcess]) -> list[dict[str, Any]]:
-    """``collection_info("docs")`` from each node, then through connect_cluster."""
-    answers = []
-    for proc in nodes:
-        with StoreClient(proc.address) as client:
-            answers.append(client.collection_info("docs"))
-    with shardmgr.connect_cluster(config.etcd_url) as cluster:
-        answers.append(cluster.collection_info("docs"))
-    return answers
 
 
 def node_status(found: ClusterStatus, node_id: str) -> Any:
