@@ -131,7 +131,7 @@ class OwnerLoop:
         self._sleep_until = 0.0  # when the sleeping owner thread wakes by itself
         self._continuations: list[_Continuation] = []
         self._waiters = Waiters(changes, linger, self._due)
-        self._thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
+        self._owner_thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
         self._next_tick = 0.0
         self._submit_lock = threading.Lock()
         self.closed = False
@@ -140,7 +140,7 @@ class OwnerLoop:
 
     def start(self) -> None:
         self.flusher.add_listener(self._flushed)
-        self._thread.start()
+        self._owner_thread.start()
 
     def stop(self, *, abandon: bool = False) -> None:
         """Stop the owner: cleanly (what was submitted runs, waiters are
@@ -150,8 +150,8 @@ class OwnerLoop:
             self.closed = True
             self._inbox.append(_ABANDON if abandon else _STOP)
         self._wake.set()
-        while self._thread.is_alive():
-            self._thread.join(0.2)  # in slices: the main thread may have a signal to handle
+        while self._owner_thread.is_alive():
+            self._owner_thread.join(0.2)  # in slices: the main thread may have a signal to handle
 
     def quiesce(self) -> None:
         """Owner lock: answer every waiting call now (its final attempt),

@@ -83,7 +83,8 @@ def _write_synced(path: Path, data: bytes | bytearray) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            written = os.write(fd, view)  # not inside the slice: compiled, its bounds are evaluated twice
+            view = view[written:]
         os.fsync(fd)
     except OSError as exc:
         if exc.filename is None:  # os.write and os.fsync name no file: say which (a full disk's log line does)

@@ -33,18 +33,40 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from pathlib import Path
+from typing import Protocol
 
 from .config import FlusherConfig
-from .errors import JournalClosed
-
-if TYPE_CHECKING:
-    from .journal import Journal
+from .errors import FlushFailed, JournalClosed
 
 log = logging.getLogger(__name__)
 
 
-class Ticket(NamedTuple):
+class Journal(Protocol):
+    """What the flusher and a ticket's holder use of a journal: journal.py's
+    ``Journal`` (a protocol, not that class, so that this module, compiled,
+    needs no import of journal.py, which imports it)."""
+
+    path: Path
+    closed: bool
+
+    @property
+    def durable_seq(self) -> int: ...
+
+    @property
+    def failed(self) -> FlushFailed | None: ...
+
+    def raise_if_failed(self) -> None: ...
+
+    def sync_for_flusher(self, lazy: bool = True) -> bool: ...
+
+    def wait_durable(self, ticket: Ticket, timeout: float | None = None) -> None: ...
+
+    def flush(self, timeout: float | None = None) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ticket:
     """Names a write: it is durable once ``journal``'s watermark reaches ``seq``."""
 
     journal: Journal
@@ -84,7 +106,7 @@ class Flusher:
         self._synced_last_round = False  # flusher thread only
         self._hurried: dict[int, Journal] = {}  # journals waited for before the next round (guarded by _cond)
         self._hurry_all = False  # the next round syncs every journal, timed or not (guarded by _cond)
-        self._thread: threading.Thread | None = None
+        self._round_thread: threading.Thread | None = None
 
     def __enter__(self) -> Flusher:
         return self.start()
@@ -93,9 +115,9 @@ class Flusher:
         self.stop()
 
     def start(self) -> Flusher:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
-            self._thread.start()
+        if self._round_thread is None:
+            self._round_thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
+            self._round_thread.start()
         return self
 
     def stop(self, flush: bool = True) -> None:
@@ -109,13 +131,13 @@ class Flusher:
             self._stopping = True
             self._skip_last = not flush
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._round_thread is not None:
+            self._round_thread.join()
 
     @property
     def running(self) -> bool:
         """True from start() until the last round after stop() finished."""
-        return self._thread is not None and not self._finished
+        return self._round_thread is not None and not self._finished
 
     def register(self, journal: Journal) -> None:
         with self._cond:

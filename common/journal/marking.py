@@ -20,7 +20,7 @@ from .errors import MarkerConflict
 from .flusher import Ticket
 from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker, marker_index
-from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, align_up
+from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, align_up, align_up_array
 from .writing import WritingSide
 
 _MARKER_BYTES = {m: int(m).to_bytes(4, "little") for m in Marker}
@@ -66,7 +66,7 @@ class MarkerWriter(WritingSide):
                 return ticket, sum(align_up((word(mm, off + 8)[0] & LENGTH_MASK) + RECORD_HEADER_SIZE, align)
                                    for off in offs.tolist())
             words = self._file.words[offs // 4 + 2] & LENGTH_MASK
-        return ticket, int(align_up(words.astype(np.int64) + RECORD_HEADER_SIZE, align).sum())
+        return ticket, int(align_up_array(words.astype(np.int64) + RECORD_HEADER_SIZE, align).sum())
 
     def _set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, expect: Marker | None,
                      proven: bool) -> tuple[np.ndarray, Ticket]:

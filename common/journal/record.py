@@ -25,7 +25,6 @@ import dataclasses
 import mmap
 import struct
 from collections.abc import Sequence
-from typing import TypeVar
 
 import crc32c
 import numpy as np
@@ -52,12 +51,14 @@ Body = bytes | bytearray | memoryview
 ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
 
 
-Size = TypeVar("Size", int, np.ndarray)
-
-
-def align_up(value: Size, alignment: int) -> Size:
+def align_up(value: int, alignment: int) -> int:
     """Round up to a multiple of ``alignment`` (a power of two)."""
     return (value + (alignment - 1)) & ~(alignment - 1)
+
+
+def align_up_array(values: np.ndarray, alignment: int) -> np.ndarray:
+    """:func:`align_up` of each element."""
+    return (values + (alignment - 1)) & ~(alignment - 1)
 
 
 @dataclasses.dataclass(slots=True)
@@ -138,7 +139,7 @@ def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment:
     if len(too_big):
         i = int(too_big[0])
         raise _too_large(i, int(lengths[i]), max_record_bytes)
-    sizes = align_up(lengths + RECORD_HEADER_SIZE, alignment)
+    sizes = align_up_array(lengths + RECORD_HEADER_SIZE, alignment)
     offsets = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
     data = bytearray(int(sizes.sum()))

@@ -28,7 +28,7 @@ class ByteBudget:
         self._limit = limit
         self._name = name
         self._lock = threading.Lock()
-        self._waiters: collections.deque[tuple[int, threading.Condition]] = collections.deque()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
         self._used = 0
         self._peak = 0
         self._waits = 0
@@ -56,7 +56,7 @@ class ByteBudget:
             if not self._waiters and self._used + n <= self._limit:
                 self._take(n)
                 return True
-            me = (n, threading.Condition(self._lock))
+            me = _Waiter(n, threading.Condition(self._lock))
             self._waiters.append(me)
             self._waits += 1
             try:
@@ -65,7 +65,7 @@ class ByteBudget:
                     if timeout is not None and timeout <= 0:
                         self._timeouts += 1
                         return False
-                    me[1].wait(timeout)
+                    me.cond.wait(timeout)
                 self._take(n)
                 return True
             finally:
@@ -102,5 +102,17 @@ class ByteBudget:
 
     def _wake_first(self) -> None:
         """Only the first waiter can be served next (caller holds the lock)."""
-        if self._waiters and self._used + self._waiters[0][0] <= self._limit:
-            self._waiters[0][1].notify()
+        if self._waiters and self._used + self._waiters[0].n <= self._limit:
+            self._waiters[0].cond.notify()
+
+
+class _Waiter:
+    """One reader waiting for ``n`` bytes. An object, not a tuple: the queue
+    finds its own entry by identity, which a tuple does not keep once compiled
+    (mypyc boxes a tuple afresh each time it enters a container)."""
+
+    __slots__ = ("n", "cond")
+
+    def __init__(self, n: int, cond: threading.Condition) -> None:
+        self.n = n
+        self.cond = cond

@@ -17,14 +17,16 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from .errors import BadRequest, ServiceError
 from .framing import dtype_code
 
 T = TypeVar("T")
+D = TypeVar("D")
 _MISSING: Any = object()
 _CLAIMS = threading.Lock()
 """Makes a request's answer one-shot (shared: a lock per request costs more, and claims are short)."""
@@ -54,7 +56,13 @@ class Request:
         self._responder = responder
         self._answered = False
 
-    def arg(self, name: str, kind: type[T] | tuple[type, ...], default: Any = _MISSING) -> T:
+    @overload
+    def arg(self, name: str, kind: type[T] | tuple[type, ...]) -> T: ...
+
+    @overload
+    def arg(self, name: str, kind: type[T] | tuple[type, ...], default: D) -> T | D: ...
+
+    def arg(self, name: str, kind: type[T] | tuple[type, ...], default: Any = _MISSING) -> Any:
         """The argument ``name``, checked to be of ``kind``; BadRequest otherwise.
 
         ``bool`` is not accepted where ``int`` is asked for, and ``int`` is
@@ -63,7 +71,7 @@ class Request:
         if name not in self.args:
             if default is _MISSING:
                 raise BadRequest(f"{self.cmd}: missing argument '{name}'")
-            return default  # type: ignore[no-any-return]
+            return default
         value = self.args[name]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
@@ -71,7 +79,7 @@ class Request:
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             names = " or ".join(k.__name__ for k in kinds)
             raise BadRequest(f"{self.cmd}: argument '{name}' must be {names}, got {type(value).__name__}")
-        return value  # type: ignore[return-value]
+        return value
 
     def part(self, name: str, dtype: str | Iterable[str] | None = None, ndim: int | None = None) -> np.ndarray:
         """The binary part ``name``, checked for dtype and rank; BadRequest otherwise."""
@@ -120,11 +128,12 @@ class Request:
             return True
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the store's service and tests' components
 class Component(abc.ABC):
     """A unit of state the server hosts. Subclasses document their commands."""
 
     #: Short name, used in logs, stats and metrics.
-    name: str = "component"
+    name: ClassVar[str] = "component"  # a class attribute (compiled: one that subclasses override)
 
     @abc.abstractmethod
     def commands(self) -> Iterable[str]:

@@ -43,15 +43,15 @@ class ReadDeadlines:
         self._heap: list[tuple[float, int, Deadline]] = []
         self._cancelled = 0  # entries in the heap whose deadline was disarmed
         self._order = itertools.count()
-        self._thread: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
 
     def arm(self, sock: socket.socket, deadline: float) -> Deadline:
         """Shut ``sock`` for reading at ``deadline`` (``time.monotonic()``) unless disarmed first."""
         armed = Deadline(sock)
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._watch, name="read-deadlines", daemon=True)
-                self._thread.start()
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="read-deadlines", daemon=True)
+                self._watcher.start()
             heapq.heappush(self._heap, (deadline, next(self._order), armed))
             if self._heap[0][2] is armed:
                 self._wake.notify()

@@ -24,7 +24,7 @@ arrive: frames up to this size are received with no copy."""
 
 
 class Receiver(Protocol):
-    def recv_into(self, buffer: memoryview, nbytes: int = ..., flags: int = ...) -> int: ...
+    def recv_into(self, buffer: memoryview, nbytes: int = 0, flags: int = 0) -> int: ...
 
 
 class FrameReader:

@@ -60,7 +60,7 @@ class Acceptor:
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
         self._listener: socket.socket | None = None
-        self._thread: threading.Thread | None = None
+        self._accept_thread: threading.Thread | None = None
         self._admitted = 0
         self._refused = 0
 
@@ -91,8 +91,8 @@ class Acceptor:
         self.bind()
         assert self._listener is not None
         self._listener.listen(BACKLOG)
-        self._thread = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
-        self._thread.start()
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
+        self._accept_thread.start()
         threading.Thread(target=self._watch_sends, name="send-watchdog", daemon=True).start()
 
     def stop(self, wait: float) -> None:
@@ -102,8 +102,8 @@ class Acceptor:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes the acceptor (a close alone may not)
             self._listener.close()
-        if self._thread is not None:
-            self._thread.join(wait)
+        if self._accept_thread is not None:
+            self._accept_thread.join(wait)
 
     def connections(self) -> list[Connection]:
         """The connections open now."""

@@ -307,15 +307,18 @@ class Sending:
                     self._cond.wait()
                 if self._closed:
                     return
-                if self._goaway_due():
+                goaway = self._goaway_due()
+                if goaway:
                     self._goaway_sent = True  # under the lock: no preamble or error frame after this
                     if self._handshaken:
                         self._claim_writing()
-                    break
-                batch = list(self._outbox)
-                charged, self._outbox_bytes = self._outbox_bytes, 0
-                self._outbox.clear()
-                self._claim_writing()
+                else:
+                    batch = list(self._outbox)
+                    charged, self._outbox_bytes = self._outbox_bytes, 0
+                    self._outbox.clear()
+                    self._claim_writing()
+            if goaway:  # (a break inside the with-block would not compile with mypyc)
+                break
             self._write(batch)
             self._uncharge(charged)
         if not self._handshaken:

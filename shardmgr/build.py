@@ -1,0 +1,91 @@
+"""Which modules the package's build compiles, and which this install runs compiled.
+
+``SHARDMGR_COMPILE=1 pip install .`` (setup.py) compiles the modules of :data:`COMPILED` with
+mypyc: the same typed source as the pure-Python modules, built into
+extension modules that Python's import system prefers to the ``.py`` beside
+them (opt-in while issue 24 is open); without it none is built; a machine without a C
+compiler gets none either (each extension is optional: the build warns and
+goes on). Both builds run the same tests (README, ``.ci/run``).
+
+setup.py reads this file with ``runpy`` before the package can be imported:
+it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+
+COMPILED: tuple[str, ...] = (
+    # the journal's write path and group commit
+    "common.journal.flusher",
+    "common.journal.header",
+    "common.journal.mapping",
+    "common.journal.marker",
+    "common.journal.record",
+    "common.journal.syncer",
+    # frames, the client base, the component contract
+    "common.wire.budget",
+    "common.wire.client",
+    "common.wire.component",
+    "common.wire.deadlines",
+    "common.wire.frame_reader",
+    "common.wire.framing",
+    "common.wire.pipeline",
+    "common.wire.reply_batch",
+    # the server's connections and dispatch
+    "shardmgr.server.auth",
+    "shardmgr.server.connection",
+    "shardmgr.server.control",
+    "shardmgr.server.sending",
+    "shardmgr.server.server",
+    # the queue: its owner loop, calls, state machine, files and clients
+    "workq.answer",
+    "workq.broker",
+    "workq.calls",
+    "workq.client",
+    "workq.delivery",
+    "workq.enqueues",
+    "workq.loop",
+    "workq.protocol",
+    "workq.service",
+    "workq.totals",
+    "workq.waiters",
+    "workq.worker",
+    "workq.worker_side",
+    "workq.disk.catalog",
+    "workq.disk.completion_log",
+    "workq.disk.picks",
+    "workq.disk.records",
+    "workq.disk.segment",
+    "workq.state.collector",
+    "workq.state.completion",
+    "workq.state.dispatch",
+    "workq.state.items",
+    "workq.state.lease_table",
+    "workq.state.leasing",
+    "workq.state.queue",
+    "workq.state.stats",
+)
+"""Modules on the per-request path (docs/architecture.md, "The compiled build")."""
+
+
+def compiled_modules() -> dict[str, bool]:
+    """Each module of :data:`COMPILED`: True if this install loads it from an
+    extension module (found, not imported)."""
+    found = {}
+    for name in COMPILED:
+        spec = importlib.util.find_spec(name)
+        found[name] = spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+    return found
+
+
+def describe() -> str:
+    """``compiled (mypyc, N modules)``, ``pure Python``, or ``mixed: K of N compiled``."""
+    found = compiled_modules()
+    compiled = sum(found.values())
+    if compiled == len(found):
+        return f"compiled (mypyc, {compiled} modules)"
+    if compiled == 0:
+        return "pure Python"
+    return f"mixed: {compiled} of {len(found)} modules compiled"
