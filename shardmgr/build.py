@@ -1,12 +1,11 @@
 """Which modules the package's build compiles, and which this install runs compiled.
 
-``SHARDMGR_COMPILE=1 pip install .`` (setup.py) compiles the modules of
-:data:`COMPILED` with mypyc: the same typed source as the pure-Python
-modules, built into extension modules that Python's import system prefers
-to the ``.py`` beside them. Without it nothing is compiled: the build is
-opt-in while issue 24 is open, because part of the default tests still fail
-on it. A machine without a C compiler gets the pure modules either way
-(each extension is optional: the build warns and goes on).
+``pip install .`` (setup.py) compiles the modules of :data:`COMPILED`
+with mypyc: the same typed source as the pure-Python modules, built into
+extension modules that Python's import system prefers to the ``.py``
+beside them. ``SHARDMGR_BUILD=pure pip install .`` compiles nothing. A
+machine without a C compiler gets the pure modules either way (each
+extension is optional: the build warns and goes on).
 
 setup.py reads this file with ``runpy`` before the package can be imported:
 it imports nothing of the project.
@@ -16,6 +15,21 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+
+BUILD_VARIABLE = "SHARDMGR_BUILD"
+"""The environment variable that chooses the build: ``compiled`` (the default) or ``pure``."""
+BUILDS = ("compiled", "pure")
+
+
+def wanted() -> str:
+    """The build :data:`BUILD_VARIABLE` asks for; ValueError naming the choices if it is neither."""
+    import os
+
+    build = os.environ.get(BUILD_VARIABLE, "") or BUILDS[0]
+    if build not in BUILDS:
+        raise ValueError(f"{BUILD_VARIABLE}={build!r}: expected one of {', '.join(BUILDS)}")
+    return build
+
 
 COMPILED: tuple[str, ...] = (
     # the journal's write path and group commit

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 from pathlib import Path
+
+import pytest
 
 from shardmgr import build
 
@@ -18,10 +19,17 @@ def test_every_listed_module_exists() -> None:
 
 
 def test_this_install_is_the_build_it_was_asked_for() -> None:
-    """Pure unless SHARDMGR_COMPILE was set when it was built: a stray
-    extension module left in the tree would make the tests run another build."""
-    compiled = os.environ.get("SHARDMGR_COMPILE", "") not in ("", "0")
+    """Compiled unless SHARDMGR_BUILD=pure (set for the build and for the
+    tests): a failed compile, or a stray extension module left in a pure
+    tree, would make the tests run another build than the one named."""
+    compiled = build.wanted() == "compiled"
     assert build.describe() == (f"compiled (mypyc, {len(build.COMPILED)} modules)" if compiled else "pure Python")
+
+
+def test_an_unknown_build_is_refused_naming_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(build.BUILD_VARIABLE, "fast")
+    with pytest.raises(ValueError, match="SHARDMGR_BUILD='fast': expected one of compiled, pure"):
+        build.wanted()
 
 
 def test_no_listed_module_calls_a_function_in_a_slice_bound() -> None:

@@ -34,6 +34,7 @@ from concurrent.futures import CancelledError
 from typing import Any, Generic, Self, TypeVar, cast
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from .client import ConnectionLost, Reply, RpcClient, _copy
 from .errors import ServiceError, Unavailable
@@ -236,6 +237,7 @@ class Pipe:
             raise
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # workq's QueuePipeline
 class Batch:
     """Requests queued and sent together (a pipeline, as redis-py has).
 

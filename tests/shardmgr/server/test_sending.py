@@ -17,22 +17,28 @@ from shardmgr.server.config import ServerConfig
 from shardmgr.server.connection import Connection
 
 
+class CountingSocket(socket.socket):
+    """A socket that notes the buffer count of each ``sendmsg`` (the send
+    path's one syscall), seen whichever build calls it."""
+
+    sends: list[int]
+
+    def sendmsg(self, buffers: Any, *args: Any) -> int:  # type: ignore[override]
+        buffers = list(buffers)
+        self.sends.append(len(buffers))
+        return super().sendmsg(buffers, *args)
+
+
 @pytest.fixture
-def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Connection, socket.socket, list[int]]]:
+def pair() -> Iterator[tuple[Connection, socket.socket, list[int]]]:
     """A connection (no threads started: the test is a component's thread) and its peer's socket."""
-    ours, theirs = socket.socketpair()
+    plain, theirs = socket.socketpair()
+    ours = CountingSocket(plain.family, plain.type, fileno=plain.detach())
+    ours.sends = []
     connection = Connection(ours, "peer", ServerConfig(), lambda request, principal: None, lambda c: None,
                             lambda code: None)
     connection._handshaken = True
-    sends: list[int] = []
-    real = framing.send_some
-
-    def counted(sock: socket.socket, buffers: list[Any]) -> list[memoryview]:
-        sends.append(len(buffers))
-        return real(sock, buffers)
-
-    monkeypatch.setattr(framing, "send_some", counted)
-    yield connection, theirs, sends
+    yield connection, theirs, ours.sends
     ours.close()
     theirs.close()
 
