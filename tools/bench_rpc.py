@@ -197,9 +197,9 @@ def security_round(address: tuple[str, int], pid: int, requests: int, big: int,
     """Throughputs, and CPU (server + client) per request and per MiB: CPU time
     is what the work costs whatever else the machine is doing."""
     with RpcClient(address, **options) as client:  # type: ignore[arg-type]
-        sequential(client, "ping", 200)  # warm up
+        sequential(client, "ping", 200, pid)  # warm up
         result = {"connect_us": connects(address, 200, **options) * 1e6,
-                  "rps": sequential(client, "ping", requests)["rps"]}
+                  "rps": sequential(client, "ping", requests, pid)["rps"]}
         cpu = cpu_seconds(pid) + time.process_time()
         result["pipelined_rps"] = pipelined(client, "ping", requests * 3)
         result["cpu_us_per_request"] = (cpu_seconds(pid) + time.process_time() - cpu) / (requests * 3) * 1e6
