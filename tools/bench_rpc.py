@@ -270,10 +270,11 @@ def run_security(requests: int, runs: int) -> dict[str, dict[str, dict[str, floa
         root = Path(tmp)
         pki = make_pki(root / "pki")
         token = add_token(root / "tokens", "bench", ["admin"])
-        setups = {"plain": ((), {"token": None}),
-                  "token": (("--auth-file", str(root / "tokens")), {"token": token}),
-                  "tls": (("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
-                          {"token": None, "ca": str(pki.ca)})}
+        setups: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {  # server options, client options
+            "plain": ((), {"token": None}),
+            "token": (("--auth-file", str(root / "tokens")), {"token": token}),
+            "tls": (("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
+                    {"token": None, "ca": str(pki.ca)})}
         servers = {name: start_server(root / name, *args) for name, (args, _) in setups.items()}
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
         try:
