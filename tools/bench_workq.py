@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--rss-items", type=int, default=0, help="only measure workq's RSS with this backlog")
     parser.add_argument("--callgrind", action="store_true",
                         help="also count workq's instructions per call under valgrind (tools/instructions.py)")
-    parser.add_argument("--callgrind-items", type=int, default=2000, help="counted enqueues, then work items")
+    parser.add_argument("--callgrind-items", type=int, default=1000, help="counted enqueues, then work items")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.rss_items:
