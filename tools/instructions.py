@@ -250,10 +250,10 @@ class Window:
 
 
 def count(server: Counted, factory: str, address: str, out_dir: Path, *, label: str, what: str,
-          warmup: int, requests: int, calls: int = 1) -> Window:
-    """The server's idle rate; then, in a client child, ``warmup`` of ``factory``'s calls, and
-    ``requests`` more counted on both sides. ``calls``: client calls per request, for the tables."""
-    idle_ir_per_s = idle_rate(server, f"{label}-idle")
+          warmup: int, requests: int, calls: int = 1, idle_s: float = IDLE_S) -> Window:
+    """The server's idle rate (over ``idle_s``); then, in a client child, ``warmup`` of ``factory``'s
+    calls, and ``requests`` more counted on both sides. ``calls``: client calls per request, for the tables."""
+    idle_ir_per_s = idle_rate(server, f"{label}-idle", idle_s)
     client = Client(factory, address, warmup, out_dir / f"{label}.client")
     try:
         server.on()  # first on, last off: the server is idle while the client is being switched

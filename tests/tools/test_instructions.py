@@ -36,7 +36,7 @@ def test_a_ping_is_counted_on_both_sides_and_the_server_stops_cleanly(tmp_path: 
                                                 instructions.FLUSH_INTERVAL_MS, prefix=instructions.prefix(out))
     with instructions.Counted(proc, out) as server:
         window = instructions.count(server, "bench_rpc:ping_client", f"{host}:{port}", tmp_path, label="ping",
-                                    what="ping", warmup=20, requests=100)
+                                    what="ping", warmup=20, requests=100, idle_s=0.5)
     assert proc.returncode == 0  # SIGTERM: a clean stop
     # a pure-Python ping costs ~80k instructions on the server, ~50k in the client; compiled, fewer
     assert 10_000 < window.server_per_request < 1_000_000
