@@ -30,12 +30,19 @@ each figure the median over the rounds with its min-max spread:
   machine does not change the way it changes throughput (a throwaway CA and certificate, ECDSA P-256,
   made with tests/shardmgr/server/certs.py, which needs the [test] extra).
 
-Usage: python tools/bench_rpc.py [--requests N] [--runs R] [--only echo|security] [--json]
+Instructions (issue 24, ``--callgrind``, needs valgrind): server and client
+instructions (callgrind Ir) per sequential ``ping``, shardmgr serve and the
+echo baseline, counted after a warm-up (tools/instructions.py: how, and the
+flush interval they are counted with); stable where seconds are not.
+
+Usage: python tools/bench_rpc.py [--requests N] [--runs R] [--only echo|security|callgrind] [--callgrind]
+       [--callgrind-requests N] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -45,8 +52,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import instructions  # tools/instructions.py, beside this file
 import numpy as np
 from emit import emit  # tools/emit.py, beside this file
 from rich.console import Console
@@ -58,14 +68,22 @@ from shardmgr.server.auth import add_token
 
 WINDOW = 64
 BIG = 4 << 20
+CALLGRIND_WARMUP = 200  # requests before counting: imports, first-call caches, the connection's buffers
+ECHO_TICK_S = 0.05  # the echo baseline's wake-up under callgrind (serve_echo)
 
 
-def serve_echo(port_file: str) -> None:
-    """Baseline: echo the 8-byte preamble, then every frame, unchanged."""
+def serve_echo(port_file: str, tick: float | None = None) -> None:
+    """Baseline: echo the 8-byte preamble, then every frame, unchanged. ``tick``: wake the
+    accepting thread that often (under callgrind: vgdb reaches a process whose threads all
+    block only through ptrace, which containers may refuse; tools/instructions.py)."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(tick)
     Path(port_file).write_text(str(listener.getsockname()[1]))
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
         threading.Thread(target=_echo, args=(conn,), daemon=True).start()
 
 
@@ -92,10 +110,12 @@ def _fill(sock: socket.socket, view: memoryview, start: int, size: int) -> bool:
     return True
 
 
-def start_echo() -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
+def start_echo(prefix: Sequence[str] = (), *extra: str,
+               timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
+    """The echo baseline (``prefix``: what to run it under); returns once it listens."""
     port_file = tempfile.mktemp()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-echo", port_file])
-    deadline = time.monotonic() + 30
+    proc = subprocess.Popen([*prefix, sys.executable, __file__, "--serve-echo", port_file, *extra])
+    deadline = time.monotonic() + timeout
     while not os.path.exists(port_file) or not Path(port_file).read_text():
         if time.monotonic() > deadline:
             raise RuntimeError("echo server did not start")
@@ -105,11 +125,12 @@ def start_echo() -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
     return proc, ("127.0.0.1", port)
 
 
-def start_server(data: Path, *extra: str) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
-    """``shardmgr serve`` on a free port; returns once its ready file says where."""
+def start_server(data: Path, *extra: str,
+                 prefix: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
+    """``shardmgr serve`` (``prefix``: what to run it under) on a free port; returns once its ready file says where."""
     ready, log = data.with_name(data.name + ".ready"), data.with_name(data.name + ".log")
     with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
-        proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(data), "--port", "0",
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "shardmgr", "serve", "--data", str(data), "--port", "0",
                                  "--ready-file", str(ready), "--log-level", "WARNING", *extra], stderr=stderr)
     return proc, readiness.wait(ready, proc, 3600, log=log.read_text)
 
@@ -174,6 +195,37 @@ def run(requests: int) -> dict[str, dict[str, float]]:
             "ratio": {k: ours[k] / baseline[k] for k in ours}}
 
 
+def ping_client(address: str) -> Callable[[], object]:
+    """The counted client's call (tools/instructions.py): one ``ping`` on one connection to ``address``."""
+    host, port = address.rsplit(":", 1)
+    client = RpcClient((host, int(port)))
+    client.connect()
+    return functools.partial(client.call, "ping")
+
+
+def run_callgrind(requests: int) -> dict[str, Any]:
+    """Server and client instructions per ``ping``: shardmgr serve, then the echo baseline (same frame)."""
+    windows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        starts: dict[str, tuple[str, Callable[[Path], tuple[subprocess.Popen[bytes], tuple[str, int]]]]] = {
+            "ping": ("ping, shardmgr serve", lambda out: start_server(
+                root / "data", "--flush-interval-ms", instructions.FLUSH_INTERVAL_MS, prefix=instructions.prefix(out))),
+            "echo": ("ping frame, echo baseline", lambda out: start_echo(
+                instructions.prefix(out), "--echo-tick", str(ECHO_TICK_S), timeout=instructions.START_TIMEOUT_S))}
+        for label, (what, start) in starts.items():
+            out = root / f"{label}.server"
+            proc, (host, port) = start(out)
+            with instructions.Counted(proc, out) as server:
+                windows.append(instructions.count(server, "bench_rpc:ping_client", f"{host}:{port}", root, label=label,
+                                                  what=what, warmup=CALLGRIND_WARMUP, requests=requests))
+    return instructions.report(windows)
+
+
+def show_instructions(results: dict[str, Any]) -> None:
+    instructions.show(results, "RPC over loopback, one connection, sequential", baseline="echo")
+
+
 def connects(address: tuple[str, int], n: int, **options: object) -> float:
     """Median seconds for one connect + handshake (+ auth) + close."""
     times = np.empty(n)
@@ -197,9 +249,9 @@ def security_round(address: tuple[str, int], pid: int, requests: int, big: int,
     """Throughputs, and CPU (server + client) per request and per MiB: CPU time
     is what the work costs whatever else the machine is doing."""
     with RpcClient(address, **options) as client:  # type: ignore[arg-type]
-        sequential(client, "ping", 200)  # warm up
+        sequential(client, "ping", 200, pid)  # warm up
         result = {"connect_us": connects(address, 200, **options) * 1e6,
-                  "rps": sequential(client, "ping", requests)["rps"]}
+                  "rps": sequential(client, "ping", requests, pid)["rps"]}
         cpu = cpu_seconds(pid) + time.process_time()
         result["pipelined_rps"] = pipelined(client, "ping", requests * 3)
         result["cpu_us_per_request"] = (cpu_seconds(pid) + time.process_time() - cpu) / (requests * 3) * 1e6
@@ -218,10 +270,11 @@ def run_security(requests: int, runs: int) -> dict[str, dict[str, dict[str, floa
         root = Path(tmp)
         pki = make_pki(root / "pki")
         token = add_token(root / "tokens", "bench", ["admin"])
-        setups = {"plain": ((), {"token": None}),
-                  "token": (("--auth-file", str(root / "tokens")), {"token": token}),
-                  "tls": (("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
-                          {"token": None, "ca": str(pki.ca)})}
+        setups: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {  # server options, client options
+            "plain": ((), {"token": None}),
+            "token": (("--auth-file", str(root / "tokens")), {"token": token}),
+            "tls": (("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
+                    {"token": None, "ca": str(pki.ca)})}
         servers = {name: start_server(root / name, *args) for name, (args, _) in setups.items()}
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
         try:
@@ -281,21 +334,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20_000, help="sequential requests per server")
     parser.add_argument("--runs", type=int, default=3, help="interleaved rounds of the security measurements")
-    parser.add_argument("--only", choices=("echo", "security"), help="run one part only")
+    parser.add_argument("--only", choices=("echo", "security", "callgrind"), help="run one part only")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="also count instructions per request under valgrind (tools/instructions.py)")
+    parser.add_argument("--callgrind-requests", type=int, default=2000, help="counted requests per server")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--serve-echo", help=argparse.SUPPRESS)
+    parser.add_argument("--echo-tick", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo:
-        serve_echo(args.serve_echo)
+        serve_echo(args.serve_echo, args.echo_tick)
         return
+    counting = args.callgrind or args.only == "callgrind"
+    if counting and (reason := instructions.missing()):
+        parser.error(f"--callgrind: {reason}")
     results: dict[str, object] = {}
-    if args.only != "security":
+    if args.only in (None, "echo"):
         results["echo"] = run(args.requests)
-    if args.only != "echo":
+    if args.only in (None, "security"):
         results["security"] = run_security(args.requests // 4, args.runs)
-    emit(results, args.json, lambda r: [shower(r[part]) for part, shower in (("echo", show),
-                                                                             ("security", show_security))
-                                        if part in r])
+    if counting:
+        results["instructions"] = run_callgrind(args.callgrind_requests)
+    emit(results, args.json, show_all)
+
+
+def show_all(results: dict[str, Any]) -> None:
+    """Each part's tables, in the order they ran."""
+    for part, shower in (("echo", show), ("security", show_security), ("instructions", show_instructions)):
+        if part in results:
+            shower(results[part])
 
 
 if __name__ == "__main__":

@@ -42,10 +42,17 @@ Every configuration runs ``--runs`` times (default 3) in interleaved rounds;
 printed: the median of each figure with its min-max over the runs, and
 workq/peer ratios computed from the medians. Peer drivers: tools/peer_*.py.
 
+Instructions (issue 24, ``--callgrind``, needs valgrind): server and client
+instructions (callgrind Ir) per durable one-item enqueue, and per one-item
+work cycle (lease, then a durable complete: two calls), on one ``shardmgr
+serve``, counted after a warm-up (tools/instructions.py: how, and the flush
+interval they are counted with); stable where seconds and CPU time are not.
+
 Usage (from the tree to measure; ``shardmgr serve`` imports from the CWD):
   BENCH_DIR=/path/on/disk PYTHONPATH=. python tools/bench_workq.py [--json]
   python tools/bench_workq.py --runs 1 --items 20000 --items-b1 1000 --producers 1,8   # smoke run
   python tools/bench_workq.py --rss-items 10000000   # workq RSS with a 10M backlog
+  python tools/bench_workq.py --callgrind --peers '' --producers ''   # instructions per call only
 Needs redis-server, beanstalkd and nats-server on PATH (Debian packages) and
 the Python clients redis and nats-py.
 """
@@ -53,19 +60,31 @@ the Python clients redis and nats-py.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import instructions  # tools/instructions.py, beside this file
 from emit import emit  # tools/emit.py, beside this file
 from measure import PAYLOAD, RESULT, WORKERS, Phases, Producers, measure_phases, measure_producers
+from peer import JOB
+from peer_workq import Workq
 from peers import PEERS, PRODUCER_PEERS
 from provenance import commit
 from rich.console import Console
 from rich.table import Table
 from rounds import Spread, interleave, ratio, summarise
 
+import workq
+
 BATCH_RSS = 1000
+CALLGRIND_WARMUP = 200  # calls before counting: imports, first-call caches, the journals' first pages
 
 
 def _ints(text: str) -> list[int]:
@@ -141,6 +160,45 @@ def jsonable(results: dict[str, Any]) -> dict[str, Any]:
             "producer_ratios_of_medians": ratios(results["producers"], "producers", ("enqueue_per_s",))}
 
 
+def enqueue_one(address: str) -> Callable[[], object]:
+    """The counted producer's call (tools/instructions.py): one durable one-item enqueue, as ``workq durable``."""
+    client = workq.connect(address)
+    return functools.partial(client.enqueue, JOB, "m", "s", 1, [os.urandom(PAYLOAD)], durable=True)
+
+
+def lease_complete_one(address: str) -> Callable[[], object]:
+    """The counted worker's cycle: lease one item, complete it durably (``workq durable``'s worker at B = 1)."""
+    worker = workq.Worker(address, "w0", models=["m"])
+    result = os.urandom(RESULT)
+
+    def cycle() -> None:
+        items = worker.lease(1, wait=1.0)
+        if not items:  # the enqueue window leaves exactly one item per cycle
+            raise RuntimeError("nothing to lease")
+        worker.complete(items[0].handle, result, durable=True)
+
+    return cycle
+
+
+def run_callgrind(requests: int) -> dict[str, Any]:
+    """Server and client instructions per durable one-item enqueue, then per one-item lease + durable
+    complete of those items, on one ``shardmgr serve`` under callgrind."""
+    base = Path(tempfile.mkdtemp(prefix="bench-callgrind-", dir=os.environ.get("BENCH_DIR", os.getcwd())))
+    try:
+        driver, out = Workq(), base / "server"
+        driver.start(base, instructions.prefix(out), ("--flush-interval-ms", instructions.FLUSH_INTERVAL_MS))
+        with instructions.Counted(driver.proc, out) as server:
+            windows = [instructions.count(server, "bench_workq:enqueue_one", driver.address, base, label="enqueue",
+                                          what="one-item durable enqueue", warmup=CALLGRIND_WARMUP,
+                                          requests=requests),
+                       instructions.count(server, "bench_workq:lease_complete_one", driver.address, base,
+                                          label="work", what="one item: lease + durable complete",
+                                          warmup=CALLGRIND_WARMUP, requests=requests, calls=2)]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return instructions.report(windows)
+
+
 def show(results: dict[str, Any]) -> None:
     console = Console(width=max(Console().width, 120))  # a pipe gets 80 columns: too few for these tables
     spread = "median of {runs} interleaved runs [min–max]".format(**results["settings"])
@@ -151,6 +209,8 @@ def show(results: dict[str, Any]) -> None:
         _memory_table(console, results["phases"], results["settings"]["runs"])
     if results["producers"]:
         _producer_table(console, results["producers"], spread, results["settings"]["producer_seconds"])
+    if "instructions" in results:
+        instructions.show(results["instructions"], "workq, one item per call, one connection")
 
 
 def _phase_table(console: Console, rows: list[dict[str, Any]], batch: int, spread: str) -> None:
@@ -225,6 +285,9 @@ def main() -> None:
     parser.add_argument("--producer-peers", type=_names, default=list(PRODUCER_PEERS))
     parser.add_argument("--producer-seconds", type=float, default=3.0, help="how long each producer enqueues")
     parser.add_argument("--rss-items", type=int, default=0, help="only measure workq's RSS with this backlog")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="also count workq's instructions per call under valgrind (tools/instructions.py)")
+    parser.add_argument("--callgrind-items", type=int, default=1000, help="counted enqueues, then work items")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.rss_items:
@@ -234,7 +297,11 @@ def main() -> None:
         return
     if min(args.items, args.items_b1, args.runs) < 1 or args.producer_seconds <= 0:
         parser.error("--items, --items-b1 and --runs must be at least 1, --producer-seconds positive")
+    if args.callgrind and (reason := instructions.missing()):
+        parser.error(f"--callgrind: {reason}")
     results = run(args)
+    if args.callgrind:
+        results["instructions"] = run_callgrind(args.callgrind_items)
     emit(jsonable(results) if args.json else results, args.json, show)
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,13 @@ class Workq(Peer):
     pipelined = False  # clients send without waiting for each answer (WorkqPipelined)
     one_trip = False  # workers complete and lease in one call (WorkqOneTrip)
 
-    def start(self, base: Path) -> None:
+    def start(self, base: Path, prefix: Sequence[str] = (), extra: Sequence[str] = ()) -> None:
+        """``shardmgr serve`` (``prefix``: what to run it under; ``extra``: more options) on a free port."""
         ready, log = base / "data.ready", base / "data.log"
         with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
-            self.proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(base / "data"),
-                                          "--port", "0", "--ready-file", str(ready)], stderr=stderr)
+            self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "shardmgr", "serve", "--data",
+                                          str(base / "data"), "--port", "0", "--ready-file", str(ready), *extra],
+                                         stderr=stderr)
         host, port = readiness.wait(ready, self.proc, 3600, log=log.read_text)
         self.address = f"{host}:{port}"
 
