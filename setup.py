@@ -20,8 +20,6 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 TARGET = "build"
 """Where mypyc writes the C it generates."""
-GROUP = "common.compiled"
-"""mypyc's group: one shared library of all the compiled code, common/compiled__mypyc.*.so."""
 
 
 def compiled_extensions() -> list[Extension]:
@@ -36,12 +34,12 @@ def compiled_extensions() -> list[Extension]:
     # The group's shared library goes inside a package (a top-level one is not found through an
     # editable install), and into common, whose __init__ imports nothing: a module's shim importing
     # it cannot start an import cycle
-    extensions = mypycify(paths, opt_level="3", multi_file=True, group_name=GROUP, target_dir=TARGET)
+    extensions = mypycify(paths, opt_level="3", multi_file=True, group_name=build["GROUP"], target_dir=TARGET)
     for extension in extensions:
         extension.optional = True  # no compiler: the pure-Python modules are used
         # mypyc writes a dotted group's headers under its package's folder (build/common), where
         # the modules' C files (in build/) do not look
-        extension.include_dirs.append(os.path.join(TARGET, *GROUP.split(".")[:-1]))
+        extension.include_dirs.append(os.path.join(TARGET, *build["GROUP"].split(".")[:-1]))
     return extensions
 
 

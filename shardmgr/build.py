@@ -31,14 +31,27 @@ def wanted() -> str:
     return build
 
 
+GROUP = "common.compiled"
+"""mypyc's group: the one shared library that holds all the compiled code
+(``common/compiled__mypyc.*.so``; each module of :data:`COMPILED` keeps a
+small extension of its own name that loads it)."""
+LIBRARY = GROUP + "__mypyc"
+
+
 COMPILED: tuple[str, ...] = (
-    # the journal's write path and group commit
+    # the journal: its reads, appends, marker changes and group commit
+    "common.journal.anchors",
+    "common.journal.appending",
     "common.journal.flusher",
     "common.journal.header",
+    "common.journal.journal",
     "common.journal.mapping",
     "common.journal.marker",
+    "common.journal.marking",
+    "common.journal.reader",
     "common.journal.record",
     "common.journal.syncer",
+    "common.journal.writing",
     # frames, the component contract
     "common.wire.budget",
     "common.wire.component",

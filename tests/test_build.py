@@ -26,6 +26,19 @@ def test_this_install_is_the_build_it_was_asked_for() -> None:
     assert build.describe() == (f"compiled (mypyc, {len(build.COMPILED)} modules)" if compiled else "pure Python")
 
 
+def test_no_compiled_module_is_older_than_its_source() -> None:
+    """An edit to a listed module after the build would run the old code
+    compiled (the extension is preferred to the .py): rebuild with the
+    install line (``pip install -e '.[test]'``) after editing one."""
+    library = importlib.util.find_spec(build.LIBRARY)
+    if library is None or library.origin is None:
+        pytest.skip("no compiled build here")
+    built = Path(library.origin).stat().st_mtime
+    stale = [name for name, compiled in build.compiled_modules().items()
+             if compiled and (ROOT / (name.replace(".", "/") + ".py")).stat().st_mtime > built]
+    assert stale == [], "edited after the build; rebuild: pip install -e '.[test]'"
+
+
 def test_an_unknown_build_is_refused_naming_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(build.BUILD_VARIABLE, "fast")
     with pytest.raises(ValueError, match="SHARDMGR_BUILD='fast': expected one of compiled, pure"):

@@ -55,6 +55,8 @@ class Handle(NamedTuple):
 
 def pack(segment: int | np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Packed handles (uint64) for records of one segment (or one segment each)."""
+    if isinstance(segment, int) and len(offsets) <= SMALL_BATCH:  # one item: int arithmetic, one array
+        return np.array([(segment << 32) | (offset // OFFSET_UNIT) for offset in offsets.tolist()], np.uint64)
     return (np.asarray(segment).astype(np.uint64) << np.uint64(32)) | (offsets.astype(np.uint64)
                                                                         // np.uint64(OFFSET_UNIT))
 

@@ -22,8 +22,8 @@ from .config import JournalConfig
 from .errors import JournalFull, JournalSealed, WriteFailed
 from .flusher import Ticket
 from .marker import MARKER_INDEX, Marker
+from .marking import MarkerWriter
 from .record import Body, encode_batch
-from .writing import WritingSide
 
 
 class Appended(NamedTuple):
@@ -33,8 +33,9 @@ class Appended(NamedTuple):
     ticket: Ticket
 
 
-class RecordAppender(WritingSide):
-    """The appending side of :class:`~common.journal.Journal` (a mixin over its state)."""
+class RecordAppender(MarkerWriter):
+    """The appending side of :class:`~common.journal.Journal` (a layer over its state; marking.py's
+    below it only because a compiled class has one base: appends use nothing of it)."""
 
     config: JournalConfig
     _sealed: bool

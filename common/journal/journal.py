@@ -10,9 +10,9 @@ the shared :class:`~common.flusher.Flusher` covering it completes;
 :meth:`Journal.wait_durable` blocks until then. Nothing is durable earlier.
 
 The journal is its lifecycle (create, open and recover, seal, close) and
-its durability (tickets, flusher steps); its three sides are mixins over
-its state: appends (appending.py), reads (reader.py), marker changes
-(marking.py).
+its durability (tickets, flusher steps); its three sides are layers below
+it over its state, one base class each (writing.py says why): reads
+(reader.py), marker changes (marking.py), appends (appending.py).
 
 I/O: appends are one ``pwrite`` per batch (measured faster than copying into
 the mapping; see docs/benchmarks.md). Reads, scans and marker changes go
@@ -44,7 +44,6 @@ from .flusher import Flusher, Ticket
 from .header import HEADER_SIZE, Checkpoint, Identity, initial_header, newest, read_checkpoints
 from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker
-from .marking import MarkerWriter
 from .recovery import RecoveryReport, recover
 from .syncer import Syncer
 
@@ -53,7 +52,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Appended", "Journal"]
 
 
-class Journal(RecordAppender, MarkerWriter):
+class Journal(RecordAppender):
     """One journal file. Build it with :meth:`create` or :meth:`open`."""
 
     def __init__(self, path: Path, fd: int, header: bytes, *, writable: bool,

@@ -26,6 +26,9 @@ from . import filesystem
 from .config import Preallocate
 from .record import align_up
 
+Mapped = mmap.mmap | bytes
+"""A journal file's bytes: its mapping, or a snapshot's copy (both slice to bytes)."""
+
 
 class MappedFile:
     """An open file descriptor plus a uint8 and a uint32 view of its mapping."""
@@ -37,7 +40,7 @@ class MappedFile:
         self.writable = writable
         self.snapshot = snapshot
         self.size = os.fstat(fd).st_size
-        self.mm: mmap.mmap = None  # type: ignore[assignment]  # set by _remap below
+        self.mm: Mapped = b""  # set by _remap below
         self.bytes = np.zeros(0, dtype=np.uint8)
         self.words = np.zeros(0, dtype="<u4")
         self._remap()
@@ -53,11 +56,15 @@ class MappedFile:
 
     def _read_all(self) -> None:
         """Copy the whole file, up to its end at the time of reading."""
-        data = bytearray()
-        while chunk := os.pread(self.fd, 16 << 20, len(data)):
-            data += chunk
+        chunks, size = [], 0
+        while chunk := os.pread(self.fd, 16 << 20, size):
+            chunks.append(chunk)
+            size += len(chunk)
+        # bytes, not a bytearray: a slice of it is bytes, as a slice of a mapping is (the compiled
+        # build checks that type where the source says it)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.size = len(data)
-        self.mm = data  # type: ignore[assignment]  # slicing and struct reads work alike
+        self.mm = data
         self.bytes = np.frombuffer(data, dtype=np.uint8)
         self.words = self.bytes[: self.size // 4 * 4].view("<u4")
 
@@ -82,7 +89,7 @@ class MappedFile:
     def close(self) -> None:
         self.bytes = np.zeros(0, dtype=np.uint8)
         self.words = np.zeros(0, dtype="<u4")
-        if not self.snapshot:
+        if isinstance(self.mm, mmap.mmap):
             with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping dies with it
                 self.mm.close()
         os.close(self.fd)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from .errors import MarkerConflict
 from .flusher import Ticket
-from .mapping import MappedFile
 from .marker import MARKER_INDEX, Marker, marker_index
 from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, align_up, align_up_array
 from .writing import WritingSide
@@ -28,10 +26,7 @@ _LENGTH_WORD = struct.Struct("<I")
 
 
 class MarkerWriter(WritingSide):
-    """The marker-changing side of :class:`~common.journal.Journal` (a mixin over its state)."""
-
-    path: Path
-    _file: MappedFile
+    """The marker-changing side of :class:`~common.journal.Journal` (a layer over its state)."""
 
     def set_markers(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
                     expect: Marker | None = None, proven: bool = False) -> Ticket:

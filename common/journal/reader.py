@@ -12,7 +12,6 @@ never sees a body cut short by a concurrent append's remap.
 from __future__ import annotations
 
 import functools
-import mmap
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -25,7 +24,7 @@ import numpy as np
 from .anchors import Anchors
 from .errors import CorruptJournal, RecordNotFound
 from .header import HEADER_SIZE, Identity
-from .mapping import MappedFile
+from .mapping import Mapped, MappedFile
 from .marker import Marker
 from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, RecordHeader, check_record, locate_records
 from .scan import END, WINDOW_BYTES, RecordChunk, Walk
@@ -59,7 +58,7 @@ class Record(NamedTuple):
 
 
 class RecordReader:
-    """The read side of :class:`~common.journal.Journal` (a mixin over its state)."""
+    """The read side of :class:`~common.journal.Journal` (the first layer over its state)."""
 
     path: Path
     identity: Identity
@@ -184,7 +183,7 @@ class RecordReader:
         return found
 
     @staticmethod
-    def _copy_scattered(mm: mmap.mmap, offsets: np.ndarray, lengths: np.ndarray) -> tuple[memoryview, list[int]]:
+    def _copy_scattered(mm: Mapped, offsets: np.ndarray, lengths: np.ndarray) -> tuple[memoryview, list[int]]:
         sizes = (lengths + RECORD_HEADER_SIZE).tolist()
         span = memoryview(b"".join(mm[o:o + n] for o, n in zip(offsets.tolist(), sizes)))
         starts = np.zeros(len(sizes), dtype=np.int64)
@@ -234,7 +233,7 @@ class RecordReader:
                       for off, length in zip(chunk.offsets.tolist(), chunk.lengths.tolist())]
         return np.array(values, dtype=dtype)
 
-    def _body(self, mm: mmap.mmap, offset: int, end: int) -> bytes:
+    def _body(self, mm: Mapped, offset: int, end: int) -> bytes:
         try:
             header = check_record(mm, offset, end, self.alignment)
         except RecordNotFound as exc:

@@ -1,25 +1,26 @@
 """What the writing sides of a journal (appending.py, marking.py) need of it.
 
-:class:`~common.journal.Journal` combines the reading side (reader.py) with
-two writing sides, each a mixin over the journal's state. This base names
-the state they share and the two hooks the journal provides, so that each
-side states only what is its own.
+:class:`~common.journal.Journal` is a chain of layers over one state, each
+in its own file and each with one base class: the reading side
+(reader.py), this base, marker changes (marking.py), appends
+(appending.py), then the journal's lifecycle and durability (journal.py).
+One base each, not mixins, so that mypyc can compile the chain (a native
+class has a single base; docs/architecture.md, "The compiled build"). This
+base names the state the writing sides share and the two hooks the journal
+provides, so that each side states only what is its own.
 
 Threads: the journal's owner (the thread that writes), under ``_lock``.
 """
 
 from __future__ import annotations
 
-import threading
-
 from .flusher import Ticket
 from .reader import RecordReader
 
 
 class WritingSide(RecordReader):
-    """A writing side of :class:`~common.journal.Journal` (a mixin over its state)."""
+    """A writing side of :class:`~common.journal.Journal` (a layer over its state)."""
 
-    _lock: threading.Lock
     _counters: list[int]
     _seq: int
 

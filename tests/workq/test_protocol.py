@@ -112,3 +112,14 @@ def test_encode_statuses_of_a_few_matches_the_general_encoding(statuses: list[st
     assert few[0] == general[0] and type(few[0]["completed"]) is int
     _same_parts(few[1], general[1])
     assert protocol.decode_statuses(few[1]) == statuses
+
+
+@given(segment=st.integers(0, (1 << 32) - 1),
+       offsets=st.lists(st.integers(0, (1 << 32) - 1).map(lambda u: u * protocol.OFFSET_UNIT),
+                        max_size=protocol.SMALL_BATCH + 2))
+def test_pack_of_a_few_matches_the_general_pack(segment: int, offsets: list[int]) -> None:
+    column = np.array(offsets, dtype=np.int64)
+    few, general = _outcome(protocol.pack, segment, column), _general(protocol.pack, segment, column)
+    assert few[1].dtype == general[1].dtype == np.uint64
+    assert few[1].tolist() == general[1].tolist()
+    assert protocol.unpack(few[1])[1].tolist() == offsets

@@ -35,7 +35,17 @@ from common.journal.scan import RecordChunk
 from workq.protocol import Key
 
 from . import picks
-from .records import HEAD_BYTES, JOB_AT, POSITION_AT, SEGMENT_KIND, SEGMENT_SUFFIX, TIME_AT, heads, segment_file
+from .records import (
+    HEAD_BYTES,
+    JOB_AT,
+    POSITION_AT,
+    SEGMENT_KIND,
+    SEGMENT_SUFFIX,
+    TIME_AT,
+    heads,
+    heads_few,
+    segment_file,
+)
 
 SUFFIX = SEGMENT_SUFFIX
 RETIRED = np.uint32(Marker.RETIRED)
@@ -150,7 +160,10 @@ class Segment:
         ticket that says when they are durable (the caller counts them
         pending: workq.state.items)."""
         n = len(payloads)
-        head = heads(job, first_position + np.arange(n, dtype=np.uint64), time.time_ns(), n)
+        if n <= SMALL_BATCH:  # a one-item enqueue: struct calls, not a dozen numpy ones
+            head = heads_few([job] * n, range(first_position, first_position + n), time.time_ns())
+        else:
+            head = heads(job, first_position + np.arange(n, dtype=np.uint64), time.time_ns(), n)
         offsets, ticket = self.journal.append_batch(payloads, prefix=head)
         self.last_append = time.monotonic()
         return offsets, ticket

@@ -87,7 +87,8 @@ def test_a_full_disk_is_logged_once_an_episode_with_its_file_and_counted(tmp_pat
                     for component in ("shardmgr", "workq"):
                         assert counters[component]["disk_full_total"] == 3 * episode, counters[component]
                         assert counters[component]["disk_full"] == 1
-                    full = [line for line in server.log if "disk full:" in line]
+                    # the lines reach the log reader after the replies do: waited for, then counted exactly
+                    full = server.wait_log_count("disk full:", 2 * episode)
                     assert len(full) == 2 * episode, "\n".join(full)  # one per component and episode
                     for line in full[-2:]:
                         assert re.search(r"ERROR .*: disk full: a write to \S*/disk/data/\S* needing [0-9]+ bytes was "
@@ -95,7 +96,7 @@ def test_a_full_disk_is_logged_once_an_episode_with_its_file_and_counted(tmp_pat
                     (disk / "ballast").unlink()
                     store.append("c", rows(1, 99), [99], durable=True)  # the episode ends
                     queue.enqueue("j", "m", "s", 1, [b"after"], durable=True)
-                    again = [line for line in server.log if "disk space again" in line]
+                    again = server.wait_log_count("disk space again", 2 * episode)
                     assert len(again) == 2 * episode and all("after 3 refused" in line for line in again[-2:]), again
                     counters = store.rpc.call("stats").result
                     assert counters["shardmgr"]["disk_full"] == 0 and counters["workq"]["disk_full"] == 0

@@ -8,6 +8,8 @@ test wants.
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,6 @@ from hypothesis import strategies as st
 
 import workq
 from common.journal import Flusher, FlusherConfig, Marker
-from common.journal.errors import WriteFailed
 from common.journal.testing import PowerCut
 from workq.config import WorkqConfig
 from workq.disk.records import job_id
@@ -123,10 +124,16 @@ def test_a_failed_append_keeps_the_results_written_before_it(tmp_path: Path, man
     [x], _ = state.enqueue("alpha", KEY, [b"X"])
     [y], _ = state.enqueue("beta", KEY, [b"Y"])
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise WriteFailed("disk says no", 5)
+    # the failing log's file refuses its next write (os.pwrite, as a real disk error would: the
+    # journal's own methods are compiled and cannot be patched)
+    failing_fd, pwrite = state.logs[job_id(failing)].active._file.fd, os.pwrite
 
-    monkeypatch.setattr(state.logs[job_id(failing)].active, "append_batch", broken)
+    def broken(fd: int, data: object, offset: int) -> int:
+        if fd == failing_fd:
+            raise OSError(errno.EIO, "disk says no")
+        return pwrite(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "pwrite", broken)
     plan = complete(state, [x, y], [b"rx", b"ry"])
     assert isinstance(plan.error, workq.ResultsNotRecorded) and "disk says no" in str(plan.error)
     manual.flush_now()
