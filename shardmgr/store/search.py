@@ -150,15 +150,12 @@ def _first_is_answer(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
     first = parts[0][0]
     if first.shape[1] != k or sum(p[0].shape[1] for p in parts) > PARTITION_ABOVE * k:
         return False
-    key = first if metric == "l2" else -first
-    if k > 1 and not bool((key[:, 1:] >= key[:, :-1]).all()):
+    # "not all(ranked no earlier)" rather than "any(ranked earlier)": a NaN compares false, so it takes the sort
+    after = np.greater_equal if metric == "l2" else np.less_equal  # ranked no earlier than
+    if k > 1 and not bool(after(first[:, 1:], first[:, :-1]).all()):
         return False
-    kth = key[:, -1]
-    for scores, _, _ in parts[1:]:
-        best = scores.min(axis=1) if metric == "l2" else -scores.max(axis=1)
-        if not bool((best >= kth).all()):
-            return False
-    return True
+    kth = first[:, -1:]
+    return all(bool(after(scores, kth).all()) for scores, _, _ in parts[1:])
 
 
 def _padded(nq: int, k: int, metric: str) -> Hits:
