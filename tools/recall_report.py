@@ -36,19 +36,53 @@ def _grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict
     return out
 
 
+FIGURES = {"batch_qps": "batch", "single_qps": "single"}
+
+
+def _keys(data: dict[str, Any]) -> list[str]:
+    """The q/s figures every row of a data set has (a run with ``--single 0`` has no single_qps)."""
+    return [key for key in FIGURES if all(key in row["summary"] for row in data["settings"])]
+
+
+def _ratio(row: dict[str, Any], key: str) -> str:
+    """The median of per-round ratios to faiss and their spread (a ratio of medians in older --json output)."""
+    cell = f"{row['ratio'][key]:.2f}"
+    if key in row.get("ratio_spread", {}):
+        s = _spread(row["ratio_spread"][key])
+        cell += f" [{s.low:.2f}–{s.high:.2f}]"
+    return cell
+
+
+def _header(data: dict[str, Any]) -> tuple[str, list[str]]:
+    """A data set's table title and columns."""
+    title = (f"{data['name']}, {data['metric']}: recall@10 and queries/s (batch of {data['queries']:,}; one query "
+             "per call), median [min–max]; × = median of per-round ratios to faiss [min–max]")
+    columns = ["index", "params", "recall@10"]
+    for key in _keys(data):
+        columns += [f"{FIGURES[key]}: ours", "faiss", "network", "× ours", "× net"]
+    return title, columns
+
+
+def _cells(data: dict[str, Any]) -> list[list[str]]:
+    """A data set's table rows: one per index string and parameter setting."""
+    out = []
+    for (spec, knobs), systems in _grouped(data["settings"]).items():
+        cells = [spec, knobs, _recall(systems)]
+        for key in _keys(data):
+            cells += [_qps(systems[s]["summary"][key]) if s in systems else "" for s in SYSTEMS]
+            cells += [_ratio(systems[s], key) if s in systems else "" for s in ("ours", "network")]
+        out.append(cells)
+    return out
+
+
 def show(results: dict[str, Any]) -> None:
     console = Console(width=max(Console().width, 160))  # a pipe gets 80 columns: too few for these tables
     for data in results["sets"]:
-        table = Table(title=f"{data['name']}, {data['metric']}: recall@10 and queries/s (batch of {data['queries']:,}; "
-                            "one query per call), median [min–max]; × = ratio of medians to faiss")
-        for col in ("index", "params", "recall@10", "batch: ours", "faiss", "network", "× ours", "× net",
-                    "single: ours", "faiss", "network", "× ours", "× net"):
+        title, columns = _header(data)
+        table = Table(title=title)
+        for col in columns:
             table.add_column(col, justify="right")
-        for (spec, knobs), systems in _grouped(data["settings"]).items():
-            cells = [spec, knobs, _recall(systems)]
-            for key in ("batch_qps", "single_qps"):
-                cells += [_qps(systems[s]["summary"][key]) if s in systems else "" for s in SYSTEMS]
-                cells += [f"{systems[s]['ratio'][key]:.2f}" if s in systems else "" for s in ("ours", "network")]
+        for cells in _cells(data):
             table.add_row(*cells)
         console.print(table)
         console.print("  build (s), store / faiss: " + ", ".join(
@@ -61,7 +95,7 @@ def show(results: dict[str, Any]) -> None:
 
 
 def _recall(systems: dict[str, dict[str, Any]]) -> str:
-    """Ours; faiss's and the network's too where they differ (the store's exact re-search of short answers)."""
+    """Ours; faiss's and the network's too where they differ (the store searches short answers again)."""
     values = {name: _spread(row["summary"]["recall"]).median for name, row in systems.items()}
     cell = f"{values['ours']:.3f}"
     others = [f"{name} {value:.3f}" for name, value in values.items() if abs(value - values["ours"]) >= 0.0005]
@@ -72,7 +106,7 @@ def verdicts(data: dict[str, Any]) -> list[str]:
     """Per system, whether the QPS ratio targets hold at every setting of recall >= RECALL_TARGET."""
     lines = []
     for system, target in TARGETS.items():
-        for key in ("batch_qps", "single_qps"):
+        for key in _keys(data):
             rows = [r for r in data["settings"] if r["system"] == system and r["spec"] != "flat"
                     and _spread(r["summary"]["recall"]).median >= RECALL_TARGET]
             if not rows:
@@ -170,17 +204,11 @@ def markdown(results: dict[str, Any]) -> str:
     """The same tables as :func:`show`, as Markdown (for docs/benchmarks.md)."""
     out: list[str] = []
     for data in results["sets"]:
+        _, columns = _header(data)
         out += [f"**{data['name']}**, {data['metric']}, batch of {data['queries']:,} queries; q/s median "
-                "[min–max]; × = ratio of medians to faiss", "",
-                "| index | params | recall@10 | batch: ours | faiss | network | × ours | × net "
-                "| single: ours | faiss | network | × ours | × net |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for (spec, knobs), systems in _grouped(data["settings"]).items():
-            cells = [spec, knobs, _recall(systems)]
-            for key in ("batch_qps", "single_qps"):
-                cells += [_qps(systems[s]["summary"][key]) if s in systems else "" for s in SYSTEMS]
-                cells += [f"{systems[s]['ratio'][key]:.2f}" if s in systems else "" for s in ("ours", "network")]
-            out.append("| " + " | ".join(cells) + " |")
+                "[min–max]; × = median of per-round ratios to faiss [min–max]", "",
+                "| " + " | ".join(columns) + " |", "|---|---|" + "---:|" * (len(columns) - 2)]
+        out += ["| " + " | ".join(cells) + " |" for cells in _cells(data)]
         out += ["", *(f"- {line}" for line in verdicts(data)), ""]
     large = results.get("large")
     if large:

@@ -56,14 +56,17 @@ def ratio(mine: Spread, theirs: Spread) -> float:
 
 
 def interleave(configs: Sequence[C], runs: int, measure: Callable[[C], dict[str, float]],
-               label: Callable[[C], str] = str) -> list[list[dict[str, float]]]:
+               label: Callable[[C], str] = str, alternate: bool = False) -> list[list[dict[str, float]]]:
     """Measure every config ``runs`` times in interleaved rounds; per config, its runs in order.
+    ``alternate``: odd rounds go through the configs backwards, so that of two neighbours neither always
+    runs first (the first of a pair can pay for caches and threads the other then finds warm).
     Progress goes to stderr so that ``--json`` output stays clean."""
     if runs < 1:
         raise ValueError(f"runs must be at least 1, not {runs}")
     results: list[list[dict[str, float]]] = [[] for _ in configs]
     for r in range(runs):
-        for i, config in enumerate(configs):
+        order = list(enumerate(configs))
+        for i, config in (order[::-1] if alternate and r % 2 else order):
             started = time.perf_counter()
             results[i].append(measure(config))
             print(f"round {r + 1}/{runs}: {label(config)} ({time.perf_counter() - started:.1f} s)",

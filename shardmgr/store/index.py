@@ -20,7 +20,10 @@ k-means advises) is searched exactly instead: at that size exact search is
 cheap. Until its index exists, a shard is searched exactly; the growing
 shard always is. Deleted rows are excluded inside the index's search (an
 IDSelector in the search parameters), and a query the index answers with
-fewer than k live rows is searched again exactly over that shard.
+fewer than k live rows (an IVF list of fewer than k rows at a low nprobe;
+a graph whose neighbourhoods are deleted) is searched again through the
+index at twice the breadth (``widened``), then exactly over that shard if
+it is still short.
 
 Persisted beside the shard as ``index.faiss`` with ``index.meta``: a journal
 (kind ``SMIX``) with no records whose checksummed metadata is ``{type, rows,
@@ -72,6 +75,10 @@ TRAIN_PER_CENTROID = 39
 """Training rows per k-means centroid below which faiss warns (and we search exactly)."""
 SEARCH_PARAMS = {"nprobe": (1, 1 << 20), "efSearch": (1, 1 << 20)}
 """Per-query search parameters and their allowed ranges."""
+HNSW_WIDEST = 1024
+"""The widest efSearch a short answer is searched again with before the exact search (widened)."""
+HNSW_SPARSE = 64
+"""An HNSW shard with fewer than 1/HNSW_SPARSE of its rows live searches short answers exactly at once (widened)."""
 
 
 def check_spec(spec: Any, dim: int, metric: str) -> str:
@@ -162,6 +169,27 @@ def search_params(index: faiss.Index, params: Mapping[str, int], k: int, ef_defa
     if selector is not None:
         made.sel = selector
     return made
+
+
+def widened(index: faiss.Index, params: Mapping[str, int], k: int, ef_default: int,
+            live: int) -> dict[str, int] | None:
+    """``params`` with the index's search breadth doubled, for queries it
+    answered with fewer rows than it should (searcher.py), or None where an
+    exact search of them is expected to cost less (measured: docs/benchmarks.md,
+    issue 24). IVF: ``nprobe`` doubled while it stays within an eighth of
+    the lists. HNSW: ``efSearch`` (at least k) doubled up to
+    ``HNSW_WIDEST``, unless fewer than 1/``HNSW_SPARSE`` of the index's
+    rows are ``live``: a graph that is nearly all deleted costs more to
+    walk wider than a scan of the shard. Other kinds have no breadth: None."""
+    while isinstance(index, faiss.IndexPreTransform):
+        index = faiss.downcast_index(index.index)
+    if isinstance(index, faiss.IndexIVF):
+        nprobe = 2 * int(params.get("nprobe", index.nprobe))
+        return {**params, "nprobe": nprobe} if nprobe <= index.nlist // 8 else None
+    if isinstance(index, faiss.IndexHNSW):
+        ef = 2 * max(int(params.get("efSearch", ef_default)), k)
+        return {**params, "efSearch": ef} if ef <= HNSW_WIDEST and live * HNSW_SPARSE >= index.ntotal else None
+    return None
 
 
 def check_params(value: Any) -> dict[str, int]:
