@@ -34,7 +34,12 @@ def compiled_extensions() -> list[Extension]:
     # The group's shared library goes inside a package (a top-level one is not found through an
     # editable install), and into common, whose __init__ imports nothing: a module's shim importing
     # it cannot start an import cycle
-    extensions = mypycify(paths, opt_level="3", multi_file=True, group_name=build["GROUP"], target_dir=TARGET)
+    # The build's isolated environment has mypy but not numpy or faiss, so their types are Any there:
+    # two of --strict's warnings (pyproject.toml) then fire where `mypy --strict` in CI, with them
+    # installed, is clean. Type checking is CI's; this only compiles.
+    checks = ["--no-warn-return-any", "--no-warn-unused-ignores"]
+    extensions = mypycify(checks + paths, opt_level="3", multi_file=True, group_name=build["GROUP"],
+                          target_dir=TARGET)
     for extension in extensions:
         extension.optional = True  # no compiler: the pure-Python modules are used
         # mypyc writes a dotted group's headers under its package's folder (build/common), where

@@ -39,6 +39,8 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
 
 
 _CRC_WORD = struct.Struct("<I")
+_HEAD_WORDS = struct.Struct("<III")
+"""A record's first three words: marker, checksum, length (with the batch flag); record.py."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -136,6 +138,29 @@ class RecordReader:
                                      f"checksum stored {stored:#010x}, computed {computed:#010x}")
             out.append(record[RECORD_HEADER_SIZE + skip:])
         return out
+
+    def record_at(self, offset: int, marker: Marker) -> memoryview | None:
+        """The body (checksum verified; a read-only view of one copy) of the
+        record at ``offset`` if its marker is ``marker``, else None (the
+        marker is read first: a record buried for damage is not read again).
+        ``offset`` must be a proven record start: one this journal's scan or
+        append gave, or the end of one such record; None at the end of the
+        records. For an owner that takes one record at a time from a cursor
+        (no scan, no arrays). CorruptJournal if the checksum fails."""
+        self._check_open()
+        with self._lock:
+            if offset >= self._end:
+                return None
+            mm = self._file.mm
+            found, stored, word = _HEAD_WORDS.unpack_from(mm, offset)
+            if found != marker:
+                return None
+            record = memoryview(mm[offset:offset + RECORD_HEADER_SIZE + (word & LENGTH_MASK)])
+        computed = crc32c.crc32c(record[8:])
+        if computed != stored:
+            raise CorruptJournal(self.path, offset, f"record damaged since it was written: "
+                                 f"checksum stored {stored:#010x}, computed {computed:#010x}")
+        return record[RECORD_HEADER_SIZE:]
 
     def bad_checksums(self, chunk: RecordChunk) -> np.ndarray:
         """Offsets of the records of a chunk from this journal's scan() whose

@@ -21,6 +21,7 @@ Threads: touched only under the broker's owner lock (workq/loop.py).
 from __future__ import annotations
 
 import dataclasses
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,8 +31,9 @@ import numpy as np
 
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.header import HEADER_SIZE
-from common.journal.record import SMALL_BATCH
+from common.journal.record import RECORD_HEADER_SIZE, SMALL_BATCH, align_up
 from common.journal.scan import RecordChunk
+from workq.config import REPLY_ITEM_BYTES
 from workq.protocol import Key
 
 from . import picks
@@ -46,6 +48,10 @@ from .records import (
     heads_few,
     segment_file,
 )
+
+_JOB_AND_POSITION = struct.Struct("<QQ")
+"""An item's job and position, side by side in its head (records.py: JOB_AT, POSITION_AT)."""
+assert POSITION_AT == JOB_AT + 8
 
 SUFFIX = SEGMENT_SUFFIX
 RETIRED = np.uint32(Marker.RETIRED)
@@ -178,6 +184,10 @@ class Segment:
         if mine is None or mine.pending <= 0 or limit <= 0:
             return None
         budget = max_bytes if max_bytes is not None else 1 << 62
+        if limit == 1:
+            taken = self._take_at_cursor(job, mine, budget, first)
+            if taken is not None:
+                return taken
         pieces: list[tuple[RecordChunk, np.ndarray]] = []
         got, cost = 0, 0
         for chunk in self._from_cursor(mine, limit):
@@ -200,6 +210,25 @@ class Segment:
             mine.cursor, mine.pending, mine.ahead = self.journal.end, 0, None  # nothing pending after all: repair
             return None
         return self._taken(job, pieces, self.journal.end, cost, None)
+
+    def _take_at_cursor(self, job: int, mine: JobCursor, budget: int, first: bool) -> Taken | None:
+        """The one-item take when the record at the cursor is the item (a live
+        record of ``job``, not held, within ``budget`` or ``first``): read
+        in place with plain ints, no scan and no arrays but the Taken's own.
+        None otherwise: the general take then finds the item (or none)."""
+        if mine.cursor in self.held:
+            return None
+        body = self.journal.record_at(mine.cursor, Marker.LIVE)
+        if body is None:
+            return None
+        owner, position = _JOB_AND_POSITION.unpack_from(body, JOB_AT)
+        cost = len(body) - HEAD_BYTES + REPLY_ITEM_BYTES
+        if owner != job or (cost > budget and not first):
+            return None
+        # the next record's start: this one's end (the lookahead, if any, would start here; dropped)
+        after = mine.cursor + align_up(RECORD_HEADER_SIZE + len(body), self.journal.alignment)
+        return Taken(self, job, np.array([mine.cursor], np.int64), np.array([position], "<u8"),
+                     [body[HEAD_BYTES:]], after, cost, None)
 
     def _from_cursor(self, mine: JobCursor, limit: int) -> Iterator[RecordChunk]:
         """The records from the job's cursor on: the lookahead first (its

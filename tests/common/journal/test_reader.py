@@ -11,7 +11,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from common.journal import CorruptJournal, Flusher, Journal, JournalConfig, reader
+from common.journal import CorruptJournal, Flusher, Journal, JournalConfig, Marker, reader
 from common.journal.scan import RecordChunk
 
 
@@ -83,3 +83,20 @@ def test_bodies_of_a_few_records_agree_with_the_vectorised_read(tmp_path: Path, 
             journal.bodies(chunk[4:9])
         errors.append(str(caught.value))
     assert errors[0] == errors[1] and str(offsets[5]) in errors[0]
+
+
+def test_record_at_reads_one_record_by_its_marker(journal: Journal) -> None:
+    offsets = journal.append_batch([b"alpha", b"", b"gamma" * 50]).offsets.tolist()
+    journal.set_markers([offsets[1]], Marker.RETIRED)
+    assert [None if b is None else bytes(b) for b in (journal.record_at(o, Marker.LIVE) for o in offsets)] == [
+        b"alpha", None, b"gamma" * 50]
+    retired = journal.record_at(offsets[1], Marker.RETIRED)
+    assert retired is not None and bytes(retired) == b""
+    assert journal.record_at(journal.end, Marker.LIVE) is None  # the end of the records: nothing there
+    with open(journal.path, "r+b") as f:  # a body byte flipped: the live record is refused, naming it
+        f.seek(offsets[2] + 16 + 7)
+        f.write(b"X")
+    with pytest.raises(CorruptJournal, match=f"at byte {offsets[2]}"):
+        journal.record_at(offsets[2], Marker.LIVE)
+    journal.set_markers([offsets[2]], Marker.BURIED)
+    assert journal.record_at(offsets[2], Marker.LIVE) is None  # buried: its marker is read, its body never
