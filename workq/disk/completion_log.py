@@ -144,7 +144,10 @@ class CompletionLog:
         self.last_append = time.monotonic()  # for idle sealing
         self.last_used = self.last_append  # any append or delivery, for resting
         self.in_delivery: dict[int, set[int]] = {}  # seq -> offsets sent, not yet confirmed
-        self.tombstones: list[Ticket] = []  # input tombstones of results here, maybe not durable yet
+        # input tombstones of results here, maybe not durable yet: the newest ticket per input journal
+        # (by id: the ticket keeps its journal alive), since a journal's later write is durable only
+        # once its earlier ones are
+        self.tombstones: dict[int, Ticket] = {}
         self.rested: Rested | None = None
 
     # ----------------------------------------------------------- lifecycle
@@ -286,15 +289,18 @@ class CompletionLog:
     def tombstoned(self, ticket: Ticket) -> None:
         """An input of a result here was tombstoned: the log keeps its
         segments until that ticket is durable (see tombstones_durable)."""
-        self.tombstones.append(ticket)
-        if len(self.tombstones) > 64:
-            self.tombstones_durable()  # prunes: keep the list short between collections
+        held = self.tombstones.get(id(ticket.journal))
+        if held is None or ticket.seq > held.seq:
+            self.tombstones[id(ticket.journal)] = ticket
 
     def tombstones_durable(self) -> bool:
         """Are the input tombstones of every result finished here durable?
         Until they are, no segment may go: after a power cut an input
-        whose tombstone was lost must still find its result."""
-        self.tombstones = [t for t in self.tombstones if not t.durable]
+        whose tombstone was lost must still find its result. One check
+        per input journal, however many results."""
+        for key, ticket in list(self.tombstones.items()):
+            if ticket.durable:
+                del self.tombstones[key]
         return not self.tombstones
 
     def forget_segment(self, seq: int) -> Journal:
