@@ -51,7 +51,9 @@ from .records import (
 
 _JOB_AND_POSITION = struct.Struct("<QQ")
 """An item's job and position, side by side in its head (records.py: JOB_AT, POSITION_AT)."""
-assert POSITION_AT == JOB_AT + 8
+_ITEM_HEAD = struct.Struct(f"<I{RECORD_HEADER_SIZE - 4}x" + "QQ")
+"""An item record's marker word, then its head's job and position (record.py, records.py)."""
+assert POSITION_AT == JOB_AT + 8 and JOB_AT == 0
 
 SUFFIX = SEGMENT_SUFFIX
 RETIRED = np.uint32(Marker.RETIRED)
@@ -299,6 +301,10 @@ class Segment:
         """(job ids, positions, current markers) of item offsets, proven
         record starts (RecordNotFound otherwise); ``proven``: the caller
         knows they are (held items: see ``held``), and the chain proof is skipped."""
+        if proven and len(offsets) <= SMALL_BATCH:  # the held item of a one-item completion: plain reads
+            read = [_ITEM_HEAD.unpack(self.journal.peek(offset, _ITEM_HEAD.size)) for offset in offsets.tolist()]
+            return (np.array([job for _, job, _ in read], "<u8"), np.array([at for _, _, at in read], "<u8"),
+                    np.array([marker for marker, _, _ in read], np.uint32))
         markers = self.journal.markers(offsets, proven=proven)
         chunk = RecordChunk(offsets, markers, np.full(len(offsets), HEAD_BYTES, dtype=np.int64),
                             np.zeros(len(offsets), dtype=bool), 0)
