@@ -64,12 +64,13 @@ class RecordAppender(MarkerWriter):
         with self._lock:
             if self._sealed:
                 raise JournalSealed(f"{self.path} is sealed: appends are refused")
-            batch = encode_batch(bodies, first_seq=self._count, alignment=self.alignment,
-                                 max_record_bytes=self.identity.max_record_bytes, marker=marker, prefix=prefix)
-            self._check_capacity(len(batch.data))
             start = self._end
+            batch = encode_batch(bodies, first_seq=self._count, alignment=self.alignment,
+                                 max_record_bytes=self.identity.max_record_bytes, marker=marker, prefix=prefix,
+                                 start=start)
+            self._check_capacity(len(batch.data))
             self._write(batch.data, start)
-            offsets = batch.offsets + start
+            offsets = batch.offsets
             self._ensure_anchors().extend(offsets, self._count)
             self._end = start + len(batch.data)
             self._count += len(offsets)

@@ -66,14 +66,21 @@ class EncodedBatch:
     """A batch of records laid out exactly as it goes on disk."""
 
     data: bytearray
-    offsets: np.ndarray  # int64 [n], relative to the start of ``data``
-    markers: np.ndarray  # uint32 [n]
+    offsets: np.ndarray  # int64 [n]: where each record starts, counted from ``start`` of encode_batch
+    marker: int  # every record's
+
+    @property
+    def markers(self) -> np.ndarray:
+        """The records' marker words (uint32 [n])."""
+        return np.full(len(self.offsets), self.marker, dtype=np.uint32)
 
 
 def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignment: int,
                  max_record_bytes: int = LENGTH_MASK, marker: Marker = Marker.LIVE,
-                 prefix: np.ndarray | None = None) -> EncodedBatch:
-    """Lay out ``bodies`` as consecutive records starting at ``first_seq``.
+                 prefix: np.ndarray | None = None, start: int = 0) -> EncodedBatch:
+    """Lay out ``bodies`` as consecutive records starting at ``first_seq``,
+    their offsets counted as if ``data`` were written at ``start`` (a
+    journal passes its end: the offsets come out absolute, with no second pass).
 
     ``bodies`` is a sequence of bytes-like objects, or a 2-D uint8 array of
     equal-length bodies (copied into place with one vectorised assignment).
@@ -84,8 +91,11 @@ def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignme
     Raises RecordTooLarge (naming the first offending body) before any work.
     """
     if not isinstance(bodies, np.ndarray) and len(bodies) <= SMALL_BATCH:
-        return _encode_few(bodies, first_seq, alignment, max_record_bytes, marker, prefix)
-    return _encode_many(bodies, first_seq, alignment, max_record_bytes, marker, prefix)
+        return _encode_few(bodies, first_seq, alignment, max_record_bytes, marker, prefix, start)
+    batch = _encode_many(bodies, first_seq, alignment, max_record_bytes, marker, prefix)
+    if start:
+        batch.offsets += start
+    return batch
 
 
 def _check_prefix(prefix: np.ndarray, n: int) -> int:
@@ -100,10 +110,11 @@ def _too_large(index: int, length: int, limit: int) -> RecordTooLarge:
 
 
 def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_record_bytes: int, marker: Marker,
-                prefix: np.ndarray | None) -> EncodedBatch:
+                prefix: np.ndarray | None, base: int = 0) -> EncodedBatch:
     """encode_batch for a few records, one struct call per header word pair."""
     n = len(bodies)
     front = 0 if prefix is None else _check_prefix(prefix, n)
+    heads = np.ascontiguousarray(prefix).data.cast("B") if prefix is not None and front else None
     views = [memoryview(b).cast("B") for b in bodies]
     lengths = [front + v.nbytes for v in views]
     for i, length in enumerate(lengths):
@@ -117,13 +128,13 @@ def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_reco
     view, crc = memoryview(data), crc32c.crc32c
     for i, (off, length, body) in enumerate(zip(offsets, lengths, views)):
         start = off + RECORD_HEADER_SIZE
-        if front:
-            data[start:start + front] = prefix[i].tobytes()  # type: ignore[index]
+        if heads is not None:
+            data[start:start + front] = heads[i * front:(i + 1) * front]
         data[start + front:start + length] = body
         word = length | (BATCH_CONTINUES if i < n - 1 else 0)
         _WORD_PAIR.pack_into(data, off + 8, word, (first_seq + i) % SEQ_MODULUS)
         _WORD_PAIR.pack_into(data, off, int(marker), crc(view[off + 8:start + length]))
-    return EncodedBatch(data, np.array(offsets, dtype=np.int64), np.array([int(marker)] * n, dtype=np.uint32))
+    return EncodedBatch(data, np.array([base + off for off in offsets], dtype=np.int64), int(marker))
 
 
 def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment: int, max_record_bytes: int,
@@ -160,7 +171,7 @@ def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment:
     ends = (offsets + RECORD_HEADER_SIZE + lengths).tolist()
     words[base + 1] = np.fromiter((crc(view[o + 8:e]) for o, e in zip(offsets.tolist(), ends)),
                                   dtype=np.uint32, count=n)
-    return EncodedBatch(data, offsets, np.full(n, np.uint32(marker), dtype=np.uint32))
+    return EncodedBatch(data, offsets, int(marker))
 
 
 def _lengths(bodies: Sequence[Body] | np.ndarray) -> np.ndarray:

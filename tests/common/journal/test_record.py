@@ -112,6 +112,13 @@ def test_small_batches_encode_exactly_as_the_vectorised_path(bodies: list[bytes]
     assert bytes(few.data) == bytes(many.data)
     assert few.offsets.tolist() == many.offsets.tolist() and few.markers.tolist() == many.markers.tolist()
     assert few.offsets.dtype == many.offsets.dtype and few.markers.dtype == many.markers.dtype
+    plain = record._encode_many(bodies, first_seq, alignment, LENGTH_MASK, marker, None).offsets.tolist()
+    for at in (0, 4096, 2**40):  # offsets counted from where the batch will be written, on both paths
+        few_at = encode_batch(bodies, first_seq=first_seq, alignment=alignment, marker=marker, start=at)
+        many_at = encode_batch(bodies * (SMALL_BATCH + 1), first_seq=first_seq, alignment=alignment, marker=marker,
+                               start=at)
+        assert few_at.offsets.tolist() == [at + o for o in plain]
+        assert many_at.offsets[:len(bodies)].tolist() == few_at.offsets.tolist()
 
 
 def test_small_batches_refuse_what_the_vectorised_path_refuses() -> None:
