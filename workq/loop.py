@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from common.journal import Flusher, Ticket
+from common.journal import Flusher, FlushFailed, Ticket
 from common.wire.errors import DurabilityLost, Unavailable
 from common.wire.reply_batch import batched_replies
 
@@ -112,6 +112,19 @@ class _Continuation:
     quick: bool  # may run on the flusher thread (it never waits for a flush)
 
 
+def _failure(tickets: list[Ticket]) -> FlushFailed | None:
+    """The first of the tickets' journals' failures, if any."""
+    for ticket in tickets:
+        failed = ticket.journal.failed
+        if failed is not None:
+            return failed
+    return None
+
+
+def _all_durable(tickets: list[Ticket]) -> bool:
+    return all(ticket.journal.durable_seq >= ticket.seq for ticket in tickets)  # a loop, compiled
+
+
 class OwnerLoop:
     """Runs messages, continuations, waiters and timers, one at a time, under one lock.
 
@@ -130,6 +143,7 @@ class OwnerLoop:
         self._wake = threading.Event()  # the owner thread has something to do (or a sooner deadline)
         self._sleep_until = 0.0  # when the sleeping owner thread wakes by itself
         self._continuations: list[_Continuation] = []
+        self._checked = -1  # the flusher's changes at the last full check of the continuations
         self._waiters = Waiters(changes, linger, self._due)
         self._owner_thread = threading.Thread(target=self._run, name="workq-owner", daemon=True)
         self._next_tick = 0.0
@@ -309,19 +323,28 @@ class OwnerLoop:
             self._waiters.end_orphans()
         self._waiters.serve(now)
 
-    def run_continuations(self, *, quick_only: bool = False) -> bool:
+    def run_continuations(self, *, quick_only: bool = False, force: bool = False) -> bool:
         """Owner lock: run the continuations whose tickets are durable (or
-        failed); with ``quick_only``, only quick ones. True if others are due."""
+        failed); with ``quick_only``, only quick ones. True if others are due.
+        It runs after every request: unless ``force``, the check is skipped
+        while the flusher's ``changes`` stand where the last full check saw
+        them (a continuation is added only while its tickets are not durable,
+        so none can have become due)."""
+        changes = self.flusher.changes  # before the check: a change during it makes the next one look again
+        if not (quick_only or force) and changes == self._checked:
+            return False
         ready, later, left = [], [], False
-        for cont in self._continuations:
-            failed = next((t.journal.failed for t in cont.tickets if t.journal.failed is not None), None)
-            if failed is None and not all(t.durable for t in cont.tickets):
+        for cont in self._continuations:  # after every request: loops, not a generator object per continuation
+            failed = _failure(cont.tickets)
+            if failed is None and not _all_durable(cont.tickets):
                 later.append(cont)
             elif quick_only and not cont.quick:
                 later.append(cont)
                 left = True
             else:
                 ready.append((cont, failed))
+        if not quick_only:
+            self._checked = changes
         if not ready:
             return left
         self._continuations = later
@@ -337,9 +360,9 @@ class OwnerLoop:
         continuations, then ``stop``; continuations still not durable fail."""
         self._waiters.finish()
         self.flusher.flush_now()
-        self.run_continuations()
+        self.run_continuations(force=True)
         self.guarded(self._on_stop)
-        self.run_continuations()
+        self.run_continuations(force=True)  # closing may sync without telling the flusher
         closed = Unavailable("the work queue closed before the write was durable")
         for cont in self._continuations:
             self.guarded(functools.partial(cont.failed, closed))

@@ -98,6 +98,13 @@ class Flusher:
         self._listeners: list[Callable[[], None]] = []
         self._cond = threading.Condition()
         self._wake = threading.Event()
+        self.changes = 0
+        """Moments since the start when tickets may have become durable or
+        journals failed: every round, every out-of-round sync, failure or
+        close (:meth:`notify`); it moves after their effect is visible and
+        before the listeners run. Owners that check many tickets after every
+        request skip the check while it stands still. Written under
+        ``_cond``, read without it."""
         self._started_rounds = 0  # rounds begun (guarded by _cond)
         self._done_rounds = 0  # rounds finished (guarded by _cond)
         self._stopping = False  # stop() was called (guarded by _cond)
@@ -170,6 +177,7 @@ class Flusher:
     def notify(self) -> None:
         """Wake waiters: a journal synced outside a round, failed or closed."""
         with self._cond:
+            self.changes += 1
             self._cond.notify_all()
             listeners = list(self._listeners)
         self._call(listeners)
@@ -242,6 +250,7 @@ class Flusher:
             elapsed = time.monotonic() - started
             with self._cond:
                 self._done_rounds += 1
+                self.changes += 1
                 self._finished = stopping
                 self._cond.notify_all()
                 listeners = list(self._listeners) if self._synced_last_round else []

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 from unittest import mock
 
-from common.journal import Flusher
+from common.journal import Flusher, FlusherConfig, Journal
 from workq import loop as loop_module
 from workq.loop import OwnerLoop
 
@@ -56,3 +57,43 @@ def test_a_submission_made_under_the_lock_runs_after_the_current_one(flusher: Fl
     done.result(10)
     owner.stop()
     assert order == ["outer", "nested"]
+
+
+def test_continuations_run_once_their_writes_are_durable_however_that_happens(tmp_path: Path) -> None:
+    """The loop looks at its continuations again only when the flusher says
+    durability may have changed: a round, or a sync outside one. Each way
+    runs the continuation; a request meanwhile does not."""
+    manual = Flusher(FlusherConfig(interval=3600)).start()
+    owner = OwnerLoop(manual, lambda now: None, lambda: (0, 0), lambda: None)
+    owner.start()
+    journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=manual)
+    try:
+        done: list[Future[None]] = [Future(), Future()]
+
+        def wait_for(n: int) -> None:
+            _, ticket = journal.append(b"x")
+            owner.after_durable([ticket], lambda: done[n].set_result(None), done[n].set_exception, hurry=False)
+
+        owner.submit(lambda: wait_for(0))
+        for _ in range(3):  # requests, no flush: nothing is due
+            ran: Future[None] = Future()
+            owner.submit(lambda ran=ran: ran.set_result(None))  # type: ignore[misc]
+            ran.result(10)
+        assert not done[0].done()
+        owner.submit(lambda: wait_for(1))
+        manual.flush_now()  # a round
+        done[0].result(10)
+        done[1].result(10)
+        late: Future[None] = Future()
+
+        def wait_then_seal() -> None:
+            _, ticket = journal.append(b"y")
+            owner.after_durable([ticket], lambda: late.set_result(None), late.set_exception, hurry=False)
+            threading.Thread(target=journal.seal).start()  # a sync outside any round, once the lock is free
+
+        owner.submit(wait_then_seal)
+        late.result(10)
+    finally:
+        owner.stop()
+        journal.close()
+        manual.stop()
