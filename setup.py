@@ -33,7 +33,8 @@ def compiled_extensions() -> list[Extension]:
     # multi_file: the generated C in several files, compiled side by side (ParallelBuildExt below).
     # The group's shared library goes inside a package (a top-level one is not found through an
     # editable install), and into common, whose __init__ imports nothing: a module's shim importing
-    # it cannot start an import cycle
+    # it cannot start an import cycle.
+    #
     # The build's isolated environment has mypy but not numpy or faiss, so their types are Any there:
     # two of --strict's warnings (pyproject.toml) then fire where `mypy --strict` in CI, with them
     # installed, is clean. Type checking is CI's; this only compiles.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 
 BUILD_VARIABLE = "SHARDMGR_BUILD"
 """The environment variable that chooses the build: ``compiled`` (the default) or ``pure``."""
@@ -23,8 +24,6 @@ BUILDS = ("compiled", "pure")
 
 def wanted() -> str:
     """The build :data:`BUILD_VARIABLE` asks for; ValueError naming the choices if it is neither."""
-    import os
-
     build = os.environ.get(BUILD_VARIABLE, "") or BUILDS[0]
     if build not in BUILDS:
         raise ValueError(f"{BUILD_VARIABLE}={build!r}: expected one of {', '.join(BUILDS)}")

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from common.journal import Flusher, FlushFailed, Ticket
+from common.journal import Flusher, Ticket
 from common.wire.errors import DurabilityLost, Unavailable
 from common.wire.reply_batch import batched_replies
 
@@ -110,19 +110,6 @@ class _Continuation:
     done: Callable[[], None]
     failed: Callable[[Exception], None]
     quick: bool  # may run on the flusher thread (it never waits for a flush)
-
-
-def _failure(tickets: list[Ticket]) -> FlushFailed | None:
-    """The first of the tickets' journals' failures, if any."""
-    for ticket in tickets:
-        failed = ticket.journal.failed
-        if failed is not None:
-            return failed
-    return None
-
-
-def _all_durable(tickets: list[Ticket]) -> bool:
-    return all(ticket.journal.durable_seq >= ticket.seq for ticket in tickets)  # a loop, compiled
 
 
 class OwnerLoop:
@@ -334,9 +321,9 @@ class OwnerLoop:
         if not (quick_only or force) and changes == self._checked:
             return False
         ready, later, left = [], [], False
-        for cont in self._continuations:  # after every request: loops, not a generator object per continuation
-            failed = _failure(cont.tickets)
-            if failed is None and not _all_durable(cont.tickets):
+        for cont in self._continuations:
+            failed = next((t.journal.failed for t in cont.tickets if t.journal.failed is not None), None)
+            if failed is None and not all(t.durable for t in cont.tickets):
                 later.append(cont)
             elif quick_only and not cont.quick:
                 later.append(cont)

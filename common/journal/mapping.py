@@ -61,8 +61,8 @@ class MappedFile:
             chunks.append(chunk)
             size += len(chunk)
         # bytes, not a bytearray: a slice of it is bytes, as a slice of a mapping is (the compiled
-        # build checks that type where the source says it)
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        # build checks that type where the source says it); a join of one chunk is that chunk
+        data = b"".join(chunks)
         self.size = len(data)
         self.mm = data
         self.bytes = np.frombuffer(data, dtype=np.uint8)

@@ -162,6 +162,20 @@ class RecordReader:
                                  f"checksum stored {stored:#010x}, computed {computed:#010x}")
         return record[RECORD_HEADER_SIZE:]
 
+    def head_at(self, offset: int, size: int) -> tuple[int, bytes]:
+        """The marker word and the first ``size`` body bytes (as they are:
+        no checksum check) of the record at ``offset``, a proven record start
+        whose body has at least ``size`` bytes (an owner's fixed head).
+        ValueError outside the records."""
+        self._check_open()
+        with self._lock:
+            end = offset + RECORD_HEADER_SIZE + size
+            if not HEADER_SIZE <= offset < end <= self._end:
+                raise ValueError(f"{self.path}: bytes {offset}..{end} are not within the records "
+                                 f"({HEADER_SIZE}..{self._end})")
+            mm = self._file.mm
+            return _HEAD_WORDS.unpack_from(mm, offset)[0], bytes(mm[offset + RECORD_HEADER_SIZE:end])
+
     def bad_checksums(self, chunk: RecordChunk) -> np.ndarray:
         """Offsets of the records of a chunk from this journal's scan() whose
         checksum fails (verify: every one, not just the first)."""

@@ -209,14 +209,13 @@ class Connection(Sending):
         request_id, cmd, args = header.get("id"), header.get("cmd"), header.get("args", {})
         if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**63:
             raise BadFrame(f"request id must be an integer in [0, 2**63), got {request_id!r}")
-        valid = isinstance(cmd, str) and isinstance(args, dict)
         # (typed, compiled: a Request holds a str and a dict, so the refusal is built with empty ones)
         request = Request(request_id, cmd if isinstance(cmd, str) else "", args if isinstance(args, dict) else {},
                           frame.parts, self)
         self.requests += 1
         with self._cond:
             self._pending += 1
-        if not valid:
+        if not isinstance(cmd, str) or not isinstance(args, dict):
             request.fail(BadRequest(f"request {request_id}: 'cmd' must be a string and 'args' a map"))
             return True
         if cmd == "auth" or self._principal is None:

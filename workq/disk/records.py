@@ -69,13 +69,15 @@ def heads(first: np.ndarray | np.integer | int, second: np.ndarray | int, times_
     return out.view(np.uint8).reshape(n, HEAD_BYTES)
 
 
-_HEAD = struct.Struct("<QQQ")
+HEAD = struct.Struct("<QQQ")
+"""A record head as plain ints: job (or handle), position, time (JOB_AT, POSITION_AT, TIME_AT)."""
+assert HEAD.size == HEAD_BYTES and (JOB_AT, POSITION_AT, TIME_AT) == (0, 8, 16)
 
 
 def heads_few(first: Sequence[int], second: Sequence[int], times_ns: int) -> np.ndarray:
     """:func:`heads` for a few records from plain ints (the same bytes: one
     struct call per head instead of a dozen numpy calls per batch)."""
-    packed = b"".join([_HEAD.pack(a, b, times_ns) for a, b in zip(first, second)])
+    packed = b"".join([HEAD.pack(a, b, times_ns) for a, b in zip(first, second)])
     return np.frombuffer(packed, dtype=np.uint8).reshape(len(first), HEAD_BYTES)
 
 

@@ -21,7 +21,6 @@ Threads: touched only under the broker's owner lock (workq/loop.py).
 from __future__ import annotations
 
 import dataclasses
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from workq.protocol import Key
 
 from . import picks
 from .records import (
+    HEAD,
     HEAD_BYTES,
     JOB_AT,
     POSITION_AT,
@@ -48,12 +48,6 @@ from .records import (
     heads_few,
     segment_file,
 )
-
-_JOB_AND_POSITION = struct.Struct("<QQ")
-"""An item's job and position, side by side in its head (records.py: JOB_AT, POSITION_AT)."""
-_ITEM_HEAD = struct.Struct(f"<I{RECORD_HEADER_SIZE - 4}x" + "QQ")
-"""An item record's marker word, then its head's job and position (record.py, records.py)."""
-assert POSITION_AT == JOB_AT + 8 and JOB_AT == 0
 
 SUFFIX = SEGMENT_SUFFIX
 RETIRED = np.uint32(Marker.RETIRED)
@@ -223,7 +217,7 @@ class Segment:
         body = self.journal.record_at(mine.cursor, Marker.LIVE)
         if body is None:
             return None
-        owner, position = _JOB_AND_POSITION.unpack_from(body, JOB_AT)
+        owner, position, _ = HEAD.unpack_from(body)
         cost = len(body) - HEAD_BYTES + REPLY_ITEM_BYTES
         if owner != job or (cost > budget and not first):
             return None
@@ -302,9 +296,10 @@ class Segment:
         record starts (RecordNotFound otherwise); ``proven``: the caller
         knows they are (held items: see ``held``), and the chain proof is skipped."""
         if proven and len(offsets) <= SMALL_BATCH:  # the held item of a one-item completion: plain reads
-            read = [_ITEM_HEAD.unpack(self.journal.peek(offset, _ITEM_HEAD.size)) for offset in offsets.tolist()]
-            return (np.array([job for _, job, _ in read], "<u8"), np.array([at for _, _, at in read], "<u8"),
-                    np.array([marker for marker, _, _ in read], np.uint32))
+            read = [self.journal.head_at(offset, HEAD_BYTES) for offset in offsets.tolist()]
+            items = [HEAD.unpack(head) for _, head in read]
+            return (np.array([job for job, _, _ in items], "<u8"), np.array([at for _, at, _ in items], "<u8"),
+                    np.array([marker for marker, _ in read], np.uint32))
         markers = self.journal.markers(offsets, proven=proven)
         chunk = RecordChunk(offsets, markers, np.full(len(offsets), HEAD_BYTES, dtype=np.int64),
                             np.zeros(len(offsets), dtype=bool), 0)

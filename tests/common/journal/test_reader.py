@@ -100,3 +100,12 @@ def test_record_at_reads_one_record_by_its_marker(journal: Journal) -> None:
         journal.record_at(offsets[2], Marker.LIVE)
     journal.set_markers([offsets[2]], Marker.BURIED)
     assert journal.record_at(offsets[2], Marker.LIVE) is None  # buried: its marker is read, its body never
+
+
+def test_head_at_reads_a_records_marker_and_first_body_bytes(journal: Journal) -> None:
+    offsets = journal.append_batch([b"0123456789", b"abc"]).offsets.tolist()
+    journal.set_markers([offsets[1]], Marker.RETIRED)
+    assert journal.head_at(offsets[0], 4) == (int(Marker.LIVE), b"0123")
+    assert journal.head_at(offsets[1], 3) == (int(Marker.RETIRED), b"abc")
+    with pytest.raises(ValueError, match="not within the records"):
+        journal.head_at(journal.end, 1)  # past the end: refused, nothing read
