@@ -4,6 +4,7 @@ and a worker's ``held`` set under pipelined completes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -307,7 +308,11 @@ def test_resends_stop_waiting_once_the_server_is_found_gone(slow_flush: ServerPr
         client.enqueue("job", "m", "s", 1, [b"%d" % i for i in range(5)])
     worker = Worker(slow_flush.address, "w", retry_for=0.5)
     items = worker.lease(5)
-    pending = [worker.complete_async(i.handle, b"r") for i in items]  # waiting a minute for the flush
+    # the server is stopped before the completes are sent, so none can be answered before the kill (a
+    # durable complete hurries its own flush: with the server running, the first could win the race)
+    assert slow_flush.proc is not None
+    os.kill(slow_flush.proc.pid, signal.SIGSTOP)
+    pending = [worker.complete_async(i.handle, b"r") for i in items]
     connects = 0
     connect = worker.rpc.connect
 
