@@ -59,10 +59,6 @@ COMPILED: tuple[str, ...] = (
     "common.wire.framing",
     "common.wire.pipeline",
     "common.wire.reply_batch",
-    # the vector store's per-query path: the hosted service, the searcher, the shard views
-    "shardmgr.store.searcher",
-    "shardmgr.store.service",
-    "shardmgr.store.view",
     # the server's connections and dispatch
     "shardmgr.server.auth",
     "shardmgr.server.connection",
