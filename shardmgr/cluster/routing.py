@@ -11,7 +11,11 @@ shards not yet published). So a search asks:
   hashing ranks first (placement.py), so load settles on the shard's owners
   once they have fetched it, and its publisher (which keeps its own copy)
   answers until then. The other fresh ones are the shard's *alternates*,
-  asked in turn if that node fails or no longer has it. A copy that lacks
+  asked in turn if that node fails or no longer has it. A shard no node
+  serves yet is asked of its publisher when that is a live member: between
+  the publish and the publisher's next ``serving`` key (a few milliseconds,
+  a cache pass) the holder's search already leaves it out, so without this
+  a search in that window was partial. A copy that lacks
   the newest deletes is asked only when no fresh one is served, and the
   answer then says so (``missing``: it may hold rows deleted since).
 - each holder that is a live member, for its rows *not* in the plan's
@@ -77,8 +81,10 @@ def plan(state: ClusterState, collection: str) -> Plan:
     shards: dict[str, list[int]] = {}
     alternates: dict[int, tuple[str, ...]] = {}
     missing: list[str] = []
-    for shard_id in sorted(entries):
+    for shard_id, entry in sorted(entries.items()):
         ready = [node for node, ids in ready_sets if shard_id in ids]
+        if not ready and entry.writer in state.members:
+            ready = [entry.writer]  # just published: its serving key does not list it yet
         if not ready:
             missing.append(shard_missing(shard_id))
             continue

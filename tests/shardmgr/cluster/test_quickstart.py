@@ -44,11 +44,25 @@ def quick_start() -> list[str]:
     return re.findall(r"^```sh\n(.*?)^```$", section, flags=re.S | re.M)
 
 
+def ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections and to
+    binds to port 0 (Linux's default when the setting cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_base(count: int) -> int:
-    """A port from which ``count`` consecutive ports were free on 127.0.0.1 a moment ago."""
+    """A port from which ``count`` consecutive ports were free on 127.0.0.1 a
+    moment ago, all below the kernel's ephemeral range: weed and etcd open
+    many outgoing connections while the nodes start, and other tests bind
+    port 0; either took a node's port in CI when the base was drawn from
+    inside that range."""
+    # below 55,000 as well: weed dials some of its ports plus 10,000 (its gRPC convention)
+    top = min(ephemeral_low(), 55_000) - count
     for _ in range(200):
-        # below 55,000: weed dials some of its ports plus 10,000 (its gRPC convention)
-        base = random.randrange(20_000, 55_000 - count)
+        base = random.randrange(20_000, top)
         sockets = []
         try:
             for port in range(base, base + count):

@@ -8,7 +8,7 @@ import dataclasses
 from shardmgr.cluster.extras import DeletesEntry
 from shardmgr.cluster.mirror import ClusterState
 from shardmgr.cluster.placement import ranked
-from shardmgr.cluster.routing import holder_missing, plan, shard_stale
+from shardmgr.cluster.routing import Ask, holder_missing, plan, shard_missing, shard_stale
 from shardmgr.cluster.shard_map import ShardEntry, ShardObject
 
 
@@ -64,3 +64,16 @@ def test_copies_without_the_newest_published_deletes_are_asked_only_when_no_othe
     p = plan(only_stale, "c")
     assert p.served_by[1] == "b" and p.missing == (shard_stale(1),)  # answered, and said to be so
     assert plan(dataclasses.replace(only_stale, deletes={}), "c").missing == ()  # no deletes key: every copy is
+
+
+def test_a_published_shard_no_node_serves_yet_is_asked_of_its_live_publisher() -> None:
+    base = state(["a", "b"], [1, 2], {"b": [2]}, ["a"], writer="a")
+    entries = {i: dataclasses.replace(e, writer="a") for i, e in base.published["c"].items()}
+    p = plan(dataclasses.replace(base, published={"c": entries}), "c")
+    assert p.asks["a"] == Ask((1,), True) and p.asks["b"] == Ask((2,), False)
+    assert p.alternates[1] == () and p.missing == ()
+    gone = dataclasses.replace(base, published={"c": entries}, members={"b": "b:1"})
+    assert plan(gone, "c").missing == (shard_missing(1), holder_missing("a"))  # its publisher is not a member
+    key = DeletesEntry("c", 1, ShardObject("deletes", "k", 1, 0), 5, node="b")
+    stale = plan(dataclasses.replace(base, published={"c": entries}, deletes={"c": {1: key}}), "c")
+    assert stale.served_by[1] == "a" and stale.missing == (shard_stale(1),)  # b's deletes: a's copy may lack them
