@@ -15,7 +15,9 @@ is better for us), never a median of per-run ratios nor a best run.
     at the end vs raw writes with one ``fdatasync`` at the end (ingest);
     ``durable=True`` (each append waits for its flush), from one writer and
     from ``--writers`` threads, vs raw writev + ``fdatasync`` per batch
-    (durable ingest). A fresh store / file each run.
+    (durable ingest). The same two through ``shardmgr serve`` on loopback
+    (StoreClient appends; the server started before the clock), unless
+    ``--skip network``. A fresh store / file each run.
 (b) search and get, for each ``--search`` data set: plain faiss
     ``IndexFlatL2`` over the same vectors in the same process vs the store
     embedded over one growing shard and over 8 sealed shards, and over the
@@ -81,7 +83,7 @@ def _ints(text: str) -> list[int]:
 def bench_ingest(directory: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every ingest configuration in interleaved rounds; one row per configuration."""
     configs = [c for rows, dim in args.ingest for batch in args.batch
-               for c in ingest_configs(rows, dim, batch, args.writers)]
+               for c in ingest_configs(rows, dim, batch, args.writers, "network" not in args.skip)]
     vectors = {(rows, dim): data(rows, dim) for rows, dim in args.ingest}
 
     def measure(config: Ingest) -> dict[str, float]:
@@ -92,7 +94,7 @@ def bench_ingest(directory: Path, args: argparse.Namespace) -> list[dict[str, An
             "durable": c.durable, "writers": c.writers, "summary": summarise(r), "runs": r}
            for c, r in zip(configs, runs)]
     for row in out:  # the baseline of the same data set, batch size and durability
-        if row["system"] == "ours":
+        if row["system"] != "raw":
             base = next(b for b in out if b["system"] == "raw" and all(
                 b[k] == row[k] for k in ("rows", "dim", "batch", "durable")))
             row["ratio"] = ratio(row["summary"]["MBps"], base["summary"]["MBps"])

@@ -4,18 +4,15 @@ start-up time over many sealed shards, and LanceDB on the same workload."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
-from shard_phases import QUERIES, K, data  # tools/shard_phases.py, beside this file
+from shard_phases import QUERIES, K, data, start_server  # tools/shard_phases.py, beside this file
 
 import shardmgr
-from shardmgr.server import readiness
 
 BATCH = 1000
 
@@ -58,16 +55,6 @@ def bench_hnsw(directory: Path, vectors: np.ndarray, queries: np.ndarray) -> dic
     shutil.rmtree(path)
     return {"rows": len(vectors), "dim": vectors.shape[1], "layout": "2 sealed shards, hnsw", "recall_at_10": recall,
             "hnsw_qps": qps, "faiss_qps": faiss_qps(vectors, queries), "build_s": built}
-
-
-def start_server(path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``shardmgr serve`` on a free port; returns once its ready file says where."""
-    ready, log = path.with_name(path.name + ".ready"), path.with_name(path.name + ".log")
-    with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
-        proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(path), "--port", "0",
-                                 "--ready-file", str(ready)], stderr=stderr)
-    host, port = readiness.wait(ready, proc, 3600, log=log.read_text)
-    return proc, f"{host}:{port}"
 
 
 def bench_startup(directory: Path, gib: float) -> dict[str, Any]:

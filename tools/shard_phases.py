@@ -2,7 +2,9 @@
 configuration once and returns its figures, for rounds.interleave.
 
 Ingest: the same float32 vectors and int64 ids written in batches, by the
-store or raw (one ``os.writev`` of both arrays per batch to one file), either
+store embedded, by ``shardmgr serve`` over loopback ("wire": StoreClient
+appends, the server started before the clock), or raw (one ``os.writev``
+of both arrays per batch to one file), either
 durable per batch (each batch waits for its ``fdatasync``) or not (one
 ``fdatasync`` or ``flush()`` at the end). Search and get: one prepared data
 set (:class:`SearchSet`), searched by plain faiss and by the store.
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +26,7 @@ import faiss
 import numpy as np
 
 import shardmgr
+from shardmgr.server import readiness
 
 QUERIES = 1000
 SINGLE_QUERIES = 20  # one call each: faiss takes tens of ms per query over 1M rows here
@@ -37,7 +42,8 @@ def data(rows: int, dim: int, seed: int = 0) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Ingest:
-    """One ingest configuration: ``system`` "raw" or "ours"; ``durable``: every batch waits for its sync."""
+    """One ingest configuration: ``system`` "raw", "ours" (embedded) or "wire" (over loopback);
+    ``durable``: every batch waits for its sync."""
 
     system: str
     durable: bool
@@ -50,18 +56,23 @@ class Ingest:
     def mode(self) -> str:
         if self.system == "raw":
             return "writev + fdatasync per batch" if self.durable else "writev, one fdatasync at the end"
+        where = ", over the wire" if self.system == "wire" else ""
         if not self.durable:
-            return "default, one flush() at the end"
-        return "durable=True" + (f", {self.writers} writers" if self.writers > 1 else "")
+            return "default, one flush() at the end" + where
+        return "durable=True" + (f", {self.writers} writers" if self.writers > 1 else "") + where
 
     def __str__(self) -> str:
         return f"ingest {self.rows:,} x {self.dim}, batches of {self.batch:,}: {self.system} {self.mode}"
 
 
-def ingest_configs(rows: int, dim: int, batch: int, writers: int) -> list[Ingest]:
-    """Ours and its raw baseline alternate, the non-durable pair first."""
-    configs = [Ingest("ours", False, 1, rows, dim, batch), Ingest("raw", False, 1, rows, dim, batch),
-               Ingest("ours", True, 1, rows, dim, batch), Ingest("raw", True, 1, rows, dim, batch)]
+def ingest_configs(rows: int, dim: int, batch: int, writers: int, wire: bool = False) -> list[Ingest]:
+    """Ours (and over the wire) and its raw baseline alternate, the non-durable ones first."""
+    configs: list[Ingest] = []
+    for durable in (False, True):
+        configs.append(Ingest("ours", durable, 1, rows, dim, batch))
+        if wire:
+            configs.append(Ingest("wire", durable, 1, rows, dim, batch))
+        configs.append(Ingest("raw", durable, 1, rows, dim, batch))
     if writers > 1:
         configs.append(Ingest("ours", True, writers, rows, dim, batch))
     return configs
@@ -72,6 +83,8 @@ def measure_ingest(config: Ingest, directory: Path, vectors: np.ndarray) -> dict
     ids = np.arange(len(vectors), dtype=np.int64)
     if config.system == "raw":
         elapsed = raw_ingest(directory / "raw", vectors, ids, config.batch, config.durable)
+    elif config.system == "wire":
+        elapsed = wire_ingest(directory / "wire", vectors, ids, config.batch, config.durable)
     else:
         elapsed = store_ingest(directory / "ours", vectors, ids, config.batch, config.durable, config.writers)
     return {"MBps": (vectors.nbytes + ids.nbytes) / elapsed / 1e6}
@@ -120,6 +133,35 @@ def store_ingest(path: Path, vectors: np.ndarray, ids: np.ndarray, batch: int, d
     finally:
         store.close()
         shutil.rmtree(path)
+
+
+def wire_ingest(path: Path, vectors: np.ndarray, ids: np.ndarray, batch: int, durable: bool) -> float:
+    """Seconds for StoreClient.append of every batch, then one flush(), to a
+    ``shardmgr serve`` of a new store (started, and its collection made,
+    before the clock starts)."""
+    server, address = start_server(path)
+    try:
+        with shardmgr.connect(address, timeout=600) as client:
+            client.create_collection("c", vectors.shape[1])
+            started = time.perf_counter()
+            for i in range(0, len(vectors), batch):
+                client.append("c", vectors[i:i + batch], ids[i:i + batch], durable=durable)
+            client.flush()
+            return time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(path)
+
+
+def start_server(path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``shardmgr serve`` on a free port; returns once its ready file says where."""
+    ready, log = path.with_name(path.name + ".ready"), path.with_name(path.name + ".log")
+    with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
+        proc = subprocess.Popen([sys.executable, "-m", "shardmgr", "serve", "--data", str(path), "--port", "0",
+                                 "--ready-file", str(ready)], stderr=stderr)
+    host, port = readiness.wait(ready, proc, 3600, log=log.read_text)
+    return proc, f"{host}:{port}"
 
 
 @dataclass
