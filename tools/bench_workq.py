@@ -195,7 +195,10 @@ def run_callgrind(requests: int) -> dict[str, Any]:
                                           label="work", what="one item: lease + durable complete",
                                           warmup=CALLGRIND_WARMUP, requests=requests, calls=2)]
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if os.environ.get("KEEP_CALLGRIND"):
+            print("callgrind files kept in", base)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     return instructions.report(windows)
 
 

@@ -67,6 +67,16 @@ IOV_MAX = 1024
 """Most buffers one sendmsg takes (Linux's limit)."""
 TLS_COALESCE_BYTES = 64 << 10
 """On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
+MAX_CACHED_SPECS = 4096
+"""Packed part specs kept (encode); the cache starts over past it."""
+_SPECS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+# msgpack's markers for small maps and arrays (its spec: fixmap 0x80-0x8f, fixarray 0x90-0x9f, array 16 0xdc)
+FIXMAP = 0x80
+FIXMAP_MAX = 15
+FIXARRAY = 0x90
+FIXARRAY_MAX = 15
+ARRAY16 = struct.Struct(">BH")
+_PARTS_KEY = msgpack.packb("parts")
 
 
 def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:
@@ -173,7 +183,7 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
         return [FRAME_HEAD.pack(len(head), len(head)) + head]
     if len(parts) > MAX_PARTS:
         raise ValueError(f"a frame carries at most {MAX_PARTS} parts, got {len(parts)}")
-    specs = []
+    specs: list[bytes] = []
     datas: list[bytes | memoryview] = []
     size = 0
     for name, array in parts.items():
@@ -187,14 +197,14 @@ def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = N
         if code is None:
             array = _little_endian(name, array)
             code = array.dtype.str
-        specs.append([name, code, list(shape)])
+        specs.append(_packed_spec(name, code, shape))
         pad = -size % PART_ALIGN
         if pad:
             datas.append(_PADDING[pad])
         nbytes = array.nbytes
         datas.append(array.tobytes() if nbytes <= SMALL_PART_BYTES else _view(array))
         size += pad + nbytes
-    head = _packed_header({**header, "parts": specs})
+    head = _header_with_parts(header, specs)
     first = FRAME_HEAD.pack(len(head) + size, len(head)) + head
     if len(first) + size <= JOINED_FRAME_BYTES:
         return [b"".join([first, *datas])]
@@ -205,6 +215,35 @@ def _view(array: np.ndarray) -> memoryview:
     """A large part's bytes, not copied if it is C-contiguous (1-d first: empty arrays too;
     not ascontiguousarray: it makes a 0-d array 1-d)."""
     return np.asarray(array, order="C").reshape(-1).data.cast("B")
+
+
+def _packed_spec(name: str, code: str, shape: tuple[int, ...]) -> bytes:
+    """The msgpack of one part spec ``[name, dtype, shape]``, packed once per
+    distinct spec (a reply of one item packs the same few again and again)."""
+    key = (name, code, shape)
+    packed = _SPECS.get(key)
+    if packed is None:
+        packed = msgpack.packb([name, code, list(shape)])
+        if len(_SPECS) >= MAX_CACHED_SPECS:
+            _SPECS.clear()
+        _SPECS[key] = packed
+    return packed
+
+
+def _header_with_parts(header: Mapping[str, Any], specs: list[bytes]) -> bytes:
+    """The msgpack of ``{**header, "parts": specs}`` (specs packed already):
+    msgpack is made of its elements' bytes, so the header's own map gets one
+    more entry and the packed specs are joined after it; the same bytes as
+    packing the whole, with the specs packed once (_packed_spec)."""
+    if len(header) >= FIXMAP_MAX or "parts" in header:
+        return _packed_header({**header, "parts": [msgpack.unpackb(spec) for spec in specs]})
+    base: bytes = msgpack.packb(header)
+    count = len(specs)
+    listed = bytes((FIXARRAY | count,)) if count <= FIXARRAY_MAX else ARRAY16.pack(0xDC, count)
+    head = b"".join([bytes((FIXMAP | (len(header) + 1),)), base[1:], _PARTS_KEY, listed, *specs])
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"frame header is {len(head)} bytes; the limit is {MAX_HEADER_BYTES}")
+    return head
 
 
 def _packed_header(header: Mapping[str, Any]) -> bytes:

@@ -191,6 +191,21 @@ def test_encode_gives_the_first_encoding_s_bytes_joined_or_not(header: dict[str,
         assert len(buffers) == 1
 
 
+@given(keys=st.sampled_from([0, 1, 14, 15, 16, 40]), count=st.sampled_from([1, 15, 16, framing.MAX_PARTS]),
+       shape=st.lists(st.integers(0, 3), max_size=3).map(tuple), with_parts_key=st.booleans())
+def test_encode_packs_part_specs_once_and_gives_the_same_header_bytes_whatever_its_size(
+        keys: int, count: int, shape: tuple[int, ...], with_parts_key: bool) -> None:
+    """The header's map made one entry longer around specs packed once (framing._header_with_parts),
+    across msgpack's size classes: maps of up to 15 entries and more, arrays of up to 15 specs and more,
+    a header that already has a "parts" key (replaced, as {**header, "parts": ...} does)."""
+    header: dict[str, Any] = {"id": 7, **{f"k{i}": i for i in range(keys)}}
+    if with_parts_key:
+        header["parts"] = "replaced"
+    parts = {f"p{i}": np.zeros(shape, np.uint32) for i in range(count)}
+    for _ in range(2):  # packed, then from the cache
+        assert frame_bytes(header, parts) == _reference_encode(header, parts)
+
+
 @given(parts=st.dictionaries(st.text(min_size=1, max_size=8), arrays, max_size=5), writable=st.booleans())
 def test_decoded_parts_are_views_like_frombuffer_s(parts: dict[str, np.ndarray], writable: bool) -> None:
     data = frame_bytes({"id": 1}, parts)
