@@ -1,8 +1,12 @@
-"""One client connection on the server: a reader thread and a writer thread.
+"""One client connection on the server: a reader thread, and a writer
+thread once one is needed.
 
 The reader thread does the handshake, reads frames and dispatches requests.
 How replies are sent (held and batched, by whom, the outbox, the writer
-thread, the goaway) is in sending.py, a mixin of :class:`Connection`.
+thread, the goaway) is in sending.py, a mixin of :class:`Connection`: the
+reader and the owner threads write their replies themselves while the
+socket takes them, so the writer thread starts only the first time a reply
+has to wait in the outbox or a clean stop begins.
 
 With a tokens file (auth.py), the first frame after the preambles must be
 ``auth`` with a valid token, within ``handshake_timeout_s`` and at most
@@ -32,7 +36,8 @@ no request it has no answer to was applied.
 
 Threads: ``_lock``/``_cond`` guard the outbox, ``_pending``, ``_writing``
 (some thread is sending: one at a time, whoever claimed it), ``_handshaken``,
-``_draining``, ``_goaway_sent``/``_goaway_written`` and ``_closed``.
+``_draining``, ``_goaway_sent``/``_goaway_written``, ``_closed`` and
+``_writer_started``.
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ class Connection(Sending):
         self._plain = not isinstance(sock, ssl.SSLSocket)
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
+        self._writer_started = False  # started on first need (Sending._need_writer)
 
     def start(self) -> None:
         seconds = int(self._config.send_timeout_s)
@@ -128,7 +134,6 @@ class Connection(Sending):
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
         self._reader.start()
-        self._writer.start()
 
     # ------------------------------------------------------------------ reading
 
@@ -250,7 +255,10 @@ class Connection(Sending):
         to what was read so far. The server refuses what is read later."""
         with self._cond:
             self._draining = True
+            started = self._need_writer()  # it sends the goaway
             self._cond.notify_all()
+        if not started:
+            self.close()
 
     def wait_drained(self, timeout: float) -> bool:
         """Wait until the goaway was written (or the connection closed); False on timeout."""
@@ -304,7 +312,10 @@ class Connection(Sending):
 
     def join(self, timeout: float | None = None) -> None:
         self._reader.join(timeout)
-        self._writer.join(timeout)
+        with self._cond:
+            started = self._writer_started
+        if started:
+            self._writer.join(timeout)
 
     @property
     def closed(self) -> bool:

@@ -7,14 +7,17 @@ thread's batch of work ends (common/wire/reply_batch.py; at once outside
 one), then sent by that thread with one non-blocking sendmsg when nothing
 else is being written or queued; otherwise, and for what such a send
 leaves over, they go into the outbox, which the writer thread sends. So an
-owner thread never blocks on a socket. ``on_sent`` callbacks run after
+owner thread never blocks on a socket. The writer thread is started the
+first time a reply goes into the outbox or a clean stop begins: a
+connection whose socket always takes its replies at once (most of them)
+never has one, which halves the threads of many idle connections. ``on_sent`` callbacks run after
 their reply's last byte was written, before the write is released (see
 :meth:`Sending._write`). When draining, the writer sends the goaway once
 every reply is out.
 
 Threads: the connection's ``_lock``/``_cond`` guard the outbox,
 ``_pending``, ``_writing`` (some thread is sending: one at a time, whoever
-claimed it) and the draining and closing flags; ``_held`` is the reader
+claimed it), ``_writer_started`` and the draining and closing flags; ``_held`` is the reader
 thread's, ``_batched`` is guarded by the lock.
 """
 
@@ -72,6 +75,8 @@ class Sending:
     _closed: bool
     _plain: bool
     _reader: threading.Thread
+    _writer: threading.Thread
+    _writer_started: bool
 
     _count_error: Callable[[str], None]
 
@@ -184,6 +189,21 @@ class Sending:
         self._outbox.extend(entries)
         self._outbox_bytes += size
         self._cond.notify_all()
+        return self._need_writer()  # False: the caller closes, which drops the outbox and its charge
+
+    def _need_writer(self) -> bool:
+        """Under the lock: start the writer thread unless it runs already
+        (it waits for this lock before it looks at anything). False if no
+        thread can be started (the process is at its thread limit): the
+        caller closes the connection, whose replies could not be sent."""
+        if self._writer_started or self._closed:
+            return True
+        try:
+            self._writer.start()
+        except RuntimeError as exc:
+            log.error("closing %s: cannot start its writer thread: %s", self.peer, exc)
+            return False
+        self._writer_started = True
         return True
 
     def _queue_first(self, tail: list[Entry], size: int,

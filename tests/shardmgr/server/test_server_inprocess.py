@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.wire import framing
 from common.wire.client import RpcClient
 from common.wire.component import Component, Request
 from common.wire.errors import BadRequest, Conflict
 from shardmgr.server.config import ServerConfig
 from shardmgr.server.connection import Connection
 from shardmgr.server.server import Server
+
+from .test_server import raw_connection, read_frame
 
 
 class SlowStart(Component):
@@ -133,3 +136,47 @@ def test_a_stop_while_a_connection_is_being_started_waits_for_it(tmp_path: Path,
     finally:
         server.stop()
     assert server.stats()["server"]["connections_open"] == 0
+
+
+def writers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("conn-write")]
+
+
+def test_a_connection_starts_its_writer_thread_only_when_a_reply_must_wait(tmp_path: Path) -> None:
+    """Replies the socket takes at once are written by the thread that made
+    them: a connection that is served and idle has no writer thread. Replies
+    to a client that stops reading go to the outbox, which starts the writer;
+    once the client reads, every reply arrives, in order; the clean stop's
+    goaway comes from it too."""
+    component = SlowStart()
+    component.release.set()
+    server = Server(ServerConfig(data_dir=tmp_path, port=0), [component])
+    server.start()
+    try:
+        with RpcClient(server.address) as client:
+            for a in range(20):  # answered on the reader thread (ping) and on the component's owner (add)
+                assert client.call("ping").result == {}
+                assert client.call("add", {"a": a, "b": 1}).result == {"sum": a + 1}
+            assert writers() == []
+            x = np.arange(1 << 18, dtype=np.float32)  # each reply carries 1 MiB: 48 MiB pile up unread
+            ids = [client.send("add", {"a": a}, {"x": x}) for a in range(48)]
+            deadline = time.monotonic() + 30
+            while not writers():
+                assert time.monotonic() < deadline, "no writer thread while replies waited"
+                time.sleep(0.01)
+            for a, request_id in enumerate(ids):
+                reply = client.receive(request_id)
+                assert reply.result == {"sum": a} and np.array_equal(reply.parts["doubled"], x * 2)
+            assert len(writers()) == 1
+        idle = raw_connection(f"{server.address[0]}:{server.address[1]}")
+        idle.sendall(b"".join(framing.encode({"id": 1, "cmd": "ping"})))
+        assert read_frame(idle) == {"id": 1, "ok": {}} and writers() == []
+        stopping = threading.Thread(target=server.stop)
+        stopping.start()
+        goaway = read_frame(idle)  # written by the writer the stop started
+        assert goaway is not None and goaway["id"] == 0 and goaway["error"]["code"] == "unavailable", goaway
+        idle.close()
+        stopping.join(30)
+    finally:
+        server.stop()
+    assert writers() == [] and server.stats()["server"]["connections_open"] == 0
