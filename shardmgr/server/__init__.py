@@ -3,8 +3,8 @@ port: ``shardmgr serve``.
 
 Owns the server's configuration (``config``), the server and its start-up
 and stop order (``server``), the listening socket and the connections it
-admits (``acceptor``), one connection's reader and writer threads
-(``connection``), the server's own commands (``control``), Prometheus
+admits (``acceptor``), one connection's reader thread and, once needed, its writer
+thread (``connection``), the server's own commands (``control``), Prometheus
 metrics (``metrics``) and who may read them (``http_auth``), the readiness
 file (``readiness``), tokens and the command-to-role table (``auth``) and
 protected mode (``exposure``).

@@ -106,6 +106,7 @@ class Connection(Sending):
         self._outbox: collections.deque[Entry] = collections.deque()
         self._outbox_bytes = 0
         self._writing = False  # some thread is inside sendmsg for this socket
+        self._quick = False  # ... and it is a non-blocking send (_flush_batched's), which ends at once
         self._pending = 0  # requests dispatched whose replies are not yet in the outbox or sent
         self._held: list[Entry] = []  # reader thread only
         self._batched: list[Entry] = []  # other threads' replies

@@ -17,7 +17,9 @@ every reply is out.
 
 Threads: the connection's ``_lock``/``_cond`` guard the outbox,
 ``_pending``, ``_writing`` (some thread is sending: one at a time, whoever
-claimed it), ``_writer_started`` and the draining and closing flags; ``_held`` is the reader
+claimed it; ``_quick`` while that is another thread's non-blocking send,
+which the reader may wait for), ``_writer_started`` and the draining and
+closing flags; ``_held`` is the reader
 thread's, ``_batched`` is guarded by the lock.
 """
 
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 GOAWAY = {"id": 0, "error": {"code": "unavailable",
                              "message": "the server is stopping: requests not answered were not applied; retry"}}
 """The last frame of a clean stop (docs/protocol.md)."""
+QUICK_WAIT_S = 0.005
+"""How long the reader waits for another thread's non-blocking send before it queues its replies instead."""
 
 Entry = tuple[list[bytes | memoryview], int, OnSent | None]
 """A reply ready to send: its buffers, their size, and what to run once they are written."""
@@ -77,6 +81,7 @@ class Sending:
     _reader: threading.Thread
     _writer: threading.Thread
     _writer_started: bool
+    _quick: bool
 
     _count_error: Callable[[str], None]
 
@@ -128,6 +133,7 @@ class Sending:
             direct = self._plain and not self._outbox and not self._writing
             if direct:
                 self._claim_writing()
+                self._quick = True  # a non-blocking send: the reader may wait for it (_flush_held)
             else:
                 queued = self._queue(batch, sum(size for _, size, _ in batch))
         if direct:
@@ -235,6 +241,11 @@ class Sending:
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
                 return
+            if self._writing and self._quick and not self._outbox:
+                # Another thread's non-blocking send ends within microseconds: wait for it rather
+                # than hand these replies to the writer thread (and start one): a client that
+                # reads each reply before its next request would otherwise race for a writer.
+                self._await_writer(QUICK_WAIT_S)
             direct = not self._outbox and not self._writing
             if direct:
                 self._claim_writing()
@@ -268,6 +279,7 @@ class Sending:
     def _release_writing(self) -> None:
         with self._cond:
             self._writing = False
+            self._quick = False
             # Wake only who can use it: waking the idle writer after every
             # reply the reader wrote itself costs a thread switch per request.
             if self._outbox or self._draining or self._closed or self._write_waiters:

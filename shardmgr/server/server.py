@@ -24,8 +24,8 @@ to flush what was written (a help against a power cut soon after, not a
 promise: only acknowledged durable writes are promised).
 
 Threads: an acceptor thread and a send watchdog (acceptor.py, which keeps
-the set of connections); per connection a reader and a writer thread
-(connection.py); per component its own owner threads; the flusher. The
+the set of connections); per connection a reader thread, and a writer thread once a reply
+has had to wait (connection.py); per component its own owner threads; the flusher. The
 server's own counters and the stop flags are guarded by ``_lock``.
 """
 
