@@ -123,3 +123,26 @@ def test_pack_of_a_few_matches_the_general_pack(segment: int, offsets: list[int]
     assert few[1].dtype == general[1].dtype == np.uint64
     assert few[1].tolist() == general[1].tolist()
     assert protocol.unpack(few[1])[1].tolist() == offsets
+
+
+pairs = st.one_of(
+    st.tuples(st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 35) - 1)),  # in range (any offset: floored)
+    st.tuples(st.integers(-(1 << 40), 1 << 40), st.integers(-(1 << 40), 1 << 40)),  # some out of range
+    st.builds(lambda s, o: protocol.Handle(s, o), st.integers(0, (1 << 32) - 1),
+              st.integers(0, (1 << 32) - 1).map(lambda u: u * protocol.OFFSET_UNIT)))
+
+
+@given(handles=st.lists(pairs, max_size=protocol.SMALL_BATCH + 2))
+def test_pack_handles_of_a_few_matches_the_general_pack(handles: list[tuple[int, int]]) -> None:
+    def outcome(general: bool) -> tuple[str, Any]:
+        try:
+            packed = _general(protocol.pack_handles, handles) if general else \
+                _outcome(protocol.pack_handles, handles)
+        except (OverflowError, ValueError, TypeError) as exc:  # what numpy says of what it cannot pack
+            return "raised", type(exc)
+        return packed[0], packed[1].tolist() if packed[0] == "ok" else packed[1]
+
+    few, general = outcome(False), outcome(True)
+    assert few == general
+    if few[0] == "ok":
+        assert protocol.pack_handles(handles).dtype == np.uint64
