@@ -111,6 +111,14 @@ class _Continuation:
     failed: Callable[[Exception], None]
     quick: bool  # may run on the flusher thread (it never waits for a flush)
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, tickets: list[Ticket], done: Callable[[], None], failed: Callable[[Exception], None],
+                 quick: bool) -> None:
+        self.tickets = tickets
+        self.done = done
+        self.failed = failed
+        self.quick = quick
+
 
 class OwnerLoop:
     """Runs messages, continuations, waiters and timers, one at a time, under one lock.

@@ -193,6 +193,16 @@ class Leased:
     deliveries: np.ndarray  # uint32
     payloads: list[memoryview]
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, key: Key, job: str, handles: np.ndarray, positions: np.ndarray, deliveries: np.ndarray,
+                 payloads: list[memoryview]) -> None:
+        self.key = key
+        self.job = job
+        self.handles = handles
+        self.positions = positions
+        self.deliveries = deliveries
+        self.payloads = payloads
+
     def items(self) -> list[Item]:
         return [Item(Handle.unpack(h), bytes(p), self.job, self.key, pos, d) for h, p, pos, d in
                 zip(self.handles.tolist(), self.payloads, self.positions.tolist(), self.deliveries.tolist())]

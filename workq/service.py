@@ -75,6 +75,11 @@ class _Claim:
     connection: int
     session: str | None
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, connection: int, session: str | None) -> None:
+        object.__setattr__(self, "connection", connection)
+        object.__setattr__(self, "session", session)
+
 
 class WorkqService(Component):
     name = "workq"

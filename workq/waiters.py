@@ -47,6 +47,15 @@ class Waiter:
     fail: Callable[[Exception], None]  # answers the call if an attempt raises
     alive: Callable[[], bool] | None  # False once nobody is left to answer
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, deadline: float, attempt: Callable[[bool], bool], wants: Wants,
+                 fail: Callable[[Exception], None], alive: Callable[[], bool] | None) -> None:
+        self.deadline = deadline
+        self.attempt = attempt
+        self.wants = wants
+        self.fail = fail
+        self.alive = alive
+
     def run(self, final: bool) -> bool:
         """One attempt; True once the call is answered (by it or by fail)."""
         try:

@@ -72,6 +72,11 @@ class Ticket:
     journal: Journal
     seq: int
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, journal: Journal, seq: int) -> None:
+        object.__setattr__(self, "journal", journal)
+        object.__setattr__(self, "seq", seq)
+
     @property
     def durable(self) -> bool:
         return self.journal.durable_seq >= self.seq
@@ -86,6 +91,15 @@ class FlusherStats:
     failures: int = 0
     last_round_seconds: float = 0.0
     max_round_seconds: float = 0.0
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, rounds: int = 0, syncs: int = 0, failures: int = 0, last_round_seconds: float = 0.0,
+                 max_round_seconds: float = 0.0) -> None:
+        self.rounds = rounds
+        self.syncs = syncs
+        self.failures = failures
+        self.last_round_seconds = last_round_seconds
+        self.max_round_seconds = max_round_seconds
 
 
 class Flusher:

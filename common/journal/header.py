@@ -78,6 +78,17 @@ class Identity:
     uuid: bytes = b"\0" * 16
     format_version: int = FORMAT_VERSION
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, kind: bytes, alignment: int, max_record_bytes: int, metadata: bytes = b"",
+                 created_ns: int = 0, uuid: bytes = b"\0" * 16, format_version: int = FORMAT_VERSION) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "alignment", alignment)
+        object.__setattr__(self, "max_record_bytes", max_record_bytes)
+        object.__setattr__(self, "metadata", metadata)
+        object.__setattr__(self, "created_ns", created_ns)
+        object.__setattr__(self, "uuid", uuid)
+        object.__setattr__(self, "format_version", format_version)
+
     def encode(self) -> bytearray:
         """The full HEADER_SIZE bytes with both checkpoint slots empty."""
         if len(self.kind) != 4 or not self.kind.isascii():
@@ -130,6 +141,15 @@ class Checkpoint:
     count: int = 0
     counters: tuple[int, int, int, int] = (0, 0, 0, 0)
     sealed: bool = False
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, generation: int = 0, end: int = HEADER_SIZE, count: int = 0,
+                 counters: tuple[int, int, int, int] = (0, 0, 0, 0), sealed: bool = False) -> None:
+        object.__setattr__(self, "generation", generation)
+        object.__setattr__(self, "end", end)
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "counters", counters)
+        object.__setattr__(self, "sealed", sealed)
 
     def encode(self) -> bytes:
         body = SLOT.pack(self.generation, self.end, self.count, *self.counters,

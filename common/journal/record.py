@@ -69,6 +69,12 @@ class EncodedBatch:
     offsets: np.ndarray  # int64 [n]: where each record starts, counted from ``start`` of encode_batch
     marker: int  # every record's
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, data: bytearray, offsets: np.ndarray, marker: int) -> None:
+        self.data = data
+        self.offsets = offsets
+        self.marker = marker
+
     @property
     def markers(self) -> np.ndarray:
         """The records' marker words (uint32 [n])."""
@@ -209,6 +215,14 @@ class RecordHeader:
     length: int
     continues: bool
     seq: int
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, marker: int, crc: int, length: int, continues: bool, seq: int) -> None:
+        object.__setattr__(self, "marker", marker)
+        object.__setattr__(self, "crc", crc)
+        object.__setattr__(self, "length", length)
+        object.__setattr__(self, "continues", continues)
+        object.__setattr__(self, "seq", seq)
 
     @classmethod
     def unpack(cls, buf: ReadableBuffer, offset: int) -> RecordHeader:

@@ -150,6 +150,12 @@ class Frame:
     parts: dict[str, np.ndarray]
     size: int
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, header: dict[str, Any], parts: dict[str, np.ndarray], size: int) -> None:
+        self.header = header
+        self.parts = parts
+        self.size = size
+
     def __repr__(self) -> str:
         """As a dataclass's, but an argument ``token`` (the ``auth`` request's) shows as ``<hidden>``."""
         header = self.header

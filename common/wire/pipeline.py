@@ -61,6 +61,14 @@ class Request:
     parts: dict[str, np.ndarray] | None = None
     resend: bool = False
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, cmd: str, args: dict[str, Any] | None = None, parts: dict[str, np.ndarray] | None = None,
+                 resend: bool = False) -> None:
+        object.__setattr__(self, "cmd", cmd)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "resend", resend)
+
 
 class Pending(Generic[T]):
     """The answer to one request sent without waiting.

@@ -86,6 +86,11 @@ class Principal:
     name: str
     roles: frozenset[str]
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, name: str, roles: frozenset[str]) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "roles", roles)
+
     def may(self, cmd: str) -> bool:
         """True if these roles allow ``cmd``."""
         required = COMMAND_ROLES.get(cmd, ADMIN)
@@ -107,6 +112,12 @@ class TokenEntry:
     name: str
     roles: frozenset[str]
     digest: bytes = dataclasses.field(repr=False)  # sha256 of the token: in no repr, as no secret is
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, name: str, roles: frozenset[str], digest: bytes) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "roles", roles)
+        object.__setattr__(self, "digest", digest)
 
 
 def new_token() -> str:

@@ -69,6 +69,12 @@ class Ledger:
     results: int = 0  # results those segments held (all delivered)
     max_position: int = -1
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, collected_below: int = 0, results: int = 0, max_position: int = -1) -> None:
+        self.collected_below = collected_below
+        self.results = results
+        self.max_position = max_position
+
 
 @dataclasses.dataclass(slots=True)
 class Rested:
@@ -78,6 +84,13 @@ class Rested:
     path: Path
     results: int  # results in it (all delivered)
     sealed: bool
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, seq: int, path: Path, results: int, sealed: bool) -> None:
+        self.seq = seq
+        self.path = path
+        self.results = results
+        self.sealed = sealed
 
 
 class ResultsWritten(NamedTuple):
@@ -123,6 +136,16 @@ class Outgoing:
     positions: np.ndarray
     payloads: list[memoryview]
     cursor: int  # the segment's delivery cursor once these are sent
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, seq: int, offsets: np.ndarray, handles: np.ndarray, positions: np.ndarray,
+                 payloads: list[memoryview], cursor: int) -> None:
+        self.seq = seq
+        self.offsets = offsets
+        self.handles = handles
+        self.positions = positions
+        self.payloads = payloads
+        self.cursor = cursor
 
 
 class CompletionLog:

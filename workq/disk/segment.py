@@ -83,6 +83,12 @@ class JobCursor:
     pending: int = 0
     ahead: RecordChunk | None = None
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, cursor: int, pending: int = 0, ahead: RecordChunk | None = None) -> None:
+        self.cursor = cursor
+        self.pending = pending
+        self.ahead = ahead
+
     def rewind(self, first: int) -> None:
         """No pending item lies before ``first`` any more than before it: move back if need be."""
         if first < self.cursor:
@@ -101,6 +107,18 @@ class Taken:
     cursor: int  # the job's cursor once these are committed
     cost: int  # response bytes: payloads plus REPLY_ITEM_BYTES each
     rest: RecordChunk | None  # the scanned records from ``cursor`` on: the job's next lookahead
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, segment: Segment, job: int, offsets: np.ndarray, positions: np.ndarray,
+                 payloads: list[memoryview], cursor: int, cost: int, rest: RecordChunk | None) -> None:
+        self.segment = segment
+        self.job = job
+        self.offsets = offsets
+        self.positions = positions
+        self.payloads = payloads
+        self.cursor = cursor
+        self.cost = cost
+        self.rest = rest
 
 
 class Segment:

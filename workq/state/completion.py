@@ -51,6 +51,14 @@ class CompletionPlan:
     tickets: list[Ticket] = dataclasses.field(default_factory=list)
     error: Exception | None = None  # set by start: only some results were written
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, statuses: list[str], groups: list[Completion], tickets: list[Ticket] | None = None,
+                 error: Exception | None = None) -> None:
+        self.statuses = statuses
+        self.groups = groups
+        self.tickets = [] if tickets is None else tickets
+        self.error = error
+
 
 def plan(state: QueueState, packed: np.ndarray, payloads: Sequence[bytes | memoryview]) -> CompletionPlan:
     """Validate a batch of results; nothing is changed.

@@ -34,6 +34,13 @@ class Filters:
     shapes: frozenset[str] | None = None
     lanes: frozenset[str] | None = None
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, models: frozenset[str] | None = None, shapes: frozenset[str] | None = None,
+                 lanes: frozenset[str] | None = None) -> None:
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "lanes", lanes)
+
     def match(self, key: Key) -> bool:
         return ((self.models is None or key.model in self.models)
                 and (self.shapes is None or key.shape in self.shapes)

@@ -67,6 +67,13 @@ class JobCounts:
     buried: int = 0
     completing: int = 0  # of in_flight: results written, not yet durable
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, pending: int = 0, in_flight: int = 0, buried: int = 0, completing: int = 0) -> None:
+        self.pending = pending
+        self.in_flight = in_flight
+        self.buried = buried
+        self.completing = completing
+
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or buried."""
@@ -84,6 +91,17 @@ class Completion:
     positions: np.ndarray
     markers: np.ndarray  # uint32, when planned
     payloads: list[bytes | memoryview]
+
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, job: int, segment: Segment, offsets: np.ndarray, handles: np.ndarray, positions: np.ndarray,
+                 markers: np.ndarray, payloads: list[bytes | memoryview]) -> None:
+        self.job = job
+        self.segment = segment
+        self.offsets = offsets
+        self.handles = handles
+        self.positions = positions
+        self.markers = markers
+        self.payloads = payloads
 
 
 class Items:

@@ -49,6 +49,14 @@ class Lease:
     deadline: float  # monotonic seconds
     handles: set[int]  # packed
 
+    # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
+    def __init__(self, segment: int, job: int, worker: str | None, deadline: float, handles: set[int]) -> None:
+        self.segment = segment
+        self.job = job
+        self.worker = worker
+        self.deadline = deadline
+        self.handles = handles
+
 
 class LeaseTable:
     """Every lease of one queue: by item, by worker, and by deadline."""
