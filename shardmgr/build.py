@@ -59,6 +59,8 @@ COMPILED: tuple[str, ...] = (
     "common.wire.framing",
     "common.wire.pipeline",
     "common.wire.reply_batch",
+    # the flag the flusher, the queue loop and the server's dispatch check on every request
+    "common.wakeup",
     # the server's connections and dispatch
     "shardmgr.server.auth",
     "shardmgr.server.connection",

@@ -50,6 +50,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from common.journal import Flusher, Ticket
+from common.wakeup import Wakeup
 from common.wire.errors import DurabilityLost, Unavailable
 from common.wire.reply_batch import batched_replies
 
@@ -135,7 +136,7 @@ class OwnerLoop:
         self._on_stop = stop
         self._inbox: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()  # the owner lock: held while anything of the loop runs
-        self._wake = threading.Event()  # the owner thread has something to do (or a sooner deadline)
+        self._wake = Wakeup()  # the owner thread has something to do (or a sooner deadline)
         self._sleep_until = 0.0  # when the sleeping owner thread wakes by itself
         self._continuations: list[_Continuation] = []
         self._checked = -1  # the flusher's changes at the last full check of the continuations

@@ -76,7 +76,9 @@ class RecordAppender(MarkerWriter):
             self._count += len(offsets)
             self._counters[MARKER_INDEX[marker]] += len(offsets)
             self._seq += 1
-            return Appended(offsets, self._ticket())
+            # tuple.__new__: the NamedTuple's own constructor is exec'd Python code, run interpreted
+            # in the compiled build on every append (the same object either way)
+            return tuple.__new__(Appended, (offsets, self._ticket()))
 
     def _check_capacity(self, total: int) -> None:
         """JournalFull if ``total`` more bytes would pass the configured capacity."""

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from ..wakeup import Wakeup
 from .config import FlusherConfig
 from .errors import FlushFailed, JournalClosed
 
@@ -110,23 +111,25 @@ class Flusher:
         self.stats = FlusherStats()
         self._journals: dict[int, Journal] = {}
         self._listeners: list[Callable[[], None]] = []
-        self._cond = threading.Condition()
-        self._wake = threading.Event()
+        self._lock = threading.Lock()  # a plain lock: its ``with`` is C, a Condition's is Python code
+        self._cond = threading.Condition(self._lock)
+        self._sleepers = 0  # threads in _cond.wait (guarded by _lock): notified only if any
+        self._wake = Wakeup()
         self.changes = 0
         """Moments since the start when tickets may have become durable or
         journals failed: every round, every out-of-round sync, failure or
         close (:meth:`notify`); it moves after their effect is visible and
         before the listeners run. Owners that check many tickets after every
         request skip the check while it stands still. Written under
-        ``_cond``, read without it."""
-        self._started_rounds = 0  # rounds begun (guarded by _cond)
-        self._done_rounds = 0  # rounds finished (guarded by _cond)
-        self._stopping = False  # stop() was called (guarded by _cond)
-        self._finished = False  # the last round is done (guarded by _cond)
-        self._skip_last = False  # stop(flush=False): no last round (guarded by _cond)
+        ``_lock``, read without it."""
+        self._started_rounds = 0  # rounds begun (guarded by _lock)
+        self._done_rounds = 0  # rounds finished (guarded by _lock)
+        self._stopping = False  # stop() was called (guarded by _lock)
+        self._finished = False  # the last round is done (guarded by _lock)
+        self._skip_last = False  # stop(flush=False): no last round (guarded by _lock)
         self._synced_last_round = False  # flusher thread only
-        self._hurried: dict[int, Journal] = {}  # journals waited for before the next round (guarded by _cond)
-        self._hurry_all = False  # the next round syncs every journal, timed or not (guarded by _cond)
+        self._hurried: dict[int, Journal] = {}  # journals waited for before the next round (guarded by _lock)
+        self._hurry_all = False  # the next round syncs every journal, timed or not (guarded by _lock)
         self._round_thread: threading.Thread | None = None
 
     def __enter__(self) -> Flusher:
@@ -148,7 +151,7 @@ class Flusher:
         (crash tests use it to freeze the disk before a simulated power cut).
         A stopped flusher cannot be restarted.
         """
-        with self._cond:
+        with self._lock:
             self._stopping = True
             self._skip_last = not flush
         self._wake.set()
@@ -161,19 +164,19 @@ class Flusher:
         return self._round_thread is not None and not self._finished
 
     def register(self, journal: Journal) -> None:
-        with self._cond:
+        with self._lock:
             self._journals[id(journal)] = journal
 
     def unregister(self, journal: Journal) -> None:
-        with self._cond:
+        with self._lock:
             self._journals.pop(id(journal), None)
-            self._cond.notify_all()
+            self._notify_sleepers()
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the flusher thread) after every round that
         synced something, and after out-of-round syncs. It must be quick:
         owners use it to post a wake-up to their own thread."""
-        with self._cond:
+        with self._lock:
             self._listeners.append(callback)
 
     def hurry(self, journals: Iterable[Journal] | None = None) -> None:
@@ -181,7 +184,7 @@ class Flusher:
         end of the interval (a round already running finishes first; writes
         arriving meanwhile share the following round). The round syncs
         ``journals`` (the ones waited for) or, if None, every journal."""
-        with self._cond:
+        with self._lock:
             if journals is None:
                 self._hurry_all = True
             else:
@@ -190,9 +193,9 @@ class Flusher:
 
     def notify(self) -> None:
         """Wake waiters: a journal synced outside a round, failed or closed."""
-        with self._cond:
+        with self._lock:
             self.changes += 1
-            self._cond.notify_all()
+            self._notify_sleepers()
             listeners = list(self._listeners)
         self._call(listeners)
 
@@ -215,7 +218,7 @@ class Flusher:
         deadline = None if timeout is None else time.monotonic() + timeout
         if journal.durable_seq < ticket.seq:
             self.hurry([journal])
-        with self._cond:
+        with self._lock:
             while journal.durable_seq < ticket.seq:
                 journal.raise_if_failed()
                 if journal.closed:
@@ -225,19 +228,37 @@ class Flusher:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"write {ticket.seq} to {journal.path} not durable after {timeout} s")
-                self._cond.wait(remaining)
+                self._sleep(remaining)
 
     def flush_now(self, timeout: float | None = None) -> None:
         """Start a round at once and wait for it: every write made before
         this call is then durable (or its journal has failed)."""
-        with self._cond:
+        with self._lock:
             if not self.running:
                 raise JournalClosed("the flusher is not running: nothing can be flushed")
             target = self._started_rounds + 1
             self._hurry_all = True  # the round it waits for syncs every journal
             self._wake.set()
-            if not self._cond.wait_for(lambda: self._done_rounds >= target or not self.running, timeout):
-                raise TimeoutError(f"flush round not finished after {timeout} s")
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._done_rounds < target and self.running:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"flush round not finished after {timeout} s")
+                self._sleep(remaining)
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Under ``_lock``: wait for the next notify (or ``timeout``)."""
+        self._sleepers += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._sleepers -= 1
+
+    def _notify_sleepers(self) -> None:
+        """Under ``_lock``: wake the waiters, if any (``notify_all`` is Python
+        code, run on every round and every out-of-round sync otherwise)."""
+        if self._sleepers:
+            self._cond.notify_all()
 
     def _run(self) -> None:
         interval = self.config.interval
@@ -247,7 +268,7 @@ class Flusher:
             if delay > 0:
                 self._wake.wait(delay)
             self._wake.clear()
-            with self._cond:
+            with self._lock:
                 stopping = self._stopping
                 self._started_rounds += 1
                 timed = self._hurry_all or stopping or time.monotonic() >= next_round
@@ -262,11 +283,11 @@ class Flusher:
             started = time.monotonic()
             self._round(journals, lazy=not stopping)
             elapsed = time.monotonic() - started
-            with self._cond:
+            with self._lock:
                 self._done_rounds += 1
                 self.changes += 1
                 self._finished = stopping
-                self._cond.notify_all()
+                self._notify_sleepers()
                 listeners = list(self._listeners) if self._synced_last_round else []
             self._call(listeners)
             self.stats.rounds += 1

@@ -243,7 +243,7 @@ def _header_with_parts(header: Mapping[str, Any], specs: list[bytes]) -> bytes:
     packing the whole, with the specs packed once (_packed_spec)."""
     if len(header) >= FIXMAP_MAX or "parts" in header:
         return _packed_header({**header, "parts": [msgpack.unpackb(spec) for spec in specs]})
-    base: bytes = msgpack.packb(header)
+    base: bytes = msgpack.Packer().pack(header)  # not packb: a Python wrapper of this, run on every frame
     count = len(specs)
     listed = bytes((FIXARRAY | count,)) if count <= FIXARRAY_MAX else ARRAY16.pack(0xDC, count)
     head = b"".join([bytes((FIXMAP | (len(header) + 1),)), base[1:], _PARTS_KEY, listed, *specs])
@@ -253,7 +253,7 @@ def _header_with_parts(header: Mapping[str, Any], specs: list[bytes]) -> bytes:
 
 
 def _packed_header(header: Mapping[str, Any]) -> bytes:
-    head: bytes = msgpack.packb(header)
+    head: bytes = msgpack.Packer().pack(header)  # as in _header_with_parts
     if len(head) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header is {len(head)} bytes; the limit is {MAX_HEADER_BYTES}")
     return head

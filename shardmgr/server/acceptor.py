@@ -31,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from common.wakeup import Wakeup
+
 from .config import ServerConfig
 from .connection import Connection, refuse
 
@@ -50,7 +52,7 @@ class Acceptor:
     ``stopped`` ends the watchdog."""
 
     def __init__(self, config: ServerConfig, tls: ssl.SSLContext | None,
-                 make: Callable[[socket.socket, str], Connection], stopping: threading.Event,
+                 make: Callable[[socket.socket, str], Connection], stopping: Wakeup,
                  stopped: threading.Event) -> None:
         self._config = config
         self._tls = tls

@@ -121,6 +121,7 @@ class Connection(Sending):
         # Non-reader threads may try a non-blocking send themselves (not on TLS: no MSG_DONTWAIT there).
         self._plain = not isinstance(sock, ssl.SSLSocket)
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
+        self._reader_ident = 0  # set by the reader thread itself, first thing (Sending.reply)
         self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
         self._writer_started = False  # started on first need (Sending._need_writer)
 
@@ -139,6 +140,7 @@ class Connection(Sending):
     # ------------------------------------------------------------------ reading
 
     def _read_loop(self) -> None:
+        self._reader_ident = threading.get_ident()
         reader = FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
                                      frame_timeout_s=self._config.frame_timeout_s)
         try:
@@ -194,7 +196,7 @@ class Connection(Sending):
         else:  # the auth frame stays under the handshake timeout, and small
             self._frames = reader
             reader.max_frame_bytes = MAX_AUTH_FRAME_BYTES
-        with self._cond:
+        with self._lock:
             if self._goaway_sent:  # the server began to stop first: no request will be read
                 return False
             self._handshaken = True  # in one step with the claim: a goaway can only follow the preamble
@@ -219,7 +221,7 @@ class Connection(Sending):
         request = Request(request_id, cmd if isinstance(cmd, str) else "", args if isinstance(args, dict) else {},
                           frame.parts, self)
         self.requests += 1
-        with self._cond:
+        with self._lock:
             self._pending += 1
         if not isinstance(cmd, str) or not isinstance(args, dict):
             request.fail(BadRequest(f"request {request_id}: 'cmd' must be a string and 'args' a map"))
@@ -254,7 +256,7 @@ class Connection(Sending):
     def drain(self) -> None:
         """Begin a clean stop (any thread): the goaway follows the last reply
         to what was read so far. The server refuses what is read later."""
-        with self._cond:
+        with self._lock:
             self._draining = True
             started = self._need_writer()  # it sends the goaway
             self._cond.notify_all()
@@ -263,19 +265,19 @@ class Connection(Sending):
 
     def wait_drained(self, timeout: float) -> bool:
         """Wait until the goaway was written (or the connection closed); False on timeout."""
-        with self._cond:
+        with self._lock:
             return self._cond.wait_for(lambda: self._goaway_written or self._closed, timeout)
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait until the connection closed (the client closed its end); False on timeout."""
-        with self._cond:
+        with self._lock:
             return self._cond.wait_for(lambda: self._closed, timeout)
 
     def write_blocked_for(self, now: float) -> float:
         """Seconds the send under way has been blocked (0 if none). The
         server's watchdog closes connections past ``send_timeout_s``: a TLS
         socket ignores the kernel's send timeout."""
-        with self._cond:
+        with self._lock:
             return now - self._write_started if self._writing else 0.0
 
     def close(self) -> None:
@@ -284,7 +286,7 @@ class Connection(Sending):
         under way has ended (the shutdown cuts a blocked send short), so a
         reply that was sent has had its on_sent run, and the server was told
         (``on_close``)."""
-        with self._cond:
+        with self._lock:
             first = not self._closed
             self._closed = True
             self._outbox.clear()
@@ -297,7 +299,7 @@ class Connection(Sending):
         if not first:  # another thread is closing it: return once that close is complete
             self._close_done.wait(CLOSE_WAIT_S)
             return
-        with self._cond:
+        with self._lock:
             self._write_waiters += 1
             try:
                 ended = self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S)
@@ -313,7 +315,7 @@ class Connection(Sending):
 
     def join(self, timeout: float | None = None) -> None:
         self._reader.join(timeout)
-        with self._cond:
+        with self._lock:
             started = self._writer_started
         if started:
             self._writer.join(timeout)

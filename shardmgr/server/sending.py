@@ -62,6 +62,7 @@ class Sending:
     sock: socket.socket
     bytes_out: int
     _config: ServerConfig
+    _lock: threading.Lock
     _cond: threading.Condition
     _outbox: collections.deque[Entry]
     _outbox_bytes: int
@@ -78,7 +79,7 @@ class Sending:
     _write_waiters: int
     _closed: bool
     _plain: bool
-    _reader: threading.Thread
+    _reader_ident: int  # the reader thread's threading.get_ident() once it runs, else 0
     _writer: threading.Thread
     _writer_started: bool
     _quick: bool
@@ -107,10 +108,10 @@ class Sending:
                                                                            "message": error.message}})
             size, on_sent = sum(len(b) for b in buffers), None
         entry = (buffers, size, on_sent)
-        if threading.current_thread() is self._reader:
+        if threading.get_ident() == self._reader_ident:  # not current_thread(): Python code
             self._held.append(entry)  # sent by _flush_held, batched with its neighbours; pending until then
             return
-        with self._cond:
+        with self._lock:
             first = not self._batched
             self._batched.append(entry)
         # The first reply held registers the flush with this thread's batch (or, outside one, sends at
@@ -122,7 +123,7 @@ class Sending:
         """Send the replies other threads made (see reply_batch): with one
         non-blocking sendmsg when the socket is idle (no switch to the
         writer thread), else through the outbox."""
-        with self._cond:
+        with self._lock:
             batch, self._batched = self._batched, []
             if not batch:
                 return
@@ -175,7 +176,7 @@ class Sending:
             return
         # the rest of a reply begun, and the whole replies after it
         tail: Entry = (list[bytes | memoryview](left), rest, batch[-1][2])
-        with self._cond:
+        with self._lock:
             queued = self._queue_first([tail], rest, batch[done:-1])
         self._release_writing()
         if not queued:
@@ -236,7 +237,7 @@ class Sending:
         held, self._held = self._held, []
         if not held:
             return
-        with self._cond:
+        with self._lock:
             self._pending -= len(held)
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
@@ -260,7 +261,7 @@ class Sending:
         """Best-effort immediate write of one frame (a connection error),
         never interleaved with another write, never after the goaway."""
         buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
-        with self._cond:
+        with self._lock:
             self._await_writer(self._config.send_timeout_s)
             if self._closed or self._writing or self._goaway_sent:
                 return
@@ -277,7 +278,7 @@ class Sending:
         self._write_started = time.monotonic()
 
     def _release_writing(self) -> None:
-        with self._cond:
+        with self._lock:
             self._writing = False
             self._quick = False
             # Wake only who can use it: waking the idle writer after every
@@ -334,7 +335,7 @@ class Sending:
         """Send queued replies until the connection closes; when draining,
         send the goaway once every reply is out."""
         while True:
-            with self._cond:
+            with self._lock:
                 while not self._closed and (self._writing or not self._outbox) and not self._goaway_due():
                     self._cond.wait()
                 if self._closed:
@@ -363,7 +364,7 @@ class Sending:
                 # and what the client still sends could no longer be read.
                 socket.socket.shutdown(self.sock, socket.SHUT_WR)
         finally:
-            with self._cond:
+            with self._lock:
                 self._goaway_written = True
             self._release_writing()
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from common.journal import Flusher
 from common.journal.lockfile import LockFile
+from common.wakeup import Wakeup
 from common.wire import tls
 from common.wire.budget import ByteBudget
 from common.wire.component import Component, Request
@@ -111,7 +112,7 @@ class Server:
         self.outbox_budget = ByteBudget(config.outbox_budget_bytes, "outbox")  # ... and by their outboxes
         self._lock = threading.Lock()
         self._lockfile = LockFile(config.data_dir)
-        self._stopping = threading.Event()
+        self._stopping = Wakeup()  # is_set() on every dispatch: compiled (common/wakeup.py)
         self._stopped = threading.Event()  # a stop has begun
         self._acceptor = Acceptor(config, self._tls, self._connection, self._stopping, self._stopped)
         self._finished = threading.Event()  # ... and ended

@@ -29,7 +29,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import msgpack
 import numpy as np
@@ -93,12 +92,15 @@ class Rested:
         self.sealed = sealed
 
 
-class ResultsWritten(NamedTuple):
-    """What CompletionLog.append wrote: the first ``written`` results (all, unless ``error``)."""
+class ResultsWritten:
+    """What CompletionLog.append wrote: the first ``written`` results (all, unless ``error``).
+    A plain class, not a NamedTuple: a NamedTuple's constructor is exec'd Python code, run
+    interpreted in the compiled build (shardmgr/build.py) on every complete."""
 
-    tickets: list[Ticket]
-    written: int
-    error: Exception | None
+    def __init__(self, tickets: list[Ticket], written: int, error: Exception | None) -> None:
+        self.tickets = tickets
+        self.written = written
+        self.error = error
 
 
 def _span(sizes: list[int] | np.ndarray, start: int, free: int, room: int) -> tuple[int, int]:

@@ -29,7 +29,6 @@ Threads: touched only under the broker's owner lock (workq/loop.py).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import heapq
 import itertools
@@ -64,7 +63,7 @@ class LeaseTable:
     def __init__(self) -> None:
         self.by_handle: dict[int, Lease] = {}
         self.by_worker: dict[str, set[Lease]] = {}
-        self.deliveries: collections.Counter[int] = collections.Counter()  # packed handle -> dispatches
+        self.deliveries: dict[int, int] = {}  # packed handle -> dispatches
         self._heap: list[tuple[float, int, Lease]] = []
         self._ended = 0  # heap entries whose lease has no items left
         self._order = itertools.count()
@@ -150,9 +149,14 @@ class LeaseTable:
 
     def delivered(self, handles: list[int]) -> list[int]:
         """Count one more delivery for each handle; return the new counts."""
-        self.deliveries.update(handles)
+        # a loop, not Counter.update: that is Python code (run interpreted on every lease)
         counts = self.deliveries
-        return [counts[h] for h in handles]
+        out = []
+        for handle in handles:
+            count = counts.get(handle, 0) + 1
+            counts[handle] = count
+            out.append(count)
+        return out
 
     def forget(self, handles: Iterable[int]) -> None:
         """The items retired: drop their delivery counts."""
