@@ -113,6 +113,10 @@ class Server:
         self._lock = threading.Lock()
         self._lockfile = LockFile(config.data_dir)
         self._stopping = Wakeup()  # is_set() on every dispatch: compiled (common/wakeup.py)
+        # what run()'s main thread sleeps on: a threading.Event, Python code, because a signal the
+        # kernel gave another thread is handled only when the main thread next runs Python code
+        # (a compiled sleep never would); set with _stopping (_request_stop)
+        self._main_wake = threading.Event()
         self._stopped = threading.Event()  # a stop has begun
         self._acceptor = Acceptor(config, self._tls, self._connection, self._stopping, self._stopped)
         self._finished = threading.Event()  # ... and ended
@@ -185,15 +189,15 @@ class Server:
         self.start()
         # Timed: a signal the kernel gave another thread is only handled when the main
         # thread next runs Python code, and an untimed wait would never return to it.
-        while not self._stopping.wait(SIGNAL_POLL_S):
-            pass
+        while not self._stopping.is_set():
+            self._main_wake.wait(SIGNAL_POLL_S)
         log.info("stopping: signal received")
         self._shutdown()
         return 0
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if not self._stopping.is_set():
-            self._stopping.set()
+            self._request_stop()
             return
         # Logging and flushing take locks the interrupted main thread may hold:
         # another thread does them, and the exit does not wait for it for long.
@@ -212,8 +216,12 @@ class Server:
 
     def stop(self) -> None:
         """Stop from another thread (tests, embedding)."""
-        self._stopping.set()
+        self._request_stop()
         self._shutdown()
+
+    def _request_stop(self) -> None:
+        self._stopping.set()
+        self._main_wake.set()
 
     def _shutdown(self) -> None:
         """Stop in the order the module docstring gives; a second caller
@@ -221,7 +229,7 @@ class Server:
         with self._lock:
             first = not self._stopped.is_set()
             self._stopped.set()
-            self._stopping.set()
+            self._request_stop()
         if not first:
             while not self._finished.wait(SIGNAL_POLL_S):
                 pass

@@ -68,3 +68,28 @@ def test_a_wait_that_timed_out_leaves_set_working(flag: Flag) -> None:
     flag.set()
     sleeper.join(5)
     assert woke == [True]
+
+
+def test_a_sleeper_set_free_returns_true_even_if_cleared_before_it_runs(flag: Flag) -> None:
+    woke: list[bool] = []
+    sleeper = threading.Thread(target=lambda: woke.append(flag.wait(10)))
+    sleeper.start()
+    time.sleep(0.05)
+    flag.set()
+    flag.clear()
+    sleeper.join(5)
+    assert woke == [True]
+
+
+def test_many_threads_setting_and_waiting_never_lose_a_set(flag: Flag) -> None:
+    """A sleeper that sees its set either way: no wait outlives a set that came after it began."""
+    rounds = 200
+    seen = []
+    for _ in range(rounds):
+        flag.clear()
+        sleeper = threading.Thread(target=lambda: seen.append(flag.wait(10)))
+        sleeper.start()
+        flag.set()
+        sleeper.join(5)
+        assert not sleeper.is_alive()
+    assert seen == [True] * rounds
