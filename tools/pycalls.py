@@ -28,9 +28,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 WARMUP = 50
 ENQUEUED_MORE = 50  # items left over after the counted ones: a lease never waits
@@ -69,6 +69,7 @@ def _install(out: str) -> None:
     def start(*_: object) -> None:
         counts.clear()
         counting[0] = True
+        Path(out + ".on").touch()  # the driver waits for this before its counted calls
 
     def dump(*_: object) -> None:
         counting[0] = False
@@ -93,6 +94,15 @@ def wrapped(out: str, argv: list[str]) -> None:
     runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
 
 
+def _wait_for(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    """Poll until the server's signal handler has done its part (it runs on the main thread's next poll)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pycalls: the server did not answer its signal within {seconds} s")
+        time.sleep(0.05)
+
+
 def count(items: int) -> list[tuple[float, str, str]]:
     """Per-item interpreted calls of ``items`` one-item work items: (calls, function, owner)."""
     from bench_workq import enqueue_one, lease_complete_one
@@ -110,14 +120,11 @@ def count(items: int) -> list[tuple[float, str, str]]:
         for _ in range(WARMUP):
             cycle()
         os.kill(driver.proc.pid, signal.SIGUSR1)
-        time.sleep(0.2)  # the main thread handles it at its next poll
+        _wait_for(lambda: Path(str(out) + ".on").exists())
         for _ in range(items):
             cycle()
         os.kill(driver.proc.pid, signal.SIGUSR2)
-        for _ in range(100):
-            if out.exists() and out.stat().st_size:
-                break
-            time.sleep(0.1)
+        _wait_for(lambda: out.exists() and out.stat().st_size > 0)
         rows = [line.rstrip("\n").split("\t") for line in out.read_text().splitlines()]
     finally:
         driver.proc.terminate()
@@ -152,8 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.items < 1:
         parser.error("--items must be at least 1")
-    rows: Any = count(args.items)
-    show(rows, args.top)
+    show(count(args.items), args.top)
 
 
 if __name__ == "__main__":

@@ -239,18 +239,15 @@ class Flusher:
             target = self._started_rounds + 1
             self._hurry_all = True  # the round it waits for syncs every journal
             self._wake.set()
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while self._done_rounds < target and self.running:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"flush round not finished after {timeout} s")
-                self._sleep(remaining)
+            if not self._sleep(timeout, lambda: self._done_rounds >= target or not self.running):
+                raise TimeoutError(f"flush round not finished after {timeout} s")
 
-    def _sleep(self, timeout: float | None) -> None:
-        """Under ``_lock``: wait for the next notify (or ``timeout``)."""
+    def _sleep(self, timeout: float | None, until: Callable[[], bool] | None = None) -> bool:
+        """Under ``_lock``: wait for the next notify, or with ``until`` until it
+        holds; False if ``timeout`` seconds passed first (as Condition.wait_for)."""
         self._sleepers += 1
         try:
-            self._cond.wait(timeout)
+            return self._cond.wait(timeout) if until is None else self._cond.wait_for(until, timeout)
         finally:
             self._sleepers -= 1
 
