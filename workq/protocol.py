@@ -17,17 +17,21 @@ Byte strings (payloads, results) travel as one concatenated ``data`` part
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from common.wire.errors import BadRequest
+from common.wire.framing import PART_ALIGN, Body, Packed, part_spec
 
 OFFSET_UNIT = 8
 SMALL_BATCH = 8
 """Up to this many items, encodings use plain Python (numpy's per-call cost
-exceeds the work); the results are the same (tests/workq/test_protocol.py)."""
+exceeds the work), and a reply of one item is packed from ints into a
+fixed layout (framing.Packed); the bytes are the same
+(tests/workq/test_protocol.py)."""
 #: Dtypes a ``lengths`` part may have.
 LENGTH_DTYPES = ("<u4", "<i4", "<u8", "<i8")
 #: What ``complete`` answers per handle.
@@ -248,10 +252,16 @@ def joined(payloads: Sequence[memoryview | bytes]) -> Parts:
     return {"data": np.frombuffer(b"".join(payloads), dtype=np.uint8), "lengths": lengths}
 
 
-def encode_lease(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
+def encode_lease(batches: list[Leased]) -> tuple[dict[str, Any], Body]:
     """A lease response: per item, its batch's job and key by index."""
+    if len(batches) == 1 and len(batches[0].handles) == 1 <= SMALL_BATCH:
+        return _lease_header(batches[0]), _lease_one(batches[0])
+    return _encode_lease_arrays(batches)
+
+
+def _encode_lease_arrays(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
     if len(batches) == 1 and len(batches[0].handles) <= SMALL_BATCH:
-        return _encode_lease_few(batches[0])
+        return _lease_header(batches[0]), _lease_few(batches[0])
     jobs = sorted({b.job for b in batches})
     keys = sorted({b.key for b in batches})
     job_index = {j: i for i, j in enumerate(jobs)}
@@ -269,13 +279,41 @@ def encode_lease(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
     return {"jobs": jobs, "keys": [list(k) for k in keys]}, parts
 
 
-def _encode_lease_few(batch: Leased) -> tuple[dict[str, Any], Parts]:
-    """encode_lease of one batch of a few items: the same response, without the merging."""
-    index = np.zeros(len(batch.handles), dtype=np.uint32)  # one job, one key: index 0
-    parts: Parts = {"handles": batch.handles.copy(), "positions": batch.positions.astype(np.uint64),
-                    "deliveries": batch.deliveries.copy(), "job_index": index, "key_index": index,
-                    **joined(batch.payloads)}
-    return {"jobs": [batch.job], "keys": [list(batch.key)]}, parts
+def _lease_header(batch: Leased) -> dict[str, Any]:
+    """The response fields of a lease of one batch: its job and key, index 0 for every item."""
+    return {"jobs": [batch.job], "keys": [list(batch.key)]}
+
+
+def _lease_few(batch: Leased) -> Parts:
+    """The parts of a lease of one batch of a few items: the general encoding's, without the merging."""
+    index = np.zeros(len(batch.handles), dtype=np.uint32)
+    return {"handles": batch.handles.copy(), "positions": batch.positions.astype(np.uint64),
+            "deliveries": batch.deliveries.copy(), "job_index": index, "key_index": index, **joined(batch.payloads)}
+
+
+# One leased item's body: the general encoding's bytes (tests/workq/test_protocol.py), packed from ints.
+#   0  8  handles     <u8 (1,)
+#   8  8  positions   <u8 (1,)
+#  16  4  deliveries  <u4 (1,), then 4 bytes of padding
+#  24  4  job_index   <u4 (1,) = 0, padding
+#  32  4  key_index   <u4 (1,) = 0, padding
+#  40  n  data        |u1 (n,), the payload, then padding to a multiple of 8
+#   .  4  lengths     <u4 (1,) = n
+_LEASED_ONE = struct.Struct("<QQI4xI4xI4x")
+_U32 = struct.Struct("<I")
+_LEASE_SPECS = [part_spec("handles", "<u8", (1,)), part_spec("positions", "<u8", (1,)),
+                part_spec("deliveries", "<u4", (1,)), part_spec("job_index", "<u4", (1,)),
+                part_spec("key_index", "<u4", (1,))]
+_LENGTHS_SPEC = part_spec("lengths", "<u4", (1,))
+_PAD = [bytes(n) for n in range(PART_ALIGN)]
+
+
+def _lease_one(batch: Leased) -> Packed:
+    payload = batch.payloads[0]
+    size = len(payload)
+    head = _LEASED_ONE.pack(batch.handles.item(), batch.positions.item(), batch.deliveries.item(), 0, 0)
+    return Packed([*_LEASE_SPECS, part_spec("data", "|u1", (size,)), _LENGTHS_SPEC],
+                  b"".join([head, payload, _PAD[-size % PART_ALIGN], _U32.pack(size)]))
 
 
 def decode_lease(result: dict[str, Any], parts: Parts) -> list[Item]:
@@ -302,22 +340,37 @@ def decode_results(parts: Parts) -> list[Result]:
             for h, p, pos in zip(parts["handles"].tolist(), payloads, parts["positions"].tolist())]
 
 
-def encode_statuses(statuses: list[str]) -> tuple[dict[str, Any], Parts]:
+_STATUS_SPEC = part_spec("status", "|u1", (1,))
+_STATUS_BYTES = {COMPLETED: b"\x01", DUPLICATE: b"\x00"}
+
+
+def encode_statuses(statuses: list[str]) -> tuple[dict[str, Any], Body]:
     """A complete response: one byte per handle, 1 for completed."""
+    if len(statuses) == 1 <= SMALL_BATCH:
+        return _statuses_header(statuses), Packed([_STATUS_SPEC], _STATUS_BYTES[statuses[0]])
+    return _statuses_header(statuses), _status_array(statuses)
+
+
+def _statuses_header(statuses: list[str]) -> dict[str, Any]:
+    return {"completed": statuses.count(COMPLETED)}
+
+
+def _status_array(statuses: list[str]) -> Parts:
     if len(statuses) <= SMALL_BATCH:
-        flags = [s == COMPLETED for s in statuses]
-        return {"completed": sum(flags)}, {"status": np.array(flags, dtype=np.uint8)}
-    status = np.fromiter((s == COMPLETED for s in statuses), dtype=np.uint8, count=len(statuses))
-    return {"completed": int(status.sum())}, {"status": status}
+        return {"status": np.array([s == COMPLETED for s in statuses], dtype=np.uint8)}
+    return {"status": np.fromiter((s == COMPLETED for s in statuses), dtype=np.uint8, count=len(statuses))}
 
 
-def encode_statuses_and_lease(answer: tuple[list[str], list[Leased]]) -> tuple[dict[str, Any], Parts]:
+def encode_statuses_and_lease(answer: tuple[list[str], list[Leased]]) -> tuple[dict[str, Any], Body]:
     """A complete response that leased too (``lease`` > 0): both
     responses' fields in one (their names do not overlap)."""
     statuses, batches = answer
-    result, parts = encode_statuses(statuses)
-    lease_result, lease_parts = encode_lease(batches)
-    return result | lease_result, parts | lease_parts
+    result = _statuses_header(statuses)
+    if len(statuses) == 1 <= SMALL_BATCH and len(batches) == 1 and len(batches[0].handles) == 1:
+        status = Packed([_STATUS_SPEC], _STATUS_BYTES[statuses[0]])
+        return result | _lease_header(batches[0]), status.then(_lease_one(batches[0]))
+    lease_result, lease_parts = _encode_lease_arrays(batches)
+    return result | lease_result, _status_array(statuses) | lease_parts
 
 
 def decode_statuses(parts: Parts) -> list[str]:

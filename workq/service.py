@@ -44,7 +44,7 @@ import numpy as np
 from common.journal import Flusher
 from common.wire.component import Component, Request
 from common.wire.errors import BadRequest, Internal, ServiceError, Unavailable
-from common.wire.framing import DEFAULT_MAX_FRAME_BYTES
+from common.wire.framing import DEFAULT_MAX_FRAME_BYTES, Body
 
 from .answer import Callback
 from .broker import Broker
@@ -52,14 +52,14 @@ from .calls import Alive
 from .config import WorkqConfig
 from .delivery import Delivery
 from .errors import WorkerIdInUse
-from .protocol import LENGTH_DTYPES, Key, Parts, encode_lease, encode_statuses, encode_statuses_and_lease, split
+from .protocol import LENGTH_DTYPES, Key, encode_lease, encode_statuses, encode_statuses_and_lease, split
 from .state.dispatch import Filters
 from .totals import TotalsReader
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Reply = tuple[dict[str, Any], Parts]
+Reply = tuple[dict[str, Any], Body]
 MAX_SESSION = 128  # characters of a hello's session token
 #: Seconds a hello waits for the connection holding its worker id to close
 #: before it is refused: a client that closed and reconnected at once is

@@ -23,7 +23,7 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from .errors import BadRequest, ServiceError
-from .framing import dtype_code
+from .framing import Body, dtype_code
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -38,7 +38,7 @@ OnSent = Callable[[], None]
 class Responder(Protocol):
     """Where a request's answer goes (the server's connection)."""
 
-    def respond(self, header: dict[str, Any], parts: dict[str, np.ndarray] | None,
+    def respond(self, header: dict[str, Any], parts: Body | None,
                 on_sent: OnSent | None) -> None: ...
 
 
@@ -94,7 +94,7 @@ class Request:
             raise BadRequest(f"{self.cmd}: part '{name}' must have {ndim} dimensions, got shape {array.shape}")
         return array
 
-    def reply(self, result: dict[str, Any] | None = None, parts: dict[str, np.ndarray] | None = None,
+    def reply(self, result: dict[str, Any] | None = None, parts: Body | None = None,
               on_sent: OnSent | None = None) -> None:
         """Answer with success. ``on_sent`` runs after the bytes reached the socket."""
         if self._claim():

@@ -177,13 +177,42 @@ def parse_preamble(data: bytes) -> int:
     return int(version)
 
 
-def encode(header: Mapping[str, Any], parts: Mapping[str, np.ndarray] | None = None) -> list[bytes | memoryview]:
+class Packed:
+    """A frame body laid out already: its parts' packed specs (:func:`part_spec`), in order, and the body's bytes.
+
+    For replies of a fixed layout built from plain integers and bytes (one
+    leased item, one status), without an array to inspect: :func:`encode`
+    sends ``body`` as it is. Its maker answers for ``body`` matching
+    ``specs`` (each part's bytes little-endian, zero padding to PART_ALIGN
+    before every part but the first, none after the last: what encoding the
+    same parts as arrays gives); the receiver's decode checks it all the same.
+    """
+
+    __slots__ = ("specs", "body")
+
+    def __init__(self, specs: list[bytes], body: bytes) -> None:
+        self.specs = specs
+        self.body = body
+
+    def then(self, other: Packed) -> Packed:
+        """This body's parts followed by ``other``'s (their names must differ)."""
+        padding = _PADDING[-len(self.body) % PART_ALIGN]
+        return Packed(self.specs + other.specs, b"".join([self.body, padding, other.body]))
+
+
+Body = Mapping[str, np.ndarray] | Packed
+"""What a frame carries after its header: arrays by name, or a body laid out already."""
+
+
+def encode(header: Mapping[str, Any], parts: Body | None = None) -> list[bytes | memoryview]:
     """A frame as a list of buffers for ``socket.sendmsg``.
 
     A frame of at most JOINED_FRAME_BYTES is one buffer (one iovec to send:
     copying a few small arrays costs less than describing them); larger
     parts are not copied. Either way the bytes are the same.
     """
+    if isinstance(parts, Packed):
+        return _encode_packed(header, parts)
     if not parts:
         head = _packed_header(header)
         return [FRAME_HEAD.pack(len(head), len(head)) + head]
@@ -221,6 +250,26 @@ def _view(array: np.ndarray) -> memoryview:
     """A large part's bytes, not copied if it is C-contiguous (1-d first: empty arrays too;
     not ascontiguousarray: it makes a 0-d array 1-d)."""
     return np.asarray(array, order="C").reshape(-1).data.cast("B")
+
+
+def _encode_packed(header: Mapping[str, Any], parts: Packed) -> list[bytes | memoryview]:
+    if len(parts.specs) > MAX_PARTS:
+        raise ValueError(f"a frame carries at most {MAX_PARTS} parts, got {len(parts.specs)}")
+    head = _header_with_parts(header, parts.specs)
+    size = len(parts.body)
+    first = FRAME_HEAD.pack(len(head) + size, len(head)) + head
+    if len(first) + size <= JOINED_FRAME_BYTES:
+        return [first + parts.body]
+    return [first, parts.body]
+
+
+def part_spec(name: str, code: str, shape: tuple[int, ...]) -> bytes:
+    """The packed spec of a part of dtype ``code`` (in DTYPES) and ``shape``, for :class:`Packed`
+    (ValueError for a name, dtype or shape frames cannot carry)."""
+    if code not in DTYPES or len(shape) > MAX_RANK or not 0 < len(name) <= MAX_PART_NAME:
+        raise ValueError(f"part {name!r} of dtype {code!r} and shape {shape}: frames carry parts of a dtype in "
+                         f"{sorted(DTYPES)}, of at most {MAX_RANK} dimensions, named by 1-{MAX_PART_NAME} characters")
+    return _packed_spec(name, code, shape)
 
 
 def _packed_spec(name: str, code: str, shape: tuple[int, ...]) -> bytes:

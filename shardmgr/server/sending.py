@@ -34,8 +34,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from common.wire import framing, reply_batch
 from common.wire.budget import ByteBudget
 from common.wire.component import OnSent
@@ -89,7 +87,7 @@ class Sending:
     def close(self) -> None:
         raise NotImplementedError
 
-    def respond(self, header: dict[str, Any], parts: dict[str, np.ndarray] | None, on_sent: OnSent | None) -> None:
+    def respond(self, header: dict[str, Any], parts: framing.Body | None, on_sent: OnSent | None) -> None:
         """Queue or write a reply frame (any thread; never blocks non-reader threads)."""
         if "error" in header:
             self._count_error(header["error"]["code"])

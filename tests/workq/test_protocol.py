@@ -1,5 +1,6 @@
-"""The wire encodings (workq/protocol.py): their few-item paths give
-exactly what the general (numpy) paths give, results and errors alike."""
+"""The wire encodings (workq/protocol.py): their few-item paths (arrays of
+a few items, or one item's body packed from ints) put exactly the bytes on
+the wire that the general (numpy) paths give, results and errors alike."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.wire import framing
 from common.wire.errors import BadRequest
 from workq import protocol
 from workq.protocol import COMPLETED, DUPLICATE, Key, Leased
@@ -27,6 +29,19 @@ def _outcome(fn: Any, *args: Any) -> Any:
         return ("ok", fn(*args))
     except BadRequest as exc:
         return ("error", str(exc))
+
+
+def _wire(reply: tuple[dict[str, Any], framing.Body]) -> bytes:
+    """The bytes of a response frame carrying ``reply``."""
+    return b"".join(bytes(b) for b in framing.encode({"id": 7, "ok": reply[0]}, reply[1]))
+
+
+def _received(reply: tuple[dict[str, Any], framing.Body]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``reply`` as the client decodes it from the wire."""
+    data = _wire(reply)
+    _, header_size = framing.FRAME_HEAD.unpack_from(data)
+    frame = framing.decode(memoryview(data)[framing.FRAME_HEAD.size:], header_size)
+    return frame.header["ok"], frame.parts
 
 
 def _same_parts(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
@@ -99,9 +114,9 @@ def test_encode_lease_of_a_few_matches_the_general_encoding(counts: list[int], s
     batches = [_leased(n, f"job{i % 2}", lane=i, seed=seed + i) for i, n in enumerate(counts)]
     few = protocol.encode_lease(batches)
     general = _general(protocol.encode_lease, batches)[1]
-    assert few[0] == general[0]
-    _same_parts(few[1], general[1])
-    items = protocol.decode_lease(*few)
+    assert few[0] == general[0] and _wire(few) == _wire(general)
+    _same_parts(_received(few)[1], general[1])
+    items = protocol.decode_lease(*_received(few))
     assert [i.handle.packed for i in items] == [h for b in batches for h in b.handles.tolist()]
 
 
@@ -109,9 +124,32 @@ def test_encode_lease_of_a_few_matches_the_general_encoding(counts: list[int], s
 def test_encode_statuses_of_a_few_matches_the_general_encoding(statuses: list[str]) -> None:
     few = protocol.encode_statuses(statuses)
     general = _general(protocol.encode_statuses, statuses)[1]
-    assert few[0] == general[0] and type(few[0]["completed"]) is int
-    _same_parts(few[1], general[1])
-    assert protocol.decode_statuses(few[1]) == statuses
+    assert few[0] == general[0] and type(few[0]["completed"]) is int and _wire(few) == _wire(general)
+    _same_parts(_received(few)[1], general[1])
+    assert protocol.decode_statuses(_received(few)[1]) == statuses
+
+
+@given(statuses=st.lists(st.sampled_from([COMPLETED, DUPLICATE]), min_size=1, max_size=protocol.SMALL_BATCH + 2),
+       counts=st.lists(st.integers(0, 3), min_size=1, max_size=2), seed=st.integers(0, 1000))
+def test_encode_statuses_and_lease_matches_the_general_encoding(statuses: list[str], counts: list[int],
+                                                                 seed: int) -> None:
+    """A complete that leased: one status and one item packed from ints, or any other mix as arrays."""
+    batches = [_leased(n, f"job{i}", lane=i, seed=seed + i) for i, n in enumerate(counts)]
+    few = protocol.encode_statuses_and_lease((statuses, batches))
+    general = _general(protocol.encode_statuses_and_lease, (statuses, batches))[1]
+    assert few[0] == general[0] and _wire(few) == _wire(general)
+    result, parts = _received(few)
+    assert protocol.decode_statuses(parts) == statuses
+    assert [i.payload for i in protocol.decode_lease(result, parts)] == [bytes(p) for b in batches for p in b.payloads]
+
+
+def test_a_packed_body_is_refused_with_too_many_parts() -> None:
+    spec = framing.part_spec("p", "|u1", (0,))
+    with pytest.raises(ValueError, match="at most"):
+        framing.encode({"id": 1}, framing.Packed([spec] * (framing.MAX_PARTS + 1), b""))
+    for name, code, shape in (("", "|u1", (1,)), ("p", "<c8", (1,)), ("p", "|u1", (1,) * (framing.MAX_RANK + 1))):
+        with pytest.raises(ValueError, match="frames carry"):
+            framing.part_spec(name, code, shape)
 
 
 @given(segment=st.integers(0, (1 << 32) - 1),
