@@ -9,9 +9,11 @@ Threads: the journal's owner (the thread that writes), under ``_lock``.
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
 from collections.abc import Sequence
+from typing import SupportsIndex
 
 import numpy as np
 
@@ -44,6 +46,8 @@ class MarkerWriter(WritingSide):
         marker = marker if type(marker) is Marker else Marker(marker)
         self._check_writable()
         with self._lock:
+            if len(offsets) <= SMALL_BATCH:
+                return self._set_markers_few(_listed(offsets), marker, expect, proven)[1]
             return self._set_markers(offsets, marker, expect, proven)[1]
 
     def set_markers_sized(self, offsets: Sequence[int] | np.ndarray, marker: Marker, *,
@@ -54,12 +58,13 @@ class MarkerWriter(WritingSide):
         marker = marker if type(marker) is Marker else Marker(marker)
         self._check_writable()
         with self._lock:
-            offs, ticket = self._set_markers(offsets, marker, expect, proven)
             align = self.alignment
-            if len(offs) <= SMALL_BATCH:
+            if len(offsets) <= SMALL_BATCH:
+                few, ticket = self._set_markers_few(_listed(offsets), marker, expect, proven)
                 mm, word = self._file.mm, _LENGTH_WORD.unpack_from
                 return ticket, sum(align_up((word(mm, off + 8)[0] & LENGTH_MASK) + RECORD_HEADER_SIZE, align)
-                                   for off in offs.tolist())
+                                   for off in few)
+            offs, ticket = self._set_markers(offsets, marker, expect, proven)
             words = self._file.words[offs // 4 + 2] & LENGTH_MASK
         return ticket, int(align_up_array(words.astype(np.int64) + RECORD_HEADER_SIZE, align).sum())
 
@@ -74,14 +79,28 @@ class MarkerWriter(WritingSide):
                                  f"{_marker_name(int(current[wrong[0]]))})",
                                  offs[wrong].tolist(), current[wrong].tolist())
         counters = self._counters
-        if len(offs) <= SMALL_BATCH:  # plain ints: numpy's per-call cost dominates one-item calls
-            self._store_few(offs.tolist(), marker)
-            for word in current.tolist():
-                counters[MARKER_INDEX[word]] -= 1
-        else:
-            self._file.words[offs // 4] = np.uint32(marker)
-            for i, n in enumerate(np.bincount(marker_index(current), minlength=len(Marker)).tolist()):
-                counters[i] -= n
+        self._file.words[offs // 4] = np.uint32(marker)
+        for i, n in enumerate(np.bincount(marker_index(current), minlength=len(Marker)).tolist()):
+            counters[i] -= n
+        counters[MARKER_INDEX[marker]] += len(offs)
+        self._seq += 1
+        return offs, self._ticket()
+
+    def _set_markers_few(self, offsets: list[int], marker: Marker, expect: Marker | None,
+                         proven: bool) -> tuple[list[int], Ticket]:
+        """_set_markers for a few offsets, with plain ints: numpy's per-call
+        cost dominates one-item calls (the same checks, errors and writes)."""
+        offs, current = self._locate_few(offsets, unique=True, proven=proven)
+        if expect is not None and any(word != expect for word in current):
+            wrong = [i for i, word in enumerate(current) if word != expect]
+            raise MarkerConflict(f"{self.path}: {len(wrong)} of {len(offs)} records are not "
+                                 f"{Marker(expect).name} (first: offset {offs[wrong[0]]} is "
+                                 f"{_marker_name(current[wrong[0]])})",
+                                 [offs[i] for i in wrong], [current[i] for i in wrong])
+        self._store_few(offs, marker)
+        counters = self._counters
+        for word in current:
+            counters[MARKER_INDEX[word]] -= 1
         counters[MARKER_INDEX[marker]] += len(offs)
         self._seq += 1
         return offs, self._ticket()
@@ -109,3 +128,11 @@ def _marker_name(word: int) -> str:
         return Marker(word).name
     except ValueError:
         return f"{word:#010x}"
+
+
+def _listed(offsets: Sequence[int] | np.ndarray) -> list[int]:
+    """A few offsets as plain ints: what ``np.asarray(offsets, np.int64).ravel()`` holds."""
+    if isinstance(offsets, np.ndarray):
+        return list(offsets.astype(np.int64, copy=False).ravel().tolist())
+    items: Sequence[SupportsIndex] = offsets  # numpy integers too (a protocol: the compiled build checks no type)
+    return [operator.index(offset) for offset in items]

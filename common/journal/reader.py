@@ -26,7 +26,7 @@ from .errors import CorruptJournal, RecordNotFound
 from .header import HEADER_SIZE, Identity
 from .mapping import Mapped, MappedFile
 from .marker import Marker
-from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, RecordHeader, check_record, locate_records
+from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, RecordHeader, check_record, locate_few, locate_records
 from .scan import END, WINDOW_BYTES, RecordChunk, Walk
 
 
@@ -369,6 +369,19 @@ class RecordReader:
             return offs_checked, current
         asked = np.asarray(offsets, dtype=np.int64).ravel()
         return asked, self._file.words[asked // 4]
+
+    def _locate_few(self, offsets: list[int], unique: bool = False,
+                    proven: bool = False) -> tuple[list[int], list[int]]:
+        """:meth:`_locate` for a few offsets, as plain ints (the same rules and errors, no arrays)."""
+        offs = sorted(set(offsets)) if unique else offsets
+        try:
+            current = locate_few(self._file.mm, offs, self._end, self.alignment)
+        except RecordNotFound as exc:
+            raise RecordNotFound(f"{self.path}: {exc}") from None
+        if offs and not proven:
+            self._ensure_anchors().prove(self._file.bytes, np.array(sorted(set(offs)), dtype=np.int64), self._end,
+                                         self.alignment, self.identity.max_record_bytes, self.path)
+        return offs, current
 
     def _ensure_anchors(self) -> Anchors:
         """The anchors, built by one walk if this open skipped recovery."""

@@ -204,6 +204,7 @@ def _copy_bodies(data: bytearray, raw: np.ndarray, bodies: Sequence[Body] | np.n
 
 
 _VALID_MARKERS = frozenset(int(m) for m in Marker)
+_MARKER_AND_LENGTH = struct.Struct("<I4xI")  # a record header's marker word (byte 0) and length word (byte 8)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -267,7 +268,7 @@ def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: 
     """
     offs = np.asarray(offsets, dtype=np.int64).ravel()
     if len(offs) <= SMALL_BATCH:
-        return offs, _locate_few(words, offs.tolist(), end, alignment)
+        return offs, np.array(locate_few(words.data, offs.tolist(), end, alignment), dtype=np.uint32)
     bad = (offs % alignment != 0) | (offs < HEADER_SIZE) | (offs + RECORD_HEADER_SIZE > end)
     if bad.any():
         raise RecordNotFound(f"offset {int(offs[np.argmax(bad)])} is not an aligned record offset "
@@ -282,16 +283,17 @@ def locate_records(words: np.ndarray, offsets: Sequence[int] | np.ndarray, end: 
     return offs, current
 
 
-def _locate_few(words: np.ndarray, offsets: list[int], end: int, alignment: int) -> np.ndarray:
-    """locate_records for a few offsets, with plain ints (same rules, same errors)."""
+def locate_few(data: mmap.mmap | bytes | memoryview, offsets: list[int], end: int, alignment: int) -> list[int]:
+    """locate_records for a few offsets, with plain ints (same rules, same
+    errors), over the file's bytes: their current marker words, in order."""
     current = []
     for off in offsets:
         if off % alignment or off < HEADER_SIZE or off + RECORD_HEADER_SIZE > end:
             raise RecordNotFound(f"offset {off} is not an aligned record offset in [{HEADER_SIZE}, {end})")
     for off in offsets:
-        marker, length_word = int(words[off // 4]), int(words[off // 4 + 2])
+        marker, length_word = _MARKER_AND_LENGTH.unpack_from(data, off)  # no numpy scalars
         if (marker not in _VALID_MARKERS or length_word & RESERVED_FLAGS
                 or off + RECORD_HEADER_SIZE + (length_word & LENGTH_MASK) > end):
             raise RecordNotFound(f"no record starts at offset {off} (marker word {marker:#010x})")
         current.append(marker)
-    return np.array(current, dtype=np.uint32)
+    return current

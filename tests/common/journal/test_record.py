@@ -151,4 +151,4 @@ def test_locating_a_few_offsets_agrees_with_the_vectorised_check(data: st.DataOb
         with mock.patch.object(record, "SMALL_BATCH", 0):
             return record.locate_records(words, offsets, end, 8)[1]
 
-    assert outcome(lambda: record._locate_few(words, offsets, end, 8)) == outcome(vectorised)
+    assert outcome(lambda: record.locate_few(words.data, offsets, end, 8)) == outcome(vectorised)
