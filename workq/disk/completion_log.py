@@ -224,7 +224,7 @@ class CompletionLog:
 
     # ---------------------------------------------------------------- writes
 
-    def append(self, handles: np.ndarray, positions: np.ndarray,
+    def append(self, handles: list[int] | np.ndarray, positions: list[int] | np.ndarray,
                payloads: Sequence[bytes | memoryview]) -> ResultsWritten:
         """Record results, as one batch per segment they fill (each result
         must fit an empty segment). If a write fails, the results before
@@ -234,24 +234,26 @@ class CompletionLog:
         result per call is common; numpy's per-call cost would dominate);
         the batches, bytes and errors are the same either way."""
         room = self._segment_bytes - SEGMENT_OVERHEAD
+        few = len(payloads) <= SMALL_BATCH
         sizes: list[int] | np.ndarray
-        if len(payloads) <= SMALL_BATCH:
+        if few:
             sizes = [len(p) + HEAD_BYTES + 64 for p in payloads]
-            firsts, seconds = handles.tolist(), positions.tolist()
+            firsts, seconds = _listed(handles), _listed(positions)
         else:
             sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads)) + HEAD_BYTES + 64
+            first_column, second_column = np.asarray(handles, dtype=np.uint64), np.asarray(positions, dtype=np.uint64)
         tickets: list[Ticket] = []
         start = 0
         while start < len(payloads):
             stop, size = _span(sizes, start, self._room(room), room)
             try:
                 journal = self._writable(size)
-                if isinstance(sizes, list):
+                if few:
                     top = max(seconds[start:stop])
                     head = heads_few(firsts[start:stop], seconds[start:stop], time.time_ns())
                 else:
-                    top = int(positions[start:stop].max())
-                    head = heads(handles[start:stop], positions[start:stop], time.time_ns(), stop - start)
+                    top = int(second_column[start:stop].max())
+                    head = heads(first_column[start:stop], second_column[start:stop], time.time_ns(), stop - start)
                 tickets.append(journal.append_batch(payloads[start:stop], prefix=head).ticket)
             except Exception as exc:  # I/O error, full disk: keep what is written
                 return ResultsWritten(tickets, start, exc)
@@ -427,3 +429,7 @@ class CompletionLog:
             if out.seq in self.segments:
                 self.in_delivery.get(out.seq, set()).difference_update(out.offsets.tolist())
                 self.cursors[out.seq] = min(self.cursors.get(out.seq, HEADER_SIZE), int(out.offsets.min()))
+
+
+def _listed(column: list[int] | np.ndarray) -> list[int]:
+    return column.tolist() if isinstance(column, np.ndarray) else column

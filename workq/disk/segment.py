@@ -274,11 +274,11 @@ class Segment:
         mine.pending -= len(taken.offsets)
         self.hold(taken.offsets)
 
-    def hold(self, offsets: np.ndarray) -> None:
-        self.held.update(offsets.tolist())
+    def hold(self, offsets: list[int] | np.ndarray) -> None:
+        self.held.update(offsets.tolist() if isinstance(offsets, np.ndarray) else offsets)
 
-    def unhold(self, offsets: np.ndarray) -> None:
-        self.held.difference_update(offsets.tolist())
+    def unhold(self, offsets: list[int] | np.ndarray) -> None:
+        self.held.difference_update(offsets.tolist() if isinstance(offsets, np.ndarray) else offsets)
 
     def give_back(self, job: int, offsets: np.ndarray) -> None:
         """Held items become pending again: rewind this job's cursor to them."""
@@ -304,24 +304,37 @@ class Segment:
 
     # ------------------------------------------------------------- inspection
 
-    def holds_all(self, offsets: np.ndarray) -> bool:
+    def holds_all(self, offsets: list[int] | np.ndarray) -> bool:
         """Are all of ``offsets`` held (so proven record starts: see ``held``)?"""
         held = self.held
-        return all(offset in held for offset in offsets.tolist())
+        return all(offset in held for offset in (offsets.tolist() if isinstance(offsets, np.ndarray) else offsets))
 
     def heads_of(self, offsets: np.ndarray, *, proven: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(job ids, positions, current markers) of item offsets, proven
         record starts (RecordNotFound otherwise); ``proven``: the caller
         knows they are (held items: see ``held``), and the chain proof is skipped."""
         if proven and len(offsets) <= SMALL_BATCH:  # the held item of a one-item completion: plain reads
-            read = [self.journal.head_at(offset, HEAD_BYTES) for offset in offsets.tolist()]
-            items = [HEAD.unpack(head) for _, head in read]
-            return (np.array([job for job, _, _ in items], "<u8"), np.array([at for _, at, _ in items], "<u8"),
-                    np.array([marker for marker, _ in read], np.uint32))
+            jobs, positions, words = self._read_heads(offsets.tolist())
+            return np.array(jobs, "<u8"), np.array(positions, "<u8"), np.array(words, np.uint32)
         markers = self.journal.markers(offsets, proven=proven)
         chunk = RecordChunk(offsets, markers, np.full(len(offsets), HEAD_BYTES, dtype=np.int64),
                             np.zeros(len(offsets), dtype=bool), 0)
         return self.journal.fields(chunk, JOB_AT, "<u8"), self.journal.fields(chunk, POSITION_AT, "<u8"), markers
+
+    def heads_listed(self, offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """:meth:`heads_of` as plain ints, proven by ``held`` where it can be
+        (a few held items, a one-item completion's: read without arrays)."""
+        proven = self.holds_all(offsets)
+        if proven and len(offsets) <= SMALL_BATCH:
+            return self._read_heads(offsets)
+        jobs, positions, markers = self.heads_of(np.array(offsets, dtype=np.int64), proven=proven)
+        return jobs.tolist(), positions.tolist(), markers.tolist()
+
+    def _read_heads(self, offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """(job ids, positions, markers) of proven record starts, one plain read each."""
+        read = [self.journal.head_at(offset, HEAD_BYTES) for offset in offsets]
+        items = [HEAD.unpack(head) for _, head in read]
+        return [job for job, _, _ in items], [at for _, at, _ in items], [marker for marker, _ in read]
 
     def oldest_unfinished(self) -> tuple[int, int, int, int] | None:
         """(offset, job, enqueued_ns, marker) of the first item not retired, if any."""

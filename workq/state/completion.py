@@ -98,43 +98,42 @@ def _segment_groups(segment: Segment, rows: list[int], handles: list[int],
                     payloads: Sequence[bytes | memoryview], accept: list[bool]) -> list[Completion]:
     """The accepted results of one segment's ``rows``, one group per job;
     sets ``accept`` for them (an item already retired is a duplicate)."""
-    offsets = np.array([(handles[r] & 0xFFFFFFFF) * OFFSET_UNIT for r in rows], dtype=np.int64)  # Handle.unpack
+    offsets = [(handles[r] & 0xFFFFFFFF) * OFFSET_UNIT for r in rows]  # Handle.unpack
     try:
-        jobs, positions, markers = segment.heads_of(offsets, proven=segment.holds_all(offsets))
+        jobs, positions, markers = segment.heads_listed(offsets)
     except RecordNotFound as exc:
         raise UnknownHandle(f"segment {segment.id}: {exc}") from None
     return _grouped(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers)
 
 
 def _grouped(segment: Segment, rows: list[int], handles: list[int], payloads: Sequence[bytes | memoryview],
-             accept: list[bool], offsets: np.ndarray, jobs: np.ndarray, positions: np.ndarray,
-             markers: np.ndarray) -> list[Completion]:
+             accept: list[bool], offsets: list[int], jobs: list[int], positions: list[int],
+             markers: list[int]) -> list[Completion]:
     """:func:`_by_job`, short-cut for the usual call (every call of one
     item): one job, nothing retired, so one group of every row as read."""
-    job_list = jobs.tolist()
-    if RETIRED in markers.tolist() or job_list.count(job_list[0]) != len(job_list):
+    if RETIRED in markers or jobs.count(jobs[0]) != len(jobs):
         return _by_job(segment, rows, handles, payloads, accept, offsets, jobs, positions, markers)
     for row in rows:
         accept[row] = True
-    return [Completion(job_list[0], segment, offsets, np.array([handles[r] for r in rows], dtype=np.uint64),
-                       positions, markers, [payloads[r] for r in rows])]
+    return [Completion(jobs[0], segment, offsets, [handles[r] for r in rows], positions, markers,
+                       [payloads[r] for r in rows])]
 
 
 def _by_job(segment: Segment, rows: list[int], handles: list[int], payloads: Sequence[bytes | memoryview],
-            accept: list[bool], offsets: np.ndarray, jobs: np.ndarray, positions: np.ndarray,
-            markers: np.ndarray) -> list[Completion]:
+            accept: list[bool], offsets: list[int], jobs: list[int], positions: list[int],
+            markers: list[int]) -> list[Completion]:
     """One group per job (ascending) of the rows whose item is not retired."""
     picks: dict[int, list[int]] = {}  # job -> indexes into rows
-    for index, (job, marker) in enumerate(zip(jobs.tolist(), markers.tolist())):
+    for index, (job, marker) in enumerate(zip(jobs, markers)):
         if marker != RETIRED:
             picks.setdefault(job, []).append(index)
             accept[rows[index]] = True
     groups = []
     for job, chosen in sorted(picks.items()):
-        at = np.array(chosen, dtype=np.int64)
         mine = [rows[i] for i in chosen]
-        groups.append(Completion(job, segment, offsets[at], np.array([handles[r] for r in mine], dtype=np.uint64),
-                                 positions[at], markers[at], [payloads[r] for r in mine]))
+        groups.append(Completion(job, segment, [offsets[i] for i in chosen], [handles[r] for r in mine],
+                                 [positions[i] for i in chosen], [markers[i] for i in chosen],
+                                 [payloads[r] for r in mine]))
     return groups
 
 
@@ -153,8 +152,8 @@ def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
         if len(groups) == 1:  # one segment (always, for one item): nothing to join
             appended = state.logs[job].append(groups[0].handles, groups[0].positions, groups[0].payloads)
         else:
-            appended = state.logs[job].append(np.concatenate([g.handles for g in groups]),
-                                              np.concatenate([g.positions for g in groups]),
+            appended = state.logs[job].append([h for g in groups for h in g.handles],
+                                              [p for g in groups for p in g.positions],
                                               [p for g in groups for p in g.payloads])
         plan.tickets += appended.tickets
         if appended.error is not None:

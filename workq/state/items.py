@@ -43,7 +43,6 @@ import logging
 import numpy as np
 
 from common.journal import Marker, Ticket
-from common.journal.record import SMALL_BATCH
 from workq.config import WorkqConfig
 from workq.disk.completion_log import CompletionLog
 from workq.disk.segment import Segment, Taken
@@ -86,15 +85,15 @@ class Completion:
 
     job: int
     segment: Segment
-    offsets: np.ndarray
-    handles: np.ndarray  # packed, uint64
-    positions: np.ndarray
-    markers: np.ndarray  # uint32, when planned
+    offsets: list[int]
+    handles: list[int]  # packed
+    positions: list[int]
+    markers: list[int]  # when planned
     payloads: list[bytes | memoryview]
 
     # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
-    def __init__(self, job: int, segment: Segment, offsets: np.ndarray, handles: np.ndarray, positions: np.ndarray,
-                 markers: np.ndarray, payloads: list[bytes | memoryview]) -> None:
+    def __init__(self, job: int, segment: Segment, offsets: list[int], handles: list[int], positions: list[int],
+                 markers: list[int], payloads: list[bytes | memoryview]) -> None:
         self.job = job
         self.segment = segment
         self.offsets = offsets
@@ -257,7 +256,7 @@ class Items:
         """Results were written: each item leaves its state (leased,
         delayed, pending or buried) until they are durable."""
         counts = self.counts(group.job)
-        listed = group.handles.tolist()
+        listed = group.handles
         ended = self.leases.remove(listed)
         delayed = sum(lease.worker is None for _, lease in ended)
         loose = len(listed) - len(ended)  # neither leased nor delayed (a group's handles are distinct)
@@ -274,14 +273,10 @@ class Items:
     @staticmethod
     def _loose_buried(group: Completion, listed: list[int], ended: list[tuple[int, Lease]]) -> int:
         """How many of the group's items that were not leased are buried."""
-        if len(listed) <= SMALL_BATCH:
-            if BURIED_WORD not in group.markers.tolist():  # the usual case, without numpy
-                return 0
-        elif not (group.markers == BURIED).any():
+        if BURIED_WORD not in group.markers:  # the usual case
             return 0
         leased = {h for h, _ in ended}
-        loose = np.fromiter((h not in leased for h in listed), dtype=bool, count=len(listed))
-        return int((loose & (group.markers == BURIED)).sum())
+        return sum(h not in leased and marker == BURIED_WORD for h, marker in zip(listed, group.markers))
 
     def retired(self, group: Completion) -> Ticket:
         """The results are durable: tombstone the inputs in place and retire
@@ -292,7 +287,7 @@ class Items:
         ticket, dead = segment.journal.set_markers_sized(group.offsets, Marker.RETIRED, proven=True)
         segment.unhold(group.offsets)
         segment.dead_bytes += dead
-        listed = group.handles.tolist()
+        listed = group.handles
         self.completing.difference_update(listed)
         self.leases.forget(listed)
         counts = self.counts(group.job)
