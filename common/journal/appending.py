@@ -23,7 +23,7 @@ from .errors import JournalFull, JournalSealed, WriteFailed
 from .flusher import Ticket
 from .marker import MARKER_INDEX, Marker
 from .marking import MarkerWriter
-from .record import Body, encode_batch
+from .record import Body, Prefix, encode_batch
 
 
 class Appended(NamedTuple):
@@ -51,11 +51,11 @@ class RecordAppender(MarkerWriter):
         return int(offsets[0]), ticket
 
     def append_batch(self, bodies: Sequence[Body] | np.ndarray, marker: Marker = Marker.LIVE,
-                     prefix: np.ndarray | None = None) -> Appended:
+                     prefix: Prefix | None = None) -> Appended:
         """Append records with one write; all of them survive a crash or none.
 
         ``bodies`` is a sequence of bytes-like objects or a 2-D uint8 array
-        of equal-length bodies; ``prefix`` (uint8 [n, width]) is prepended to
+        of equal-length bodies; ``prefix`` (uint8 [n, width], or those rows as bytes) is prepended to
         each body. Raises RecordTooLarge, JournalSealed, JournalFull or
         WriteFailed; in each case nothing was appended.
         """

@@ -48,6 +48,8 @@ Both paths give the same bytes and the same errors (tests/common/journal)."""
 _WORD_PAIR = struct.Struct("<II")
 
 Body = bytes | bytearray | memoryview
+Prefix = np.ndarray | bytes
+"""Fixed-width rows put in front of a batch's bodies: uint8 [n, width], or the same rows as one bytes object."""
 ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
 
 
@@ -83,21 +85,24 @@ class EncodedBatch:
 
 def encode_batch(bodies: Sequence[Body] | np.ndarray, *, first_seq: int, alignment: int,
                  max_record_bytes: int = LENGTH_MASK, marker: Marker = Marker.LIVE,
-                 prefix: np.ndarray | None = None, start: int = 0) -> EncodedBatch:
+                 prefix: Prefix | None = None, start: int = 0) -> EncodedBatch:
     """Lay out ``bodies`` as consecutive records starting at ``first_seq``,
     their offsets counted as if ``data`` were written at ``start`` (a
     journal passes its end: the offsets come out absolute, with no second pass).
 
     ``bodies`` is a sequence of bytes-like objects, or a 2-D uint8 array of
     equal-length bodies (copied into place with one vectorised assignment).
-    ``prefix`` (a 2-D uint8 array, one row per body) is placed in front of
-    each body, vectorised: owners use it for fixed-width per-record headers.
+    ``prefix`` (a 2-D uint8 array, one row per body, or the same rows as
+    one bytes object) is placed in front of each body, vectorised: owners
+    use it for fixed-width per-record headers.
     Headers are built with numpy; the only per-record Python work is the
     body copy for variable-length bodies and one crc32c call per record.
     Raises RecordTooLarge (naming the first offending body) before any work.
     """
     if not isinstance(bodies, np.ndarray) and len(bodies) <= SMALL_BATCH:
         return _encode_few(bodies, first_seq, alignment, max_record_bytes, marker, prefix, start)
+    if isinstance(prefix, bytes):
+        prefix = np.frombuffer(prefix, dtype=np.uint8).reshape(len(bodies), _bytes_width(prefix, len(bodies)))
     batch = _encode_many(bodies, first_seq, alignment, max_record_bytes, marker, prefix)
     if start:
         batch.offsets += start
@@ -111,36 +116,53 @@ def _check_prefix(prefix: np.ndarray, n: int) -> int:
     return int(prefix.shape[1])
 
 
+def _bytes_width(prefix: bytes, n: int) -> int:
+    """The width of ``n`` prefix rows given as bytes (ValueError unless they divide evenly)."""
+    if (len(prefix) % n if n else len(prefix)):
+        raise ValueError(f"a bytes prefix must hold {n} rows of equal width, got {len(prefix)} bytes")
+    return len(prefix) // n if n else 0
+
+
+def _prefix_rows(prefix: Prefix | None, n: int) -> tuple[bytes, int]:
+    """The prefix as bytes of ``n`` rows, and their width (ValueError as the vectorised path)."""
+    if prefix is None:
+        return b"", 0
+    if isinstance(prefix, bytes):
+        return prefix, _bytes_width(prefix, n)
+    width = _check_prefix(prefix, n)
+    return prefix.tobytes(), width
+
+
 def _too_large(index: int, length: int, limit: int) -> RecordTooLarge:
     return RecordTooLarge(f"body {index} of the batch has {length} bytes; the limit is {limit}")
 
 
 def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_record_bytes: int, marker: Marker,
-                prefix: np.ndarray | None, base: int = 0) -> EncodedBatch:
-    """encode_batch for a few records, one struct call per header word pair."""
+                prefix: Prefix | None, base: int = 0) -> EncodedBatch:
+    """encode_batch for a few records, with plain bytes and ints: each
+    record's checksummed part (length and seq words, prefix row, body) is
+    joined once, checksummed, and joined after its marker and crc words."""
     n = len(bodies)
-    front = 0 if prefix is None else _check_prefix(prefix, n)
-    heads = np.ascontiguousarray(prefix).data.cast("B") if prefix is not None and front else None
+    rows, front = _prefix_rows(prefix, n)
     views = [memoryview(b).cast("B") for b in bodies]
     lengths = [front + v.nbytes for v in views]
     for i, length in enumerate(lengths):
         if length > max_record_bytes:
             raise _too_large(i, length, max_record_bytes)
-    offsets, total = [], 0
-    for length in lengths:
-        offsets.append(total)
-        total += align_up(length + RECORD_HEADER_SIZE, alignment)
-    data = bytearray(total)
-    view, crc = memoryview(data), crc32c.crc32c
-    for i, (off, length, body) in enumerate(zip(offsets, lengths, views)):
-        start = off + RECORD_HEADER_SIZE
-        if heads is not None:
-            data[start:start + front] = heads[i * front:(i + 1) * front]
-        data[start + front:start + length] = body
+    word_marker = int(marker)
+    pieces: list[bytes] = []
+    offsets: list[int] = []
+    total = base
+    for i, (length, body) in enumerate(zip(lengths, views)):
         word = length | (BATCH_CONTINUES if i < n - 1 else 0)
-        _WORD_PAIR.pack_into(data, off + 8, word, (first_seq + i) % SEQ_MODULUS)
-        _WORD_PAIR.pack_into(data, off, int(marker), crc(view[off + 8:start + length]))
-    return EncodedBatch(data, np.array([base + off for off in offsets], dtype=np.int64), int(marker))
+        covered = b"".join([_WORD_PAIR.pack(word, (first_seq + i) % SEQ_MODULUS), rows[i * front:(i + 1) * front],
+                            body])
+        size = align_up(length + RECORD_HEADER_SIZE, alignment)
+        pieces += [_WORD_PAIR.pack(word_marker, crc32c.crc32c(covered)), covered,
+                   bytes(size - RECORD_HEADER_SIZE - length)]
+        offsets.append(total)
+        total += size
+    return EncodedBatch(bytearray(b"".join(pieces)), np.array(offsets, dtype=np.int64), word_marker)
 
 
 def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment: int, max_record_bytes: int,

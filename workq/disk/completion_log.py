@@ -36,7 +36,7 @@ import numpy as np
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.filesystem import make_dirs
 from common.journal.header import HEADER_SIZE
-from common.journal.record import SMALL_BATCH
+from common.journal.record import SMALL_BATCH, Prefix
 from common.journal.scan import RecordChunk
 from workq.config import SEGMENT_OVERHEAD
 
@@ -248,6 +248,7 @@ class CompletionLog:
             stop, size = _span(sizes, start, self._room(room), room)
             try:
                 journal = self._writable(size)
+                head: Prefix
                 if few:
                     top = max(seconds[start:stop])
                     head = heads_few(firsts[start:stop], seconds[start:stop], time.time_ns())

@@ -30,7 +30,7 @@ import numpy as np
 
 from common.journal import Flusher, Journal, JournalConfig, Marker, Ticket
 from common.journal.header import HEADER_SIZE
-from common.journal.record import RECORD_HEADER_SIZE, SMALL_BATCH, align_up
+from common.journal.record import RECORD_HEADER_SIZE, SMALL_BATCH, Prefix, align_up
 from common.journal.scan import RecordChunk
 from workq.config import REPLY_ITEM_BYTES
 from workq.protocol import Key
@@ -180,6 +180,7 @@ class Segment:
         ticket that says when they are durable (the caller counts them
         pending: workq.state.items)."""
         n = len(payloads)
+        head: Prefix
         if n <= SMALL_BATCH:  # a one-item enqueue: struct calls, not a dozen numpy ones
             head = heads_few([job] * n, range(first_position, first_position + n), time.time_ns())
         else:

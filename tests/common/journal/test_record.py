@@ -110,6 +110,14 @@ def test_small_batches_encode_exactly_as_the_vectorised_path(bodies: list[bytes]
     few = record._encode_few(bodies, first_seq, alignment, LENGTH_MASK, marker, prefix)
     many = record._encode_many(bodies, first_seq, alignment, LENGTH_MASK, marker, prefix)
     assert bytes(few.data) == bytes(many.data)
+    if prefix is not None:  # the same rows given as bytes, on both paths
+        rows = prefix.tobytes()
+        few_rows = record._encode_few(bodies, first_seq, alignment, LENGTH_MASK, marker, rows)
+        assert bytes(few_rows.data) == bytes(many.data)
+        big, k = bodies * (SMALL_BATCH + 1), SMALL_BATCH + 1
+        tiled = record._encode_many(big, first_seq, alignment, LENGTH_MASK, marker, np.concatenate([prefix] * k))
+        assert bytes(encode_batch(big, first_seq=first_seq, alignment=alignment, marker=marker,
+                                  prefix=rows * k).data) == bytes(tiled.data)
     assert few.offsets.tolist() == many.offsets.tolist() and few.markers.tolist() == many.markers.tolist()
     assert few.offsets.dtype == many.offsets.dtype and few.markers.dtype == many.markers.dtype
     plain = record._encode_many(bodies, first_seq, alignment, LENGTH_MASK, marker, None).offsets.tolist()
@@ -127,6 +135,9 @@ def test_small_batches_refuse_what_the_vectorised_path_refuses() -> None:
             encode([b"ok", b"x" * 11], 0, 8, 10, Marker.LIVE, None)
         with pytest.raises(ValueError, match="prefix must be uint8"):
             encode([b"a"], 0, 8, LENGTH_MASK, Marker.LIVE, np.zeros((2, 3), dtype=np.uint8))
+    for bodies in ([b"a", b"b"], [b"a", b"b"] * SMALL_BATCH):  # a bytes prefix, on the few and the vectorised path
+        with pytest.raises(ValueError, match="rows of equal width"):
+            encode_batch(bodies, first_seq=0, alignment=8, prefix=b"xyz")
 
 
 @settings(max_examples=200, deadline=None)
