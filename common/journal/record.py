@@ -25,6 +25,7 @@ import dataclasses
 import mmap
 import struct
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import crc32c
 import numpy as np
@@ -48,7 +49,7 @@ Both paths give the same bytes and the same errors (tests/common/journal)."""
 _WORD_PAIR = struct.Struct("<II")
 
 Body = bytes | bytearray | memoryview
-Prefix = np.ndarray | bytes
+Prefix: TypeAlias = np.ndarray | bytes
 """Fixed-width rows put in front of a batch's bodies: uint8 [n, width], or the same rows as one bytes object."""
 ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
 

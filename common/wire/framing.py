@@ -31,7 +31,7 @@ import socket
 import ssl
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgpack
 import numpy as np
@@ -200,7 +200,7 @@ class Packed:
         return Packed(self.specs + other.specs, b"".join([self.body, padding, other.body]))
 
 
-Body = Mapping[str, np.ndarray] | Packed
+Body: TypeAlias = Mapping[str, np.ndarray] | Packed
 """What a frame carries after its header: arrays by name, or a body laid out already."""
 
 
