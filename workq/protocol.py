@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from common.wire.errors import BadRequest
-from common.wire.framing import PART_ALIGN, Body, Packed, part_spec
+from common.wire.framing import PADDING, PART_ALIGN, Body, Packed, part_spec
 
 OFFSET_UNIT = 8
 SMALL_BATCH = 8
@@ -305,7 +305,6 @@ _LEASE_SPECS = [part_spec("handles", "<u8", (1,)), part_spec("positions", "<u8",
                 part_spec("deliveries", "<u4", (1,)), part_spec("job_index", "<u4", (1,)),
                 part_spec("key_index", "<u4", (1,))]
 _LENGTHS_SPEC = part_spec("lengths", "<u4", (1,))
-_PAD = [bytes(n) for n in range(PART_ALIGN)]
 
 
 def _lease_one(batch: Leased) -> Packed:
@@ -313,7 +312,7 @@ def _lease_one(batch: Leased) -> Packed:
     size = len(payload)
     head = _LEASED_ONE.pack(batch.handles.item(), batch.positions.item(), batch.deliveries.item(), 0, 0)
     return Packed([*_LEASE_SPECS, part_spec("data", "|u1", (size,)), _LENGTHS_SPEC],
-                  b"".join([head, payload, _PAD[-size % PART_ALIGN], _U32.pack(size)]))
+                  b"".join([head, payload, PADDING[-size % PART_ALIGN], _U32.pack(size)]))
 
 
 def decode_lease(result: dict[str, Any], parts: Parts) -> list[Item]:

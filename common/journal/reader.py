@@ -379,7 +379,8 @@ class RecordReader:
         except RecordNotFound as exc:
             raise RecordNotFound(f"{self.path}: {exc}") from None
         if offs and not proven:
-            self._ensure_anchors().prove(self._file.bytes, np.array(sorted(set(offs)), dtype=np.int64), self._end,
+            ascending = offs if unique else sorted(set(offs))
+            self._ensure_anchors().prove(self._file.bytes, np.array(ascending, dtype=np.int64), self._end,
                                          self.alignment, self.identity.max_record_bytes, self.path)
         return offs, current
 

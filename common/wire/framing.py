@@ -60,7 +60,8 @@ JOINED_FRAME_BYTES = 16 << 10
 """Frames up to this size are encoded as one buffer (see encode)."""
 SMALL_PART_BYTES = 4 << 10
 """Parts up to this size are copied while encoding (larger ones are sent from their own memory)."""
-_PADDING = [bytes(n) for n in range(PART_ALIGN)]
+PADDING = [bytes(n) for n in range(PART_ALIGN)]
+"""``PADDING[n]``: the n zero bytes that align a part (``n = -offset % PART_ALIGN``)."""
 _DTYPE = {code: np.dtype(code) for code in DTYPES}  # parsed once: decoding looks them up
 _CODE = {dtype: code for code, dtype in _DTYPE.items()}  # dtype.str, looked up (computing it costs more)
 IOV_MAX = 1024
@@ -196,7 +197,7 @@ class Packed:
 
     def then(self, other: Packed) -> Packed:
         """This body's parts followed by ``other``'s (their names must differ)."""
-        padding = _PADDING[-len(self.body) % PART_ALIGN]
+        padding = PADDING[-len(self.body) % PART_ALIGN]
         return Packed(self.specs + other.specs, b"".join([self.body, padding, other.body]))
 
 
@@ -235,7 +236,7 @@ def encode(header: Mapping[str, Any], parts: Body | None = None) -> list[bytes |
         specs.append(_packed_spec(name, code, shape))
         pad = -size % PART_ALIGN
         if pad:
-            datas.append(_PADDING[pad])
+            datas.append(PADDING[pad])
         nbytes = array.nbytes
         datas.append(array.tobytes() if nbytes <= SMALL_PART_BYTES else _view(array))
         size += pad + nbytes

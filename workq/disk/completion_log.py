@@ -49,6 +49,7 @@ from .records import (
     POSITION_AT,
     RESULTS_KIND,
     RESULTS_SUFFIX,
+    as_ints,
     heads,
     heads_few,
     job_dir,
@@ -238,7 +239,7 @@ class CompletionLog:
         sizes: list[int] | np.ndarray
         if few:
             sizes = [len(p) + HEAD_BYTES + 64 for p in payloads]
-            firsts, seconds = _listed(handles), _listed(positions)
+            firsts, seconds = as_ints(handles), as_ints(positions)
         else:
             sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads)) + HEAD_BYTES + 64
             first_column, second_column = np.asarray(handles, dtype=np.uint64), np.asarray(positions, dtype=np.uint64)
@@ -430,7 +431,3 @@ class CompletionLog:
             if out.seq in self.segments:
                 self.in_delivery.get(out.seq, set()).difference_update(out.offsets.tolist())
                 self.cursors[out.seq] = min(self.cursors.get(out.seq, HEADER_SIZE), int(out.offsets.min()))
-
-
-def _listed(column: list[int] | np.ndarray) -> list[int]:
-    return column.tolist() if isinstance(column, np.ndarray) else column

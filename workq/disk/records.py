@@ -81,6 +81,11 @@ def heads_few(first: Sequence[int], second: Sequence[int], times_ns: int) -> byt
     return b"".join([HEAD.pack(a, b, times_ns) for a, b in zip(first, second)])
 
 
+def as_ints(column: list[int] | np.ndarray) -> list[int]:
+    """A column of offsets, handles or positions as plain ints (a list is taken as it is, not copied)."""
+    return column.tolist() if isinstance(column, np.ndarray) else column
+
+
 def segment_file(segment_id: int) -> str:
     """``segments/<this>``: an input segment's file name."""
     return f"{segment_id:010d}{SEGMENT_SUFFIX}"

@@ -44,6 +44,7 @@ from .records import (
     SEGMENT_KIND,
     SEGMENT_SUFFIX,
     TIME_AT,
+    as_ints,
     heads,
     heads_few,
     segment_file,
@@ -276,10 +277,10 @@ class Segment:
         self.hold(taken.offsets)
 
     def hold(self, offsets: list[int] | np.ndarray) -> None:
-        self.held.update(offsets.tolist() if isinstance(offsets, np.ndarray) else offsets)
+        self.held.update(as_ints(offsets))
 
     def unhold(self, offsets: list[int] | np.ndarray) -> None:
-        self.held.difference_update(offsets.tolist() if isinstance(offsets, np.ndarray) else offsets)
+        self.held.difference_update(as_ints(offsets))
 
     def give_back(self, job: int, offsets: np.ndarray) -> None:
         """Held items become pending again: rewind this job's cursor to them."""
@@ -308,7 +309,7 @@ class Segment:
     def holds_all(self, offsets: list[int] | np.ndarray) -> bool:
         """Are all of ``offsets`` held (so proven record starts: see ``held``)?"""
         held = self.held
-        return all(offset in held for offset in (offsets.tolist() if isinstance(offsets, np.ndarray) else offsets))
+        return all(offset in held for offset in as_ints(offsets))
 
     def heads_of(self, offsets: np.ndarray, *, proven: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(job ids, positions, current markers) of item offsets, proven
