@@ -44,7 +44,10 @@ workq/peer ratios computed from the medians. Peer drivers: tools/peer_*.py.
 
 Instructions (issue 24, ``--callgrind``, needs valgrind): server and client
 instructions (callgrind Ir) per durable one-item enqueue, and per one-item
-work cycle (lease, then a durable complete: two calls), on one ``shardmgr
+work cycle (lease, then a durable complete: two calls), and per one-item
+cycle with a group-commit complete (the wall-clock pairing with Redis
+``everysec``; at the counting flush interval its rounds are few and long,
+where at 5 ms each covers a dozen items), on one ``shardmgr
 serve``, counted after a warm-up (tools/instructions.py: how, and the flush
 interval they are counted with); stable where seconds and CPU time are not.
 
@@ -85,6 +88,7 @@ import workq
 
 BATCH_RSS = 1000
 CALLGRIND_WARMUP = 200  # calls before counting: imports, first-call caches, the journals' first pages
+GROUPED_ITEMS = 4000  # enqueued for the group-commit work window (warm-up and counted cycles within it)
 
 
 def _ints(text: str) -> list[int]:
@@ -166,18 +170,27 @@ def enqueue_one(address: str) -> Callable[[], object]:
     return functools.partial(client.enqueue, JOB, "m", "s", 1, [os.urandom(PAYLOAD)], durable=True)
 
 
-def lease_complete_one(address: str) -> Callable[[], object]:
+def lease_complete_one(address: str, durable: bool = True) -> Callable[[], object]:
     """The counted worker's cycle: lease one item, complete it durably (``workq durable``'s worker at B = 1)."""
     worker = workq.Worker(address, "w0", models=["m"])
     result = os.urandom(RESULT)
 
     def cycle() -> None:
         items = worker.lease(1, wait=1.0)
-        if not items:  # the enqueue window leaves exactly one item per cycle
+        if not items:  # the enqueue windows leave exactly one item per cycle
             raise RuntimeError("nothing to lease")
-        worker.complete(items[0].handle, result, durable=True)
+        worker.complete(items[0].handle, result, durable=durable)
 
     return cycle
+
+
+def lease_complete_grouped(address: str) -> Callable[[], object]:
+    """The same cycle with a group-commit complete (``workq``'s worker at B = 1, the wall-clock pairing
+    with Redis ``everysec``); its items come from an uncounted batch enqueue made here first."""
+    with workq.connect(address) as client:
+        for _ in range(GROUPED_ITEMS // 1000):
+            client.enqueue(JOB, "m", "s", 1, [os.urandom(PAYLOAD)] * 1000)
+    return lease_complete_one(address, durable=False)
 
 
 def run_callgrind(requests: int) -> dict[str, Any]:
@@ -193,7 +206,11 @@ def run_callgrind(requests: int) -> dict[str, Any]:
                                           requests=requests),
                        instructions.count(server, "bench_workq:lease_complete_one", driver.address, base,
                                           label="work", what="one item: lease + durable complete",
-                                          warmup=CALLGRIND_WARMUP, requests=requests, calls=2)]
+                                          warmup=CALLGRIND_WARMUP, requests=requests, calls=2),
+                       instructions.count(server, "bench_workq:lease_complete_grouped", driver.address, base,
+                                          label="grouped", what="one item: lease + group-commit complete",
+                                          warmup=CALLGRIND_WARMUP, requests=min(requests, GROUPED_ITEMS // 2),
+                                          calls=2)]
     finally:
         if os.environ.get("KEEP_CALLGRIND"):
             print("callgrind files kept in", base)

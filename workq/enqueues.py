@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from .loop import Mergeable, OwnerLoop, settle
 from .protocol import Key
 from .state.queue import QueueState
 
-MERGED_BYTES = 4 << 20
+MERGED_BYTES: Final = 4 << 20
 """Most payload bytes one merged append carries (a segment holds many)."""
 
 

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from common.journal import Flusher, Ticket
 from common.wakeup import Wakeup
@@ -63,10 +63,10 @@ T = TypeVar("T")
 P = TypeVar("P", bound=Promise[Any])
 TICK_S = 0.25
 #: Messages run per batch before continuations, timers and waiters run.
-BATCH = 1024
+BATCH: Final = 1024
 
-_STOP = object()
-_ABANDON = object()
+_STOP: Final = object()
+_ABANDON: Final = object()
 
 
 class Mergeable:

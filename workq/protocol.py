@@ -19,24 +19,24 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
 from common.wire.errors import BadRequest
 from common.wire.framing import PADDING, PART_ALIGN, Body, Packed, part_spec
 
-OFFSET_UNIT = 8
+OFFSET_UNIT: Final = 8
 SMALL_BATCH = 8
 """Up to this many items, encodings use plain Python (numpy's per-call cost
 exceeds the work), and a reply of one item is packed from ints into a
 fixed layout (framing.Packed); the bytes are the same
 (tests/workq/test_protocol.py)."""
 #: Dtypes a ``lengths`` part may have.
-LENGTH_DTYPES = ("<u4", "<i4", "<u8", "<i8")
+LENGTH_DTYPES: Final = ("<u4", "<i4", "<u8", "<i8")
 #: What ``complete`` answers per handle.
-COMPLETED = "completed"
-DUPLICATE = "duplicate"  # the item already had a result: this one was dropped
+COMPLETED: Final = "completed"
+DUPLICATE: Final = "duplicate"  # the item already had a result: this one was dropped
 
 
 class Handle(NamedTuple):
@@ -299,12 +299,12 @@ def _lease_few(batch: Leased) -> Parts:
 #  32  4  key_index   <u4 (1,) = 0, padding
 #  40  n  data        |u1 (n,), the payload, then padding to a multiple of 8
 #   .  4  lengths     <u4 (1,) = n
-_LEASED_ONE = struct.Struct("<QQI4xI4xI4x")
-_U32 = struct.Struct("<I")
-_LEASE_SPECS = [part_spec("handles", "<u8", (1,)), part_spec("positions", "<u8", (1,)),
+_LEASED_ONE: Final = struct.Struct("<QQI4xI4xI4x")
+_U32: Final = struct.Struct("<I")
+_LEASE_SPECS: Final = [part_spec("handles", "<u8", (1,)), part_spec("positions", "<u8", (1,)),
                 part_spec("deliveries", "<u4", (1,)), part_spec("job_index", "<u4", (1,)),
                 part_spec("key_index", "<u4", (1,))]
-_LENGTHS_SPEC = part_spec("lengths", "<u4", (1,))
+_LENGTHS_SPEC: Final = part_spec("lengths", "<u4", (1,))
 
 
 def _lease_one(batch: Leased) -> Packed:
@@ -339,8 +339,8 @@ def decode_results(parts: Parts) -> list[Result]:
             for h, p, pos in zip(parts["handles"].tolist(), payloads, parts["positions"].tolist())]
 
 
-_STATUS_SPEC = part_spec("status", "|u1", (1,))
-_STATUS_BYTES = {COMPLETED: b"\x01", DUPLICATE: b"\x00"}
+_STATUS_SPEC: Final = part_spec("status", "|u1", (1,))
+_STATUS_BYTES: Final = {COMPLETED: b"\x01", DUPLICATE: b"\x00"}
 
 
 def encode_statuses(statuses: list[str]) -> tuple[dict[str, Any], Body]:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import numpy as np
 
@@ -60,11 +60,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Reply = tuple[dict[str, Any], Body]
-MAX_SESSION = 128  # characters of a hello's session token
+MAX_SESSION: Final = 128  # characters of a hello's session token
 #: Seconds a hello waits for the connection holding its worker id to close
 #: before it is refused: a client that closed and reconnected at once is
 #: not refused because the server had not handled the close yet.
-CLAIM_WAIT_S = 2.0
+CLAIM_WAIT_S: Final = 2.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

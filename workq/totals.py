@@ -28,14 +28,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Final
 
 from common.wire.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-STATS_WAIT_S = 10.0
+STATS_WAIT_S: Final = 10.0
 """Longest a read waits for the owner thread's totals before answering the last ones, stale."""
-STALE_WAIT_S = 0.2
+STALE_WAIT_S: Final = 0.2
 """Longest a read waits while the totals are stale already (the owner has not answered an earlier read)."""
 
 Totals = dict[str, float | int]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -27,8 +28,8 @@ from .errors import CorruptJournal, RecordNotFound
 from .header import HEADER_SIZE
 from .scan import END, Walk
 
-ANCHOR_BYTES = 64 * 1024
-PROVEN_REGIONS = 256
+ANCHOR_BYTES: Final = 64 * 1024
+PROVEN_REGIONS: Final = 256
 """Walked regions whose record starts are remembered (at most ~2 KiB each)."""
 
 

@@ -40,23 +40,24 @@ from __future__ import annotations
 import dataclasses
 import struct
 import uuid as uuidlib
+from typing import Final
 
 import crc32c
 
 from .errors import FormatError
 
-HEADER_SIZE = 4096
-MAGIC = b"\x89JOURNAL"
-FORMAT_VERSION = 1
-IDENTITY = struct.Struct("<8sHH4sIIQ16s12x")  # 60 bytes, then the crc
-CRC_OFFSET = 60
-METADATA_OFFSET = 64
-METADATA_END = 2048
-MAX_METADATA = METADATA_END - METADATA_OFFSET
-SLOT_OFFSETS = (2048, 2560)
-SLOT = struct.Struct("<QQQ4QI")  # 60 bytes, then the crc
-SLOT_SIZE = 64
-FLAG_SEALED = 1
+HEADER_SIZE: Final = 4096
+MAGIC: Final = b"\x89JOURNAL"
+FORMAT_VERSION: Final = 1
+IDENTITY: Final = struct.Struct("<8sHH4sIIQ16s12x")  # 60 bytes, then the crc
+CRC_OFFSET: Final = 60
+METADATA_OFFSET: Final = 64
+METADATA_END: Final = 2048
+MAX_METADATA: Final = METADATA_END - METADATA_OFFSET
+SLOT_OFFSETS: Final = (2048, 2560)
+SLOT: Final = struct.Struct("<QQQ4QI")  # 60 bytes, then the crc
+SLOT_SIZE: Final = 64
+FLAG_SEALED: Final = 1
 
 
 def _crc(*parts: bytes | memoryview) -> int:

@@ -20,10 +20,11 @@ and the shard store decide what each one means for them.
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 import numpy as np
 
-MARKER_TAG = 0xB7
+MARKER_TAG: Final = 0xB7
 """Most significant byte shared by every valid marker (file byte offset +3)."""
 
 
@@ -36,7 +37,7 @@ class Marker(enum.IntEnum):
     DELIVERED = 0xB7A569C3
 
 
-MARKER_VALUES = np.array([m.value for m in Marker], dtype=np.uint32)
+MARKER_VALUES: Final = np.array([m.value for m in Marker], dtype=np.uint32)
 """All valid marker words, in :class:`Marker` order (the counters' order)."""
 
 MARKER_INDEX: dict[int, int] = {int(m): i for i, m in enumerate(Marker)}

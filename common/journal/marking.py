@@ -13,7 +13,7 @@ import operator
 import os
 import struct
 from collections.abc import Sequence
-from typing import SupportsIndex
+from typing import Final, SupportsIndex
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from .record import LENGTH_MASK, RECORD_HEADER_SIZE, SMALL_BATCH, align_up, alig
 from .writing import WritingSide
 
 _MARKER_BYTES = {m: int(m).to_bytes(4, "little") for m in Marker}
-_LENGTH_WORD = struct.Struct("<I")
+_LENGTH_WORD: Final = struct.Struct("<I")
 
 
 class MarkerWriter(WritingSide):

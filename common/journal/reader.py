@@ -16,7 +16,7 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import crc32c
 import numpy as np
@@ -38,8 +38,8 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate(([True], values[1:] != values[:-1]))]
 
 
-_CRC_WORD = struct.Struct("<I")
-_HEAD_WORDS = struct.Struct("<III")
+_CRC_WORD: Final = struct.Struct("<I")
+_HEAD_WORDS: Final = struct.Struct("<III")
 """A record's first three words: marker, checksum, length (with the batch flag); record.py."""
 
 

@@ -25,7 +25,7 @@ import dataclasses
 import mmap
 import struct
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import crc32c
 import numpy as np
@@ -34,19 +34,19 @@ from .errors import RecordNotFound, RecordTooLarge
 from .header import HEADER_SIZE
 from .marker import Marker, is_marker
 
-RECORD_HEADER = struct.Struct("<IIII")
-RECORD_HEADER_SIZE = 16
-LENGTH_MASK = (1 << 28) - 1
-BATCH_CONTINUES = 1 << 31
-RESERVED_FLAGS = 0x7 << 28
-SEQ_MODULUS = 1 << 32
+RECORD_HEADER: Final = struct.Struct("<IIII")
+RECORD_HEADER_SIZE: Final = 16
+LENGTH_MASK: Final = (1 << 28) - 1
+BATCH_CONTINUES: Final = 1 << 31
+RESERVED_FLAGS: Final = 0x7 << 28
+SEQ_MODULUS: Final = 1 << 32
 SMALL_BATCH = 8
 """Batches up to this many records are encoded and located with plain
 Python ints: numpy's per-call overhead (tens of calls per batch) costs more
 than the work below about this size, and one item per request is common.
 Both paths give the same bytes and the same errors (tests/common/journal)."""
 
-_WORD_PAIR = struct.Struct("<II")
+_WORD_PAIR: Final = struct.Struct("<II")
 
 Body = bytes | bytearray | memoryview
 Prefix: TypeAlias = np.ndarray | bytes
@@ -226,8 +226,8 @@ def _copy_bodies(data: bytearray, raw: np.ndarray, bodies: Sequence[Body] | np.n
         data[off:off + size] = body  # same length: no resize, a plain copy
 
 
-_VALID_MARKERS = frozenset(int(m) for m in Marker)
-_MARKER_AND_LENGTH = struct.Struct("<I4xI")  # a record header's marker word (byte 0) and length word (byte 8)
+_VALID_MARKERS: Final = frozenset(int(m) for m in Marker)
+_MARKER_AND_LENGTH: Final = struct.Struct("<I4xI")  # a record header's marker word (byte 0) and length word (byte 8)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

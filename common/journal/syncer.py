@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
 from .errors import FlushFailed
 from .header import SLOT_OFFSETS, Checkpoint
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_LAG_S = 0.5
 """How long a flusher round leaves a written checkpoint unsynced when no
 write came after it (see the module docstring)."""
-HELPERS = 4
+HELPERS: Final = 4
 """Threads that fdatasync journals beside their companions (shared by every journal)."""
 _helpers: ThreadPoolExecutor | None = None
 _helpers_lock = threading.Lock()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Final, Protocol, TypeVar, overload
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -28,7 +28,7 @@ from .framing import Body, dtype_code
 T = TypeVar("T")
 D = TypeVar("D")
 _MISSING: Any = object()
-_CLAIMS = threading.Lock()
+_CLAIMS: Final = threading.Lock()
 """Makes a request's answer one-shot (shared: a lock per request costs more, and claims are short)."""
 
 OnSent = Callable[[], None]

@@ -21,6 +21,7 @@ import itertools
 import socket
 import threading
 import time
+from typing import Final
 
 
 class Deadline:
@@ -96,5 +97,5 @@ class ReadDeadlines:
             return due
 
 
-READ_DEADLINES = ReadDeadlines()
+READ_DEADLINES: Final = ReadDeadlines()
 """The process's one watcher, shared by every FrameReader."""

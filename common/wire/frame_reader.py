@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Protocol
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -15,10 +15,10 @@ from .deadlines import READ_DEADLINES, Deadline
 from .errors import BadFrame, FrameTimeout, FrameTooLarge
 from .framing import DEFAULT_MAX_FRAME_BYTES, FRAME_HEAD, MAX_HEADER_BYTES, Frame, decode
 
-READ_BUFFER_BYTES = 16 << 10
+READ_BUFFER_BYTES: Final = 16 << 10
 """Each reader's own buffer (resident for the connection's life): frames up
 to this size are parsed out of it; larger ones get memory of their own."""
-FIRST_STEP_BYTES = 8 << 20
+FIRST_STEP_BYTES: Final = 8 << 20
 """A larger frame's memory starts at most this big and doubles as its bytes
 arrive: frames up to this size are received with no copy."""
 

@@ -31,53 +31,53 @@ import socket
 import ssl
 import struct
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import msgpack
 import numpy as np
 
 from .errors import BadFrame
 
-MAGIC = b"SMWQ"
-PROTOCOL_VERSION = 1
-PREAMBLE = struct.Struct("<4sI")
-FRAME_HEAD = struct.Struct("<II")
-MAX_HEADER_BYTES = 1 << 20
-PART_ALIGN = 8
-DEFAULT_MAX_FRAME_BYTES = 256 << 20
-DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
+MAGIC: Final = b"SMWQ"
+PROTOCOL_VERSION: Final = 1
+PREAMBLE: Final = struct.Struct("<4sI")
+FRAME_HEAD: Final = struct.Struct("<II")
+MAX_HEADER_BYTES: Final = 1 << 20
+PART_ALIGN: Final = 8
+DEFAULT_MAX_FRAME_BYTES: Final = 256 << 20
+DTYPES: Final = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 """dtypes a part may have (numpy's ``dtype.str`` spelling)."""
-MAX_PARTS = 64
+MAX_PARTS: Final = 64
 """Most parts one frame may carry (the commands use at most eight)."""
-MAX_PART_NAME = 64
+MAX_PART_NAME: Final = 64
 """Longest part name, in characters (names are unique in a frame, at least one character)."""
-MAX_RANK = 8
+MAX_RANK: Final = 8
 """Most dimensions a part may have (numpy itself stops at 64)."""
-MAX_DIM = 2**40
+MAX_DIM: Final = 2**40
 """Every dimension of a part is below this (so a shape's product stays a plain integer check)."""
 
 JOINED_FRAME_BYTES = 16 << 10
 """Frames up to this size are encoded as one buffer (see encode)."""
 SMALL_PART_BYTES = 4 << 10
 """Parts up to this size are copied while encoding (larger ones are sent from their own memory)."""
-PADDING = [bytes(n) for n in range(PART_ALIGN)]
+PADDING: Final = [bytes(n) for n in range(PART_ALIGN)]
 """``PADDING[n]``: the n zero bytes that align a part (``n = -offset % PART_ALIGN``)."""
-_DTYPE = {code: np.dtype(code) for code in DTYPES}  # parsed once: decoding looks them up
-_CODE = {dtype: code for code, dtype in _DTYPE.items()}  # dtype.str, looked up (computing it costs more)
-IOV_MAX = 1024
+_DTYPE: Final = {code: np.dtype(code) for code in DTYPES}  # parsed once: decoding looks them up
+_CODE: Final = {dtype: code for code, dtype in _DTYPE.items()}  # dtype.str, looked up (computing it costs more)
+IOV_MAX: Final = 1024
 """Most buffers one sendmsg takes (Linux's limit)."""
-TLS_COALESCE_BYTES = 64 << 10
+TLS_COALESCE_BYTES: Final = 64 << 10
 """On TLS, buffers smaller than this are joined before sending (see send_buffers)."""
-MAX_CACHED_SPECS = 4096
+MAX_CACHED_SPECS: Final = 4096
 """Packed part specs kept (encode); the cache starts over past it."""
 _SPECS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
 # msgpack's markers for small maps and arrays (its spec: fixmap 0x80-0x8f, fixarray 0x90-0x9f, array 16 0xdc)
-FIXMAP = 0x80
-FIXMAP_MAX = 15
-FIXARRAY = 0x90
-FIXARRAY_MAX = 15
-ARRAY16 = struct.Struct(">BH")
-_PARTS_KEY = msgpack.packb("parts")
+FIXMAP: Final = 0x80
+FIXMAP_MAX: Final = 15
+FIXARRAY: Final = 0x90
+FIXARRAY_MAX: Final = 15
+ARRAY16: Final = struct.Struct(">BH")
+_PARTS_KEY: Final = msgpack.packb("parts")
 
 
 def send_buffers(sock: Any, buffers: list[bytes | memoryview]) -> None:

@@ -31,7 +31,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Final, Generic, Self, TypeVar, cast
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -41,11 +41,11 @@ from .errors import ServiceError, Unavailable
 
 T = TypeVar("T")
 
-DEFAULT_MAX_IN_FLIGHT = 1000
+DEFAULT_MAX_IN_FLIGHT: Final = 1000
 """Requests a Pipe lets wait for their answers before a send waits for the oldest one."""
 
-POLL_EVERY = 32
-POLL_BYTES = 256 << 10
+POLL_EVERY: Final = 32
+POLL_BYTES: Final = 256 << 10
 """A Pipe reads the replies already there (without waiting) once per
 POLL_EVERY requests or POLL_BYTES of their parts sent, whichever comes
 first; a batch is written in pieces no larger (in requests: half the bound)."""

@@ -40,12 +40,13 @@ import secrets
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Final
 
 log = logging.getLogger(__name__)
 
 READ, WRITE, WORKER, ADMIN = "read", "write", "worker", "admin"
-ROLES = (READ, WRITE, WORKER, ADMIN)
-ANY = "any"
+ROLES: Final = (READ, WRITE, WORKER, ADMIN)
+ANY: Final = "any"
 """Pseudo-role in :data:`COMMAND_ROLES`: any valid token may run the command."""
 
 COMMAND_ROLES: dict[str, str] = {
@@ -65,14 +66,14 @@ COMMAND_ROLES: dict[str, str] = {
 }
 """The role each command needs. Commands not listed need ``admin``."""
 
-MAX_AUTH_FRAME_BYTES = 64 << 10
+MAX_AUTH_FRAME_BYTES: Final = 64 << 10
 """Largest frame a connection may send before it has authenticated: a peer
 without a token cannot make the server buffer more than this."""
 
-TOKEN_PREFIX = "smt_"
-HASH_PREFIX = "sha256:"
-_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
-_HASH = re.compile(re.escape(HASH_PREFIX) + r"[0-9a-f]{64}")
+TOKEN_PREFIX: Final = "smt_"
+HASH_PREFIX: Final = "sha256:"
+_NAME: Final = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+_HASH: Final = re.compile(re.escape(HASH_PREFIX) + r"[0-9a-f]{64}")
 
 
 class AuthFileError(ValueError):
@@ -101,7 +102,7 @@ class Principal:
         return ADMIN in self.roles or role in self.roles
 
 
-OPEN = Principal("anonymous", frozenset({ADMIN}))
+OPEN: Final = Principal("anonymous", frozenset({ADMIN}))
 """Every connection's principal when the server has no tokens file."""
 
 

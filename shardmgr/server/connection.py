@@ -50,6 +50,7 @@ import ssl
 import struct
 import threading
 from collections.abc import Callable
+from typing import Final
 
 from common.wire import framing
 from common.wire.budget import ByteBudget
@@ -63,7 +64,7 @@ from .sending import Entry, Sending
 
 log = logging.getLogger(__name__)
 
-HELD_REPLIES = 256
+HELD_REPLIES: Final = 256
 """Replies the reader thread may hold back to send in one sendmsg."""
 
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 6
@@ -72,7 +73,7 @@ closed after 6 unanswered probes, so a worker whose machine vanished (no
 FIN, no RST) is noticed within about 2 minutes: its leases then end after
 the grace period, and its worker id is free again."""
 
-CLOSE_WAIT_S = 10.0
+CLOSE_WAIT_S: Final = 10.0
 """Longest close() waits for a write under way (a shut-down socket ends it at once)."""
 
 Dispatch = Callable[[Request, Principal], None]

@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from common.wire import framing, reply_batch
 from common.wire.budget import ByteBudget
@@ -43,10 +43,10 @@ from .config import ServerConfig
 
 log = logging.getLogger(__name__)
 
-GOAWAY = {"id": 0, "error": {"code": "unavailable",
+GOAWAY: Final = {"id": 0, "error": {"code": "unavailable",
                              "message": "the server is stopping: requests not answered were not applied; retry"}}
 """The last frame of a clean stop (docs/protocol.md)."""
-QUICK_WAIT_S = 0.005
+QUICK_WAIT_S: Final = 0.005
 """How long the reader waits for another thread's non-blocking send before it queues its replies instead."""
 
 Entry = tuple[list[bytes | memoryview], int, OnSent | None]

@@ -40,7 +40,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from common.journal import Flusher
 from common.journal.lockfile import LockFile
@@ -61,15 +61,15 @@ from .control import Control
 
 log = logging.getLogger(__name__)
 
-SIGNAL_POLL_S = 0.2
+SIGNAL_POLL_S: Final = 0.2
 """Longest a SIGTERM or SIGINT waits before the main thread handles it."""
 
-LINGER_S = 1.0
+LINGER_S: Final = 1.0
 """At a stop, how long connections that got their goaway have to close
 before the server closes them (closing first could reset, and so lose,
 a goaway still in flight)."""
 
-EXIT_INTERRUPTED = 1
+EXIT_INTERRUPTED: Final = 1
 """Exit status after a second signal cut a stop short."""
 
 

@@ -45,7 +45,7 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -58,14 +58,14 @@ from .records import RESULTS_DIR, RESULTS_SUFFIX, SEGMENT_SUFFIX, SEGMENTS_DIR, 
 
 log = logging.getLogger(__name__)
 
-KIND = b"WQCT"
-FILE = "catalog.wqct"
+KIND: Final = b"WQCT"
+FILE: Final = "catalog.wqct"
 SEGMENT, RESULTS = 1, 2
-RECORD = struct.Struct("<I4xQQ")
+RECORD: Final = struct.Struct("<I4xQQ")
 #: Recovery compacts once dead records are this many and more than the live ones.
 COMPACT_AFTER = 4096
-MAX_SEGMENT = 1 << 32  # handles hold a segment id in 32 bits
-CONFIG = JournalConfig(extent_bytes=64 << 10, max_record_bytes=RECORD.size)
+MAX_SEGMENT: Final = 1 << 32  # handles hold a segment id in 32 bits
+CONFIG: Final = JournalConfig(extent_bytes=64 << 10, max_record_bytes=RECORD.size)
 
 
 class Entry(NamedTuple):

@@ -29,6 +29,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import msgpack
 import numpy as np
@@ -57,7 +58,7 @@ from .records import (
 )
 from .segment import scan_window
 
-SUFFIX = RESULTS_SUFFIX
+SUFFIX: Final = RESULTS_SUFFIX
 
 
 @dataclasses.dataclass(slots=True)

@@ -15,6 +15,7 @@ results takes find one or two new results).
 from __future__ import annotations
 
 from collections.abc import Set
+from typing import Final
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from workq.config import REPLY_ITEM_BYTES
 
 from .records import HEAD_BYTES, LEDGER
 
-LIVE = np.uint32(Marker.LIVE)
+LIVE: Final = np.uint32(Marker.LIVE)
 _LIVE, _LEDGER = int(Marker.LIVE), int(LEDGER)  # plain ints for the small forms
 
 ResultsPick = tuple[np.ndarray, int, bool]

@@ -29,6 +29,7 @@ import re
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -37,15 +38,15 @@ SEGMENTS_DIR, RESULTS_DIR = "segments", "results"
 SEGMENT_SUFFIX, RESULTS_SUFFIX = ".wqsg", ".wqcl"
 #: ``DATA/<this>/workq``: where ``verify --repair`` moves damaged queue files
 #: (see :func:`quarantine_name`).
-QUARANTINE_DIR = "quarantine"
+QUARANTINE_DIR: Final = "quarantine"
 
-SEGMENT_KIND = b"WQSG"
-RESULTS_KIND = b"WQCL"
-HEAD_BYTES = 24
+SEGMENT_KIND: Final = b"WQSG"
+RESULTS_KIND: Final = b"WQCL"
+HEAD_BYTES: Final = 24
 JOB_AT, POSITION_AT, TIME_AT = 0, 8, 16
-HANDLE_AT = 0
-LEDGER = np.uint64(2**64 - 1)
-MAX_JOB_NAME = 255
+HANDLE_AT: Final = 0
+LEDGER: Final = np.uint64(2**64 - 1)
+MAX_JOB_NAME: Final = 255
 
 
 def job_id(name: str) -> int:
@@ -69,7 +70,7 @@ def heads(first: np.ndarray | np.integer | int, second: np.ndarray | int, times_
     return out.view(np.uint8).reshape(n, HEAD_BYTES)
 
 
-HEAD = struct.Struct("<QQQ")
+HEAD: Final = struct.Struct("<QQQ")
 """A record head as plain ints: job (or handle), position, time (JOB_AT, POSITION_AT, TIME_AT)."""
 assert HEAD.size == HEAD_BYTES and (JOB_AT, POSITION_AT, TIME_AT) == (0, 8, 16)
 
@@ -110,7 +111,7 @@ def quarantine_name(relative: Path, stamp: str) -> str:
     return "_".join(relative.parts) + f"-{stamp}"
 
 
-_QUARANTINED_SEGMENT = re.compile(rf"^{SEGMENTS_DIR}_(\d+){re.escape(SEGMENT_SUFFIX)}-")
+_QUARANTINED_SEGMENT: Final = re.compile(rf"^{SEGMENTS_DIR}_(\d+){re.escape(SEGMENT_SUFFIX)}-")
 
 
 def quarantined_segment_ids(root: Path) -> list[int]:

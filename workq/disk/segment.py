@@ -24,6 +24,7 @@ import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Final
 
 import msgpack
 import numpy as np
@@ -50,8 +51,8 @@ from .records import (
     segment_file,
 )
 
-SUFFIX = SEGMENT_SUFFIX
-RETIRED = np.uint32(Marker.RETIRED)
+SUFFIX: Final = SEGMENT_SUFFIX
+RETIRED: Final = np.uint32(Marker.RETIRED)
 
 
 def scan_window(journal: Journal, records: int) -> int:

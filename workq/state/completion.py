@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from .queue import QueueState
 
-RETIRED = int(Marker.RETIRED)
+RETIRED: Final = int(Marker.RETIRED)
 
 
 @dataclasses.dataclass(slots=True)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Final
 
 import numpy as np
 
@@ -52,9 +53,9 @@ from .lease_table import Lease, LeaseTable
 
 log = logging.getLogger(__name__)
 
-BURIED = np.uint32(Marker.BURIED)
-BURIED_WORD = int(Marker.BURIED)
-LIVE = np.uint32(Marker.LIVE)
+BURIED: Final = np.uint32(Marker.BURIED)
+BURIED_WORD: Final = int(Marker.BURIED)
+LIVE: Final = np.uint32(Marker.LIVE)
 
 
 @dataclasses.dataclass(slots=True)

@@ -13,7 +13,7 @@ Threads: under the broker's owner lock (workq/loop.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LIVE = np.uint32(Marker.LIVE)
-MAX_BURIED_PER_LEASE = 100
+LIVE: Final = np.uint32(Marker.LIVE)
+MAX_BURIED_PER_LEASE: Final = 100
 
 
 def lease(state: QueueState, worker: str, filters: dispatch.Filters, limit: int, now: float,

@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -36,12 +37,12 @@ from .items import Items
 
 _log = logging.getLogger(__name__)
 
-BURIED = np.uint32(Marker.BURIED)
+BURIED: Final = np.uint32(Marker.BURIED)
 #: Seconds a finished job's log (nothing pending, in flight or buried, all
 #: delivered) stays open before it rests (completion_log.py).
 REST_AFTER_S = 1.0
 #: What job_status counts, in order.
-JOB_COUNTS = ("enqueued", "pending", "in_flight", "completed", "delivered", "buried")
+JOB_COUNTS: Final = ("enqueued", "pending", "in_flight", "completed", "delivered", "buried")
 
 
 class QueueState:

@@ -8,7 +8,7 @@ oldest segment), never by reading payloads.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from workq.protocol import Handle
 if TYPE_CHECKING:
     from .queue import QueueState
 
-STATE_NAMES = {int(Marker.LIVE): "pending or leased", int(Marker.BURIED): "buried"}
+STATE_NAMES: Final = {int(Marker.LIVE): "pending or leased", int(Marker.BURIED): "buried"}
 
 
 def totals(state: QueueState) -> dict[str, int]:
