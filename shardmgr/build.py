@@ -67,10 +67,12 @@ COMPILED: tuple[str, ...] = (
     "shardmgr.server.control",
     "shardmgr.server.sending",
     "shardmgr.server.server",
-    # the queue: its owner loop, state machine and files. Not the public API (Broker, QueueClient,
-    # Worker, RpcClient): compiled, a typed parameter refuses a wrong type with TypeError where the
-    # pure module answers BadRequest, and the two builds must not disagree
+    # the queue: its owner loop, waiting calls, worker side, state machine and files. Not the public
+    # API (Broker, QueueClient, Worker, RpcClient): compiled, a typed parameter refuses a wrong type
+    # with TypeError where the pure module answers BadRequest, and the two builds must not disagree
+    # (the worker side takes a caller's counts and seconds as objects and checks them: calls.py)
     "workq.answer",
+    "workq.calls",
     "workq.delivery",
     "workq.enqueues",
     "workq.loop",
@@ -78,6 +80,7 @@ COMPILED: tuple[str, ...] = (
     "workq.service",
     "workq.totals",
     "workq.waiters",
+    "workq.worker_side",
     "workq.disk.catalog",
     "workq.disk.completion_log",
     "workq.disk.picks",

@@ -104,3 +104,25 @@ def test_every_dataclass_of_a_listed_module_writes_out_its_fields_init() -> None
             if isinstance(node, ast.ClassDef) and _is_dataclass(node):
                 found += [f"{path.relative_to(ROOT)}:{node.name}: {p}" for p in _init_problems(node)]
     assert found == []
+
+
+#: module constants that tests patch to switch a path (a Final one cannot be patched in the compiled build)
+PATCHED_CONSTANTS = {"SMALL_BATCH", "_MARKER_BYTES", "TICK_S", "COMPACT_AFTER", "JOINED_FRAME_BYTES",
+                     "SMALL_PART_BYTES", "CHECKPOINT_LAG_S", "REST_AFTER_S"}
+
+
+def test_every_constant_of_a_listed_module_is_final() -> None:
+    """A plain module global is a dictionary lookup at every use in compiled
+    code; a ``Final`` one is inlined or a C static (docs/architecture.md)."""
+    found = []
+    for name in build.COMPILED:
+        path = ROOT / (name.replace(".", "/") + ".py")
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                continue
+            target = node.targets[0].id
+            is_typevar = isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "TypeVar"
+            if target.lstrip("_")[:1].isupper() and target.isupper() and not is_typevar \
+                    and target not in PATCHED_CONSTANTS:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
+    assert found == []

@@ -6,8 +6,10 @@ waits for it and returns plain values (embedded use, ``workq.open``). The
 operations a worker or consumer repeats also have ``x_into(answer, ...)``,
 which answers into a given Future or :class:`~workq.answer.Callback` (the
 network service's: it replies from the callback, without a Future). The
-worker's operations (hello, lease, complete, release, touch) are in
-worker_side.py, a mixin of the Broker. Each
+worker's operations (hello, lease, complete, release, touch) are
+:attr:`Broker.workers` (worker_side.py, compiled with the queue's state
+machine; the service calls it directly): the broker's methods of those
+names delegate to it, and add the plain forms. Each
 runs under the owner lock (loop.py), in the order submitted, over the
 queue's state (state/): on the calling thread when the lock is free, else
 on the thread holding it. Operations that must wait (a durable enqueue, a
@@ -47,14 +49,15 @@ from common.journal.lockfile import LockFile
 from common.wire.errors import Unavailable
 
 from .answer import Promise
-from .calls import Alive
+from .calls import Alive, WaitingCalls
 from .config import WorkqConfig
 from .delivery import Delivery
 from .disk.copies import copy_queue
 from .enqueues import Enqueue
 from .loop import OwnerLoop, settle
-from .protocol import Handle, Key, Result
+from .protocol import Handle, Item, Key, Leased, Result, pack_handles
 from .state import collector
+from .state.dispatch import Filters
 from .state.queue import QueueState
 from .state.recovery import RecoverySummary, recover
 from .state.stats import key_stats, totals
@@ -62,9 +65,10 @@ from .worker_side import WorkerSide
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+EMBEDDED = "embedded"  # the worker name of embedded lease calls
 
 
-class Broker(WorkerSide):
+class Broker:
     """A work queue on ``data_dir/workq``. Use :func:`workq.open` or the service."""
 
     def __init__(self, data_dir: str | Path, config: WorkqConfig | None = None, *,
@@ -80,6 +84,9 @@ class Broker(WorkerSide):
         self._lock = LockFile(self.data_dir) if lock else None
         self._loop = OwnerLoop(self.flusher, self._tick, self._changes, self._collect_now,
                                linger=self.config.results_linger_s)
+        self._calls = WaitingCalls(self._loop)
+        self.workers = WorkerSide(self._state, self._loop, self._calls)
+        """What a worker asks: hello, lease, complete, release, touch (worker_side.py)."""
         self.recovery: RecoverySummary | None = None
 
     # -------------------------------------------------------------- lifecycle
@@ -231,6 +238,81 @@ class Broker(WorkerSide):
         packed = self.enqueue_async(job, Key.of(model, shape, lane), payloads, durable).result()
         return [Handle.unpack(h) for h in packed.tolist()]
 
+    # ---------------------------------------------------------------- workers
+    # The x_async and x_into forms are WorkerSide's (their rules are documented there).
+
+    def hello_async(self, worker: str, held: np.ndarray) -> Future[list[int]]:
+        return self.workers.hello_async(worker, held)
+
+    def hello(self, worker: str, held: Sequence[Handle]) -> list[Handle]:
+        """A (re)connecting worker reports what it holds; returns the handles
+        it should drop (WorkerSide.hello_async)."""
+        return [Handle.unpack(h) for h in self.hello_async(worker, pack_handles(held)).result()]
+
+    def worker_gone(self, worker: str) -> None:
+        self.workers.worker_gone(worker)
+
+    def lease_async(self, worker: str, filters: Filters, max_items: int = 1, wait: float = 0.0, *,
+                    max_bytes: int | None = None, alive: Alive | None = None) -> Future[list[Leased]]:
+        return self.workers.lease_async(worker, filters, max_items, wait, max_bytes=max_bytes, alive=alive)
+
+    def lease_into(self, answer: Promise[list[Leased]], worker: str, filters: Filters, max_items: int = 1,
+                   wait: float = 0.0, *, max_bytes: int | None = None, alive: Alive | None = None) -> None:
+        self.workers.lease_into(answer, worker, filters, max_items, wait, max_bytes=max_bytes, alive=alive)
+
+    def lease(self, max_items: int = 1, wait: float = 0.0, *, worker: str = EMBEDDED,
+              models: Sequence[str] | None = None, shapes: Sequence[str] | None = None,
+              lanes: Sequence[str | int] | None = None) -> list[Item]:
+        """Lease up to ``max_items`` tasks, waiting up to ``wait`` seconds for the first."""
+        batches = self.lease_async(worker, Filters.of(models, shapes, lanes), max_items, wait).result()
+        return [item for batch in batches for item in batch.items()]
+
+    def complete_async(self, packed: np.ndarray, results: Sequence[memoryview | bytes],
+                       durable: bool = True) -> Future[list[str]]:
+        return self.workers.complete_async(packed, results, durable)
+
+    def complete_into(self, answer: Promise[list[str]], packed: np.ndarray,
+                      results: Sequence[memoryview | bytes], durable: bool = True) -> None:
+        self.workers.complete_into(answer, packed, results, durable)
+
+    def complete_and_lease_into(self, answer: Promise[tuple[list[str], list[Leased]]], worker: str, filters: Filters,
+                                packed: np.ndarray, results: Sequence[memoryview | bytes], max_items: int = 1,
+                                wait: float = 0.0, *, durable: bool = True, max_bytes: int | None = None,
+                                alive: Alive | None = None) -> None:
+        self.workers.complete_and_lease_into(answer, worker, filters, packed, results, max_items, wait,
+                                             durable=durable, max_bytes=max_bytes, alive=alive)
+
+    def complete(self, handles: Sequence[Handle], results: Sequence[bytes], durable: bool = True) -> list[str]:
+        """Record results; returns per handle, once they are durable,
+        ``'completed'``, or ``'duplicate'`` if the item already had a result
+        (from this or another worker, or earlier in this call): the first
+        result is kept, later ones are dropped. A duplicate is not an error;
+        a retried call answers it for the items it already recorded::
+
+            broker.complete([h1, h2], [r1, r2])    # ['completed', 'completed']
+            broker.complete([h1, h3], [r1, r3])    # ['duplicate', 'completed']
+            broker.complete([h4, h4], [r4, r4b])   # ['completed', 'duplicate']: r4 is kept
+
+        With ``durable=False`` it returns at once and the results are durable
+        at the next flush round (group commit, as an enqueue's): a crash
+        before it may lose them, and their items then run again.
+        """
+        return self.complete_async(pack_handles(handles), results, durable).result()
+
+    def release_async(self, worker: str, packed: np.ndarray, delay: float = 0.0) -> Future[None]:
+        return self.workers.release_async(worker, packed, delay)
+
+    def release(self, handles: Sequence[Handle], delay: float = 0.0, *, worker: str = EMBEDDED) -> None:
+        """Give leased items back: pending again after ``delay`` seconds."""
+        self.release_async(worker, pack_handles(handles), delay).result()
+
+    def touch_async(self, worker: str, packed: np.ndarray) -> Future[None]:
+        return self.workers.touch_async(worker, packed)
+
+    def touch(self, handles: Sequence[Handle], *, worker: str = EMBEDDED) -> None:
+        """Extend leases by a full lease period from now."""
+        self.touch_async(worker, pack_handles(handles)).result()
+
     # -------------------------------------------------------------- consumers
 
     def results_async(self, job: str, max_items: int = 1000, wait: float = 0.0, *, max_bytes: int | None = None,
@@ -245,17 +327,17 @@ class Broker(WorkerSide):
         """Take up to ``max_items`` undelivered, durable results of ``job``
         (payloads plus REPLY_ITEM_BYTES each within ``max_bytes``), waiting
         up to ``wait`` seconds for the first. The caller confirms or drops
-        the Delivery (delivery.py). ``alive``: see :meth:`_waiting`. A job
+        the Delivery (delivery.py). ``alive``: see calls.py. A job
         nothing was enqueued for (yet) has no results: the call waits like
         any other, and answers those of a job enqueued and completed
         meanwhile; asking creates nothing."""
 
-        def take(final: bool) -> Delivery | None:
-            job_log, batch = self._state.take_results(job, max_items, max_bytes)  # unknown: a name hash and a dict miss
+        def take(limit: int, final: bool) -> Delivery | None:
+            job_log, batch = self._state.take_results(job, limit, max_bytes)  # unknown: a name hash and a dict miss
             return Delivery(self._loop, self._state, job_log, batch) if batch or final else None
 
         # a malformed name fails at once, not after the wait
-        self._waiting(answer, "results", max_items, wait, alive, take, check=lambda: self._state.find_job(job))
+        self._calls.begin(answer, "results", max_items, wait, alive, take, check=lambda: self._state.find_job(job))
 
     def results(self, job: str, max_items: int = 1000, wait: float = 0.0) -> list[Result]:
         """Undelivered results of the job (at most ``max_items``), waiting up

@@ -91,6 +91,7 @@ class WorkqService(Component):
             log.warning("workq: payloads and results capped at %d bytes to fit max_frame_bytes (%d)",
                         fitted.max_payload_bytes, max_frame_bytes)
         self.broker = Broker(data_dir, fitted, flusher=flusher, lock=False)
+        self.workers = self.broker.workers  # compiled to compiled: the worker side's calls skip the broker's
         self.totals = TotalsReader(self.broker.totals_async)
         #: Payload bytes one lease or results response may carry (see
         #: WorkqConfig.reply_bytes), so that it always fits a frame.
@@ -144,7 +145,7 @@ class WorkqService(Component):
             delivery.drop()
         if worker is not None:
             with contextlib.suppress(Unavailable):  # closed: leases are in memory only
-                self.broker.worker_gone(worker)
+                self.workers.worker_gone(worker)
 
     # ---------------------------------------------------------------- helpers
 
@@ -256,9 +257,9 @@ class WorkqService(Component):
         given_up = self._claim(request, worker, session, filters)
         if given_up is not None:
             with contextlib.suppress(Unavailable):
-                self.broker.worker_gone(given_up)
+                self.workers.worker_gone(given_up)
         reported = len(set(held.tolist()))
-        self._relay(request, self.broker.hello_async(worker, held),
+        self._relay(request, self.workers.hello_async(worker, held),
                      lambda dropped: ({"kept": reported - len(dropped)},
                                       {"dropped": np.array(dropped, dtype=np.uint64)}))
 
@@ -309,7 +310,7 @@ class WorkqService(Component):
 
     def _lease(self, request: Request) -> None:
         worker, filters, alive = self._leasing(request)
-        self.broker.lease_into(self._answer(request, encode_lease), worker, filters, request.arg("max_items", int, 1),
+        self.workers.lease_into(self._answer(request, encode_lease), worker, filters, request.arg("max_items", int, 1),
                                request.arg("wait", float, 0.0), max_bytes=self.reply_bytes, alive=alive)
 
     def _complete(self, request: Request) -> None:
@@ -321,20 +322,20 @@ class WorkqService(Component):
         then_lease = request.arg("lease", int, 0)
         durable = request.arg("durable", bool, True)
         if not then_lease:
-            self.broker.complete_into(self._answer(request, encode_statuses), packed, payloads, durable)
+            self.workers.complete_into(self._answer(request, encode_statuses), packed, payloads, durable)
             return
         worker, filters, alive = self._leasing(request)
-        self.broker.complete_and_lease_into(
+        self.workers.complete_and_lease_into(
             self._answer(request, encode_statuses_and_lease), worker, filters, packed, payloads, then_lease,
             request.arg("wait", float, 0.0), durable=durable, max_bytes=self.reply_bytes - len(packed), alive=alive)
 
     def _release(self, request: Request) -> None:
-        future = self.broker.release_async(self._worker(request), self._handles(request),
+        future = self.workers.release_async(self._worker(request), self._handles(request),
                                            request.arg("delay", float, 0.0))
         self._relay(request, future, lambda _: {})
 
     def _touch(self, request: Request) -> None:
-        self._relay(request, self.broker.touch_async(self._worker(request), self._handles(request)), lambda _: {})
+        self._relay(request, self.workers.touch_async(self._worker(request), self._handles(request)), lambda _: {})
 
     # ---------------------------------------------------------------- operator
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import workq
@@ -387,6 +388,15 @@ def test_waits_and_delays_outside_their_limits_are_refused_and_change_nothing(br
     assert broker.job_status("j") == before  # still leased to w, nothing else moved
     broker.release([h], worker="w")
     assert [i.handle for i in broker.lease(1)] == [h]
+
+
+def test_numpy_counts_and_seconds_are_taken_as_python_ones(broker: Broker) -> None:
+    """The compiled worker side takes a caller's counts and seconds as objects and checks them
+    (calls.py): numpy's integers and floats pass in both builds."""
+    [h] = broker.enqueue("j", "m", "s", 1, [b"x"])
+    [item] = broker.lease(np.int64(1), wait=np.float64(0.0), worker="w")  # type: ignore[arg-type]
+    broker.release([item.handle], delay=np.float32(0.0), worker="w")  # type: ignore[arg-type]
+    assert [i.handle for i in broker.lease(np.uint8(5))] == [h]  # type: ignore[arg-type]
 
 
 def test_complete_answers_duplicate_per_item_and_keeps_the_first(broker: Broker) -> None:

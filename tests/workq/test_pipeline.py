@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.wire.client import ConnectionLost, RpcClient
+from common.wire.client import IDLE_CHECK_S, ConnectionLost, RpcClient
 from common.wire.errors import BadRequest, Unavailable
 from common.wire.pipeline import Batch, Pending, Pipe, Request
 from tests.shardmgr.server.serverproc import ServerProcess
@@ -184,6 +185,10 @@ def test_requests_in_flight_when_the_server_dies_fail_without_hanging(slow_flush
         errors = [p.exception() for p in durable]
         assert all(e is None or isinstance(e, ConnectionLost) for e in errors), errors
         slow_flush.start()  # the same port
+        # if every call was answered before the kill, the client learns of the closed connection only
+        # from its idle check, which looks once IDLE_CHECK_S passed since the last reply (a restart may
+        # be quicker): a request sent sooner meets the dead connection and fails, as it must
+        time.sleep(IDLE_CHECK_S)
         assert len(client.enqueue_async("job", "m", "s", 1, [b"after"]).result()) == 1  # reconnects
 
         stale = client.enqueue_async("job", "m", "s", 1, [b"x"], durable=True)
