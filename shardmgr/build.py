@@ -57,6 +57,7 @@ COMPILED: tuple[str, ...] = (
     "common.wire.deadlines",
     "common.wire.frame_reader",
     "common.wire.framing",
+    "common.wire.part_views",
     "common.wire.pipeline",
     "common.wire.reply_batch",
     # the flag the flusher, the queue loop and the server's dispatch check on every request

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import numpy as np
 
 from common.wire.errors import BadRequest
 from common.wire.framing import PADDING, PART_ALIGN, Body, Packed, part_spec
+from common.wire.part_views import PartViews, ints
 
 OFFSET_UNIT: Final = 8
 SMALL_BATCH = 8
@@ -229,11 +230,27 @@ def split(data: np.ndarray, lengths: np.ndarray) -> list[memoryview]:
     return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
+def split_parts(parts: Mapping[str, np.ndarray]) -> list[memoryview]:
+    """:func:`split` of the ``data`` and ``lengths`` parts; a few of them
+    from a received frame without making an array (part_views.py)."""
+    if isinstance(parts, PartViews) and _few_bytes(parts.shape("lengths")) and parts.code("data") == "|u1":
+        return split_view(parts.view("data"), parts.ints("lengths"))
+    return split(parts["data"], parts["lengths"])
+
+
+def _few_bytes(lengths_shape: tuple[int, ...]) -> bool:
+    return len(lengths_shape) == 1 and lengths_shape[0] <= SMALL_BATCH
+
+
 def _split_few(data: np.ndarray, lengths: list[int]) -> list[memoryview]:
     """split for a few byte strings, with plain ints (numpy calls cost more than the work)."""
-    if any(n < 0 or n > data.nbytes for n in lengths) or sum(lengths) != data.nbytes:
-        raise BadRequest(f"lengths must be non-negative and sum to the {data.nbytes} data bytes")
-    view = data.data.cast("B")
+    return split_view(data.data.cast("B"), lengths)
+
+
+def split_view(view: memoryview, lengths: list[int]) -> list[memoryview]:
+    """Byte strings of the given lengths, one after another in ``view`` (BadRequest unless they fill it)."""
+    if (lengths and min(lengths) < 0) or sum(lengths) != view.nbytes:  # then none exceeds the view
+        raise BadRequest(f"lengths must be non-negative and sum to the {view.nbytes} data bytes")
     pieces = []
     start = 0
     for n in lengths:
@@ -315,14 +332,14 @@ def _lease_one(batch: Leased) -> Packed:
                   b"".join([head, payload, PADDING[-size % PART_ALIGN], _U32.pack(size)]))
 
 
-def decode_lease(result: dict[str, Any], parts: Parts) -> list[Item]:
+def decode_lease(result: dict[str, Any], parts: Mapping[str, np.ndarray]) -> list[Item]:
     """The items of a lease response."""
     jobs = result["jobs"]
     keys = [Key(*k) for k in result["keys"]]
-    payloads = split(parts["data"], parts["lengths"])
+    payloads = split_parts(parts)
     return [Item(Handle.unpack(h), bytes(p), jobs[j], keys[k], pos, d) for h, p, j, k, pos, d in zip(
-        parts["handles"].tolist(), payloads, parts["job_index"].tolist(), parts["key_index"].tolist(),
-        parts["positions"].tolist(), parts["deliveries"].tolist())]
+        ints(parts, "handles"), payloads, ints(parts, "job_index"), ints(parts, "key_index"),
+        ints(parts, "positions"), ints(parts, "deliveries"))]
 
 
 def encode_results(handles: np.ndarray, positions: np.ndarray,
@@ -332,11 +349,11 @@ def encode_results(handles: np.ndarray, positions: np.ndarray,
                                       "positions": positions.astype(np.uint64, copy=False), **joined(payloads)}
 
 
-def decode_results(parts: Parts) -> list[Result]:
+def decode_results(parts: Mapping[str, np.ndarray]) -> list[Result]:
     """The results of a results response, in log order."""
-    payloads = split(parts["data"], parts["lengths"])
+    payloads = split_parts(parts)
     return [Result(Handle.unpack(h), bytes(p), pos)
-            for h, p, pos in zip(parts["handles"].tolist(), payloads, parts["positions"].tolist())]
+            for h, p, pos in zip(ints(parts, "handles"), payloads, ints(parts, "positions"))]
 
 
 _STATUS_SPEC: Final = part_spec("status", "|u1", (1,))
@@ -372,5 +389,5 @@ def encode_statuses_and_lease(answer: tuple[list[str], list[Leased]]) -> tuple[d
     return result | lease_result, _status_array(statuses) | lease_parts
 
 
-def decode_statuses(parts: Parts) -> list[str]:
-    return [COMPLETED if s else DUPLICATE for s in parts["status"].tolist()]
+def decode_statuses(parts: Mapping[str, np.ndarray]) -> list[str]:
+    return [COMPLETED if s else DUPLICATE for s in ints(parts, "status")]

@@ -52,7 +52,7 @@ from .calls import Alive
 from .config import WorkqConfig
 from .delivery import Delivery
 from .errors import WorkerIdInUse
-from .protocol import LENGTH_DTYPES, Key, encode_lease, encode_statuses, encode_statuses_and_lease, split
+from .protocol import LENGTH_DTYPES, Key, encode_lease, encode_statuses, encode_statuses_and_lease, split_view
 from .state.dispatch import Filters
 from .totals import TotalsReader
 
@@ -192,7 +192,7 @@ class WorkqService(Component):
 
     @staticmethod
     def _payloads(request: Request) -> list[memoryview]:
-        return split(request.part("data", "|u1", ndim=1), request.part("lengths", LENGTH_DTYPES, ndim=1))
+        return split_view(request.part_view("data"), request.part_ints("lengths", LENGTH_DTYPES))
 
     @staticmethod
     def _handles(request: Request) -> np.ndarray:
@@ -315,7 +315,7 @@ class WorkqService(Component):
 
     def _complete(self, request: Request) -> None:
         worker = self._worker(request)
-        packed = self._handles(request)
+        packed = request.part_ints("handles", "<u8")
         payloads = self._payloads(request)
         if len(payloads) != len(packed):
             raise BadRequest(f"workq.complete: {len(packed)} handles but {len(payloads)} results")

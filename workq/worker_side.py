@@ -77,14 +77,14 @@ class WorkerSide:
 
         return take
 
-    def complete_async(self, packed: np.ndarray, results: Sequence[memoryview | bytes],
+    def complete_async(self, packed: list[int] | np.ndarray, results: Sequence[memoryview | bytes],
                        durable: bool = True) -> Future[list[str]]:
         """See :meth:`complete_into`."""
         future: Future[list[str]] = Future()
         self.complete_into(future, packed, results, durable)
         return future
 
-    def complete_into(self, answer: Promise[list[str]], packed: np.ndarray,
+    def complete_into(self, answer: Promise[list[str]], packed: list[int] | np.ndarray,
                       results: Sequence[memoryview | bytes], durable: bool = True) -> None:
         """Record results for packed handles: 'completed' or 'duplicate' (the
         item already had a result; this one is dropped) per handle, answered
@@ -96,7 +96,8 @@ class WorkerSide:
                                                           lambda statuses: settle(future, statuses)), answer)
 
     def complete_and_lease_into(self, answer: Promise[tuple[list[str], list[Leased]]], worker: str, filters: Filters,
-                                packed: np.ndarray, results: Sequence[memoryview | bytes], max_items: object = 1,
+                                packed: list[int] | np.ndarray, results: Sequence[memoryview | bytes],
+                                max_items: object = 1,
                                 wait: object = 0.0, *, durable: bool = True, max_bytes: int | None = None,
                                 alive: Alive | None = None) -> None:
         """:meth:`complete_into`, then :meth:`lease_into` for the same worker,
@@ -121,8 +122,8 @@ class WorkerSide:
 
         self._loop.call(run, answer)
 
-    def _complete_now(self, future: Promise[Any], packed: np.ndarray, results: Sequence[memoryview | bytes],
-                      durable: bool, then: Callable[[list[str]], None]) -> None:
+    def _complete_now(self, future: Promise[Any], packed: list[int] | np.ndarray,
+                      results: Sequence[memoryview | bytes], durable: bool, then: Callable[[list[str]], None]) -> None:
         """Owner lock: start a completion; ``then(statuses)`` once its results
         are durable (or at once if not ``durable``); an error answers ``future``."""
         state = self._state

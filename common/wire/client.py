@@ -41,7 +41,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import EllipsisType
 from typing import Any
@@ -82,7 +82,7 @@ class Reply:
     """A successful response: its result map and its binary parts."""
 
     result: dict[str, Any]
-    parts: dict[str, np.ndarray]
+    parts: Mapping[str, np.ndarray]  # a received frame's: framing.PartViews
 
 
 class RpcClient:
@@ -164,7 +164,7 @@ class RpcClient:
     # ---------------------------------------------------------------- calls
 
     def call(self, cmd: str, args: dict[str, Any] | None = None,
-             parts: dict[str, np.ndarray] | None = None, *, wait: float = 0.0,
+             parts: Mapping[str, np.ndarray] | None = None, *, wait: float = 0.0,
              timeout: float | None | EllipsisType = ...) -> Reply:
         """Send one request and wait for its reply; raise its error if any.
         ``wait``: seconds the server may hold the request on purpose (a long
@@ -190,7 +190,7 @@ class RpcClient:
         return self.timeout if self._call_timeout is None else self._call_timeout[0]
 
     def send(self, cmd: str, args: dict[str, Any] | None = None,
-             parts: dict[str, np.ndarray] | None = None) -> int:
+             parts: Mapping[str, np.ndarray] | None = None) -> int:
         """Send a request without waiting (pipelining); returns its id."""
         self._ready_to_send()
         request_id = next(self._ids)

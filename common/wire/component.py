@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Final, Protocol, TypeVar, overload
 
 import numpy as np
@@ -24,6 +24,7 @@ from mypy_extensions import mypyc_attr
 
 from .errors import BadRequest, ServiceError
 from .framing import Body, dtype_code
+from .part_views import PartViews, view
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -47,7 +48,7 @@ class Request:
 
     __slots__ = ("id", "cmd", "args", "parts", "_responder", "_answered")
 
-    def __init__(self, request_id: int, cmd: str, args: dict[str, Any], parts: dict[str, np.ndarray],
+    def __init__(self, request_id: int, cmd: str, args: dict[str, Any], parts: Mapping[str, np.ndarray],
                  responder: Responder) -> None:
         self.id = request_id
         self.cmd = cmd
@@ -86,13 +87,35 @@ class Request:
         array = self.parts.get(name)
         if array is None:
             raise BadRequest(f"{self.cmd}: missing binary part '{name}'")
-        allowed = (dtype,) if isinstance(dtype, str) else tuple(dtype or ())
-        if allowed and dtype_code(array.dtype) not in allowed:
-            raise BadRequest(f"{self.cmd}: part '{name}' must have dtype {' or '.join(sorted(set(allowed)))}, "
-                             f"got {array.dtype.str}")
-        if ndim is not None and array.ndim != ndim:
-            raise BadRequest(f"{self.cmd}: part '{name}' must have {ndim} dimensions, got shape {array.shape}")
+        self._check(name, dtype_code(array.dtype), array.shape, dtype, ndim)
         return array
+
+    def part_ints(self, name: str, dtype: str | tuple[str, ...], ndim: int = 1) -> list[int]:
+        """:meth:`part` (an integer one) as Python ints, flattened: from a
+        received frame, a few of them are read without making an array."""
+        parts = self.parts
+        if isinstance(parts, PartViews) and name in parts:
+            self._check(name, parts.code(name), parts.shape(name), dtype, ndim)
+            return parts.ints(name)
+        return list(self.part(name, dtype, ndim).ravel().tolist())
+
+    def part_view(self, name: str) -> memoryview:
+        """A one-dimensional ``|u1`` part's bytes (BadRequest as :meth:`part`), without an array."""
+        parts = self.parts
+        if isinstance(parts, PartViews) and name in parts:
+            self._check(name, parts.code(name), parts.shape(name), "|u1", 1)
+            return parts.view(name)
+        return view({name: self.part(name, "|u1", 1)}, name)
+
+    def _check(self, name: str, code: str, shape: tuple[int, ...], dtype: str | Iterable[str] | None,
+               ndim: int | None) -> None:
+        """BadRequest unless a part of wire dtype ``code`` and ``shape`` is one of ``dtype`` with ``ndim`` dims."""
+        allowed = (dtype,) if isinstance(dtype, str) else tuple(dtype or ())
+        if allowed and code not in allowed:
+            raise BadRequest(f"{self.cmd}: part '{name}' must have dtype {' or '.join(sorted(set(allowed)))}, "
+                             f"got {code}")
+        if ndim is not None and len(shape) != ndim:
+            raise BadRequest(f"{self.cmd}: part '{name}' must have {ndim} dimensions, got shape {shape}")
 
     def reply(self, result: dict[str, Any] | None = None, parts: Body | None = None,
               on_sent: OnSent | None = None) -> None:

@@ -37,6 +37,7 @@ import msgpack
 import numpy as np
 
 from .errors import BadFrame
+from .part_views import Layout, PartViews
 
 MAGIC: Final = b"SMWQ"
 PROTOCOL_VERSION: Final = 1
@@ -63,6 +64,7 @@ SMALL_PART_BYTES = 4 << 10
 PADDING: Final = [bytes(n) for n in range(PART_ALIGN)]
 """``PADDING[n]``: the n zero bytes that align a part (``n = -offset % PART_ALIGN``)."""
 _DTYPE: Final = {code: np.dtype(code) for code in DTYPES}  # parsed once: decoding looks them up
+_NO_PARTS: Final = PartViews(memoryview(b""), {})  # a frame without parts (read-only: one serves all)
 _CODE: Final = {dtype: code for code, dtype in _DTYPE.items()}  # dtype.str, looked up (computing it costs more)
 IOV_MAX: Final = 1024
 """Most buffers one sendmsg takes (Linux's limit)."""
@@ -148,11 +150,11 @@ class Frame:
     """One decoded frame. ``parts`` are read-only views into the frame's body."""
 
     header: dict[str, Any]
-    parts: dict[str, np.ndarray]
+    parts: Mapping[str, np.ndarray]
     size: int
 
     # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
-    def __init__(self, header: dict[str, Any], parts: dict[str, np.ndarray], size: int) -> None:
+    def __init__(self, header: dict[str, Any], parts: Mapping[str, np.ndarray], size: int) -> None:
         self.header = header
         self.parts = parts
         self.size = size
@@ -322,29 +324,29 @@ def dtype_code(dtype: np.dtype[Any]) -> str:
     return _CODE.get(dtype) or dtype.str
 
 
-def decode_parts(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
-    """Check ``parts`` specs against the body and return read-only array views."""
+def decode_parts(specs: Any, body: memoryview) -> PartViews:
+    """Check ``parts`` specs against the body and return their views (read-only if the body is)."""
     if not isinstance(specs, list):
         raise BadFrame("header 'parts' must be a list of [name, dtype, shape]")
     if len(specs) > MAX_PARTS:
         raise BadFrame(f"a frame carries at most {MAX_PARTS} parts, got {len(specs)}")
-    parts: dict[str, np.ndarray] = {}
+    layouts: dict[str, Layout] = {}
     offset = 0
     for spec in specs:
         count = _spec_count(spec)
         name, dtype, shape = spec
-        if name in parts:
+        if name in layouts:
             raise BadFrame(f"part name {name!r} appears twice in the frame's parts")
         offset += -offset % PART_ALIGN
         kind = _DTYPE[dtype]
         nbytes = count * kind.itemsize
         if offset + nbytes > len(body):
             raise BadFrame(f"part {name!r} ({nbytes} bytes at {offset}) runs past the {len(body)}-byte body")
-        parts[name] = np.ndarray(tuple(shape), kind, body, offset)  # like frombuffer, a view (read-only if body is)
+        layouts[name] = (kind, dtype, tuple(shape), offset, count)
         offset += nbytes
     if offset != len(body):
         raise BadFrame(f"the body has {len(body)} bytes but its parts describe {offset}")
-    return parts
+    return PartViews(body, layouts)
 
 
 def _spec_count(spec: Any) -> int:
@@ -379,7 +381,7 @@ def decode(frame: memoryview, header_size: int) -> Frame:
         raise BadFrame(f"frame header must be a map, got {type(header).__name__}")
     body = frame[header_size:]
     specs = header.pop("parts", None)
-    parts = decode_parts(specs, body) if specs is not None else {}
+    parts = decode_parts(specs, body) if specs is not None else _NO_PARTS
     if specs is None and len(body):
         raise BadFrame(f"the frame has a {len(body)}-byte body but no 'parts' describing it")
     return Frame(header, parts, len(frame) + FRAME_HEAD.size)

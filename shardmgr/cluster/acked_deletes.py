@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -271,7 +271,7 @@ def encode(acked: Iterable[Acked]) -> dict[str, np.ndarray]:
                                        np.int64).reshape(-1, 4)}
 
 
-def decode(parts: dict[str, Any], writer: str) -> list[Acked]:
+def decode(parts: Mapping[str, Any], writer: str) -> list[Acked]:
     """The ``acked`` a writer's answer lists (:func:`encode`); ValueError if malformed."""
     refs, shards = parts.get(f"{PART}_refs"), parts.get(f"{PART}_shards")
     if refs is None or shards is None:

@@ -39,6 +39,12 @@ def test_wire_errors_name_the_problem(server: ServerProcess) -> None:
         with pytest.raises(BadRequest, match="sum to the 3 data bytes"):
             client.rpc.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 1},
                             {"data": np.zeros(3, np.uint8), "lengths": np.array([1, 1], np.uint32)})
+        with pytest.raises(BadRequest, match="non-negative and sum to the 3 data bytes"):  # a sum that fits
+            client.rpc.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 1},
+                            {"data": np.zeros(3, np.uint8), "lengths": np.array([4, -1], np.int32)})
+        with pytest.raises(BadRequest, match="part 'data' must have 1 dimensions"):
+            client.rpc.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 1},
+                            {"data": np.zeros((1, 1), np.uint8), "lengths": np.ones(1, np.uint32)})
         with pytest.raises(BadRequest, match="part 'lengths' must have dtype"):
             client.rpc.call("workq.enqueue", {"job": "j", "model": "m", "shape": "s", "lane": 1},
                             {"data": np.zeros(1, np.uint8), "lengths": np.ones(1, np.float32)})

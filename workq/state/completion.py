@@ -60,7 +60,7 @@ class CompletionPlan:
         self.error = error
 
 
-def plan(state: QueueState, packed: np.ndarray, payloads: Sequence[bytes | memoryview]) -> CompletionPlan:
+def plan(state: QueueState, packed: list[int] | np.ndarray, payloads: Sequence[bytes | memoryview]) -> CompletionPlan:
     """Validate a batch of results; nothing is changed.
 
     Grouping is plain Python over the handles (one dict step each): for
@@ -73,7 +73,7 @@ def plan(state: QueueState, packed: np.ndarray, payloads: Sequence[bytes | memor
     for index, payload in enumerate(payloads):
         if len(payload) > limit:
             raise PayloadTooLarge(f"result {index} has {len(payload)} bytes; the limit is {limit}")
-    handles = np.asarray(packed, dtype=np.uint64).tolist()
+    handles = packed if isinstance(packed, list) else np.asarray(packed, dtype=np.uint64).tolist()
     rows_of: dict[int, list[int]] = {}  # segment id -> rows of the first mention of each handle
     seen: set[int] = set()
     completing = state.items.completing
