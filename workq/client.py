@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.wire.client import Reply, RpcClient
+from common.wire.part_views import ints
 from common.wire.pipeline import DEFAULT_MAX_IN_FLIGHT, Batch, Pending, Pipe, Request
 
 from . import errors  # noqa: F401 - registers the workq.* error codes, so replies raise those classes
@@ -147,5 +148,5 @@ def _enqueue_request(job: str, model: str, shape: str, lane: str | int, payloads
 
 
 def _handles(reply: Reply) -> list[Handle]:
-    return [Handle.unpack(h) for h in reply.parts["handles"].tolist()]
+    return [Handle.unpack(h) for h in ints(reply.parts, "handles")]
 

@@ -66,6 +66,11 @@ def pack(segment: int | np.ndarray, offsets: np.ndarray) -> np.ndarray:
                                                                         // np.uint64(OFFSET_UNIT))
 
 
+def pack_ints(segment: int, offsets: list[int]) -> list[int]:
+    """:func:`pack` of one segment's record offsets, as plain ints."""
+    return [(segment << 32) | (offset // OFFSET_UNIT) for offset in offsets]
+
+
 def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(segment ids, offsets) as int64 arrays."""
     packed = np.asarray(packed, dtype=np.uint64)
@@ -193,13 +198,13 @@ class Leased:
 
     key: Key
     job: str
-    handles: np.ndarray  # packed, uint64
-    positions: np.ndarray  # uint64
-    deliveries: np.ndarray  # uint32
+    handles: list[int]  # packed (plain ints whatever the size: the response converts a batch once)
+    positions: list[int]
+    deliveries: list[int]
     payloads: list[memoryview]
 
     # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
-    def __init__(self, key: Key, job: str, handles: np.ndarray, positions: np.ndarray, deliveries: np.ndarray,
+    def __init__(self, key: Key, job: str, handles: list[int], positions: list[int], deliveries: list[int],
                  payloads: list[memoryview]) -> None:
         self.key = key
         self.job = job
@@ -210,7 +215,7 @@ class Leased:
 
     def items(self) -> list[Item]:
         return [Item(Handle.unpack(h), bytes(p), self.job, self.key, pos, d) for h, p, pos, d in
-                zip(self.handles.tolist(), self.payloads, self.positions.tolist(), self.deliveries.tolist())]
+                zip(self.handles, self.payloads, self.positions, self.deliveries)]
 
 
 Parts = dict[str, np.ndarray]
@@ -284,11 +289,10 @@ def _encode_lease_arrays(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
     job_index = {j: i for i, j in enumerate(jobs)}
     key_index = {k: i for i, k in enumerate(keys)}
     sizes = [len(b.handles) for b in batches]
-    empty = np.zeros(0, dtype=np.uint64)
     parts: Parts = {
-        "handles": np.concatenate([b.handles for b in batches]) if batches else empty,
-        "positions": np.concatenate([b.positions for b in batches]).astype(np.uint64) if batches else empty,
-        "deliveries": np.concatenate([b.deliveries for b in batches]) if batches else empty.astype(np.uint32),
+        "handles": np.array([h for b in batches for h in b.handles], dtype=np.uint64),
+        "positions": np.array([p for b in batches for p in b.positions], dtype=np.uint64),
+        "deliveries": np.array([d for b in batches for d in b.deliveries], dtype=np.uint32),
         "job_index": np.repeat(np.array([job_index[b.job] for b in batches], dtype=np.uint32), sizes),
         "key_index": np.repeat(np.array([key_index[b.key] for b in batches], dtype=np.uint32), sizes),
         **joined([p for b in batches for p in b.payloads]),
@@ -304,8 +308,9 @@ def _lease_header(batch: Leased) -> dict[str, Any]:
 def _lease_few(batch: Leased) -> Parts:
     """The parts of a lease of one batch of a few items: the general encoding's, without the merging."""
     index = np.zeros(len(batch.handles), dtype=np.uint32)
-    return {"handles": batch.handles.copy(), "positions": batch.positions.astype(np.uint64),
-            "deliveries": batch.deliveries.copy(), "job_index": index, "key_index": index, **joined(batch.payloads)}
+    return {"handles": np.array(batch.handles, np.uint64), "positions": np.array(batch.positions, np.uint64),
+            "deliveries": np.array(batch.deliveries, np.uint32), "job_index": index, "key_index": index,
+            **joined(batch.payloads)}
 
 
 # One leased item's body: the general encoding's bytes (tests/workq/test_protocol.py), packed from ints.
@@ -327,7 +332,7 @@ _LENGTHS_SPEC: Final = part_spec("lengths", "<u4", (1,))
 def _lease_one(batch: Leased) -> Packed:
     payload = batch.payloads[0]
     size = len(payload)
-    head = _LEASED_ONE.pack(batch.handles.item(), batch.positions.item(), batch.deliveries.item(), 0, 0)
+    head = _LEASED_ONE.pack(batch.handles[0], batch.positions[0], batch.deliveries[0], 0, 0)
     return Packed([*_LEASE_SPECS, part_spec("data", "|u1", (size,)), _LENGTHS_SPEC],
                   b"".join([head, payload, PADDING[-size % PART_ALIGN], _U32.pack(size)]))
 

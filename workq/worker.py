@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from common.wire.client import ConnectionLost, Reply, RpcClient
+from common.wire.part_views import ints
 from common.wire.pipeline import DEFAULT_MAX_IN_FLIGHT, Batch, Pending, Pipe, Request
 
 from . import errors  # registers the workq.* error codes, so replies raise those classes
@@ -64,7 +65,7 @@ class Worker:
         except errors.WorkerIdInUse:
             rpc.close()  # unnamed, the connection is no use: the next call connects and says hello again
             raise
-        self.held.difference_update(reply.parts["dropped"].tolist())
+        self.held.difference_update(ints(reply.parts, "dropped"))
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """Run ``call``; if the connection drops, reconnect (saying hello) and run it once more."""
@@ -78,7 +79,7 @@ class Worker:
         reply = self._retrying(lambda: self.rpc.call("workq.lease", {"max_items": max_items, "wait": float(wait)},
                                                      wait=float(wait)))
         items = decode_lease(reply.result, reply.parts)
-        self.held.update(reply.parts["handles"].tolist())
+        self.held.update(ints(reply.parts, "handles"))
         return items
 
     def complete(self, handles: Handle | Sequence[Handle], results: bytes | Sequence[bytes],
@@ -122,7 +123,7 @@ class Worker:
         reply = self._retrying(lambda: self.rpc.call(request.cmd, args, request.parts, wait=float(wait)))
         statuses = decode(reply)
         items = decode_lease(reply.result, reply.parts)
-        self.held.update(reply.parts["handles"].tolist())
+        self.held.update(ints(reply.parts, "handles"))
         return statuses, items
 
     def release(self, handles: Handle | Sequence[Handle], delay: float = 0.0) -> None:

@@ -361,7 +361,7 @@ def test_a_waiting_call_cannot_be_cancelled_so_nothing_is_taken_unseen(tmp_path:
         time.sleep(0.1)
         assert not leasing_call.cancel()
         [again] = broker.enqueue("j", "m", "s", 1, [b"y"], durable=True)
-        assert [b.handles.tolist() for b in leasing_call.result(10)] == [[again.packed]]
+        assert [b.handles for b in leasing_call.result(10)] == [[again.packed]]
 
 
 def test_waits_and_delays_outside_their_limits_are_refused_and_change_nothing(broker: Broker) -> None:

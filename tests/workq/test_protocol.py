@@ -103,8 +103,9 @@ def test_joined_round_trips_and_one_payload_is_joined_like_many(payloads: list[b
 
 def _leased(count: int, job: str = "job", lane: str | int = 1, seed: int = 0) -> Leased:
     rng = np.random.default_rng(seed)
-    return Leased(Key("m", "s", lane), job, rng.integers(0, 2**63, count, dtype=np.uint64),
-                  rng.integers(0, 2**40, count, dtype=np.uint64), rng.integers(1, 9, count, dtype=np.uint32),
+    return Leased(Key("m", "s", lane), job, rng.integers(0, 2**63, count, dtype=np.uint64).tolist(),
+                  rng.integers(0, 2**40, count, dtype=np.uint64).tolist(),
+                  rng.integers(1, 9, count, dtype=np.uint32).tolist(),
                   [memoryview(bytes(rng.integers(0, 255, int(n), dtype=np.uint8)))
                    for n in rng.integers(0, 20, count)])
 
@@ -117,7 +118,7 @@ def test_encode_lease_of_a_few_matches_the_general_encoding(counts: list[int], s
     assert few[0] == general[0] and _wire(few) == _wire(general)
     _same_parts(_received(few)[1], general[1])
     items = protocol.decode_lease(*_received(few))
-    assert [i.handle.packed for i in items] == [h for b in batches for h in b.handles.tolist()]
+    assert [i.handle.packed for i in items] == [h for b in batches for h in b.handles]
 
 
 @given(statuses=st.lists(st.sampled_from([COMPLETED, DUPLICATE]), max_size=protocol.SMALL_BATCH + 2))

@@ -103,15 +103,15 @@ class Taken:
 
     segment: Segment
     job: int
-    offsets: np.ndarray
-    positions: np.ndarray
+    offsets: list[int]  # plain ints whatever the size (a one-item lease builds no array; the lease table wants ints)
+    positions: list[int]
     payloads: list[memoryview]
     cursor: int  # the job's cursor once these are committed
     cost: int  # response bytes: payloads plus REPLY_ITEM_BYTES each
     rest: RecordChunk | None  # the scanned records from ``cursor`` on: the job's next lookahead
 
     # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
-    def __init__(self, segment: Segment, job: int, offsets: np.ndarray, positions: np.ndarray,
+    def __init__(self, segment: Segment, job: int, offsets: list[int], positions: list[int],
                  payloads: list[memoryview], cursor: int, cost: int, rest: RecordChunk | None) -> None:
         self.segment = segment
         self.job = job
@@ -244,8 +244,7 @@ class Segment:
             return None
         # the next record's start: this one's end (the lookahead, if any, would start here; dropped)
         after = mine.cursor + align_up(RECORD_HEADER_SIZE + len(body), self.journal.alignment)
-        return Taken(self, job, np.array([mine.cursor], np.int64), np.array([position], "<u8"),
-                     [body[HEAD_BYTES:]], after, cost, None)
+        return Taken(self, job, [mine.cursor], [position], [body[HEAD_BYTES:]], after, cost, None)
 
     def _from_cursor(self, mine: JobCursor, limit: int) -> Iterator[RecordChunk]:
         """The records from the job's cursor on: the lookahead first (its
@@ -259,16 +258,16 @@ class Segment:
 
     def _taken(self, job: int, pieces: list[tuple[RecordChunk, np.ndarray]], cursor: int, cost: int,
                rest: RecordChunk | None) -> Taken:
-        offsets, positions, payloads = [], [], []
+        offsets: list[int] = []
+        positions: list[int] = []
+        payloads: list[memoryview] = []
         for chunk, picked in pieces:
             sub = RecordChunk(chunk.offsets[picked], chunk.markers[picked], chunk.lengths[picked],
                               chunk.continues[picked], 0)
-            offsets.append(sub.offsets)
-            positions.append(self.journal.fields(sub, POSITION_AT, "<u8"))
+            offsets += sub.offsets.tolist()
+            positions += self.journal.fields(sub, POSITION_AT, "<u8").tolist()
             payloads += self.journal.bodies(sub, skip=HEAD_BYTES)
-        if len(pieces) == 1:  # the usual case: no copies
-            return Taken(self, job, offsets[0], positions[0], payloads, cursor, cost, rest)
-        return Taken(self, job, np.concatenate(offsets), np.concatenate(positions), payloads, cursor, cost, rest)
+        return Taken(self, job, offsets, positions, payloads, cursor, cost, rest)
 
     def commit_take(self, taken: Taken) -> None:
         """Commit: the taken items are held (in flight); the cursor moves on."""

@@ -47,7 +47,7 @@ from common.journal import Marker, Ticket
 from workq.config import WorkqConfig
 from workq.disk.completion_log import CompletionLog
 from workq.disk.segment import Segment, Taken
-from workq.protocol import pack, unpack
+from workq.protocol import pack, pack_ints, unpack
 
 from .lease_table import Lease, LeaseTable
 
@@ -160,17 +160,16 @@ class Items:
 
     # ------------------------------------------------------------- leases
 
-    def leased(self, taken: Taken, worker: str, now: float) -> tuple[np.ndarray, np.ndarray]:
+    def leased(self, taken: Taken, worker: str, now: float) -> tuple[list[int], list[int]]:
         """A planned dispatch is committed: (packed handles, delivery counts)."""
         segment = taken.segment
         segment.commit_take(taken)
-        packed = pack(segment.id, taken.offsets)
-        listed = packed.tolist()
-        deliveries = np.array(self.leases.delivered(listed), dtype=np.uint32)
-        self.leases.add(segment.id, taken.job, worker, now + self.config.lease_s, listed)
+        packed = pack_ints(segment.id, taken.offsets)
+        deliveries = self.leases.delivered(packed)
+        self.leases.add(segment.id, taken.job, worker, now + self.config.lease_s, packed)
         counts = self.counts(taken.job)
-        counts.pending -= len(listed)
-        counts.in_flight += len(listed)
+        counts.pending -= len(packed)
+        counts.in_flight += len(packed)
         return packed, deliveries
 
     def adopted(self, segment: Segment, job: int, packed: list[int], worker: str, now: float) -> None:

@@ -97,7 +97,7 @@ def test_an_aborted_completion_strands_its_items_until_recovery_settles_them(
     [h, other], _ = state.enqueue("job", KEY, [b"a", b"b"])
     if buried:
         [batch] = leasing.lease(state, "w", Filters(), 1, 0.0)
-        leasing.release(state, "w", batch.handles.tolist(), 0.0, 0.0)  # worn out: buried
+        leasing.release(state, "w", batch.handles, 0.0, 0.0)  # worn out: buried
         assert state.job_status("job")["buried"] == 1
     manual.flush_now()
     plan = complete(state, [h], [b"r"])
@@ -105,7 +105,7 @@ def test_an_aborted_completion_strands_its_items_until_recovery_settles_them(
     status = state.job_status("job")
     assert (status["in_flight"], status["completed"], status["buried"], status["enqueued"]) == (1, 0, 0, 2)
     assert state.kick("job") == 0
-    assert [b.handles.tolist() for b in leasing.lease(state, "w", Filters(), 10, 0.0)] == [[int(other)]]
+    assert [b.handles for b in leasing.lease(state, "w", Filters(), 10, 0.0)] == [[int(other)]]
     assert state.take_results("job", 10)[1] == []
     assert completion.plan(state, np.array([h], np.uint64), [b"again"]).statuses == ["duplicate"]
     for segment in state.segments.values():

@@ -85,7 +85,7 @@ def decisions(root: Path) -> dict[str, Any]:
             "status": {log.name: state.job_status(log.name) for log in state.logs.values()},
             "segments": sorted((s.id, s.pending, s.buried, s.finished) for s in state.segments.values()),
             "leased": sorted(h for b in leasing.lease(state, "w", Filters(), 10_000, time.monotonic())
-                             for h in b.handles.tolist()),
+                             for h in b.handles),
             "files": sorted(str(p.relative_to(root)) for p in (root / "workq").rglob("*")
                             if p.is_file() and not p.name.startswith(CATALOG)),
         }
