@@ -91,6 +91,16 @@ def water_fill(available: dict[int, int], total: int, order: list[int]) -> dict[
     return alloc
 
 
+def shares(available: dict[int, int], limit: int, job_turn: int) -> list[tuple[int, int]]:
+    """Each job's share of a lease of ``limit`` items, in dispatch order:
+    water-filling from the job in turn (jobs with none left out). One item
+    goes to the job in turn: water-filling's answer, without its dicts."""
+    jobs = sorted(available)
+    if limit == 1:
+        return [(jobs[job_turn % len(jobs)], 1)]
+    return [(job, n) for job, n in water_fill(available, limit, rotated(jobs, job_turn)).items() if n]
+
+
 def plan_key(segments: list[Segment], limit: int, job_turn: int, max_bytes: int | None = None,
              first: bool = True) -> list[Taken]:
     """Up to ``limit`` pending items of one key's dispatchable segments,
@@ -103,10 +113,9 @@ def plan_key(segments: list[Segment], limit: int, job_turn: int, max_bytes: int 
                 available[job] = available.get(job, 0) + cursor.pending
     if not available:
         return []
-    order = rotated(sorted(available), job_turn)
     budget = max_bytes if max_bytes is not None else 1 << 62
     taken: list[Taken] = []
-    for job, quota in water_fill(available, limit, order).items():
+    for job, quota in shares(available, limit, job_turn):
         for segment in segments:
             if quota <= 0 or budget <= REPLY_BATCH_BYTES:
                 break
