@@ -17,6 +17,7 @@ Byte strings (payloads, results) travel as one concatenated ``data`` part
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
@@ -68,7 +69,9 @@ def pack(segment: int | np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def pack_ints(segment: int, offsets: list[int]) -> list[int]:
     """:func:`pack` of one segment's record offsets, as plain ints."""
-    return [(segment << 32) | (offset // OFFSET_UNIT) for offset in offsets]
+    if len(offsets) <= SMALL_BATCH:
+        return [(segment << 32) | (offset // OFFSET_UNIT) for offset in offsets]
+    return list(pack(segment, np.array(offsets, dtype=np.int64)).tolist())
 
 
 def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -290,14 +293,21 @@ def _encode_lease_arrays(batches: list[Leased]) -> tuple[dict[str, Any], Parts]:
     key_index = {k: i for i, k in enumerate(keys)}
     sizes = [len(b.handles) for b in batches]
     parts: Parts = {
-        "handles": np.array([h for b in batches for h in b.handles], dtype=np.uint64),
-        "positions": np.array([p for b in batches for p in b.positions], dtype=np.uint64),
-        "deliveries": np.array([d for b in batches for d in b.deliveries], dtype=np.uint32),
+        "handles": _column([b.handles for b in batches], np.uint64),
+        "positions": _column([b.positions for b in batches], np.uint64),
+        "deliveries": _column([b.deliveries for b in batches], np.uint32),
         "job_index": np.repeat(np.array([job_index[b.job] for b in batches], dtype=np.uint32), sizes),
         "key_index": np.repeat(np.array([key_index[b.key] for b in batches], dtype=np.uint32), sizes),
         **joined([p for b in batches for p in b.payloads]),
     }
     return {"jobs": jobs, "keys": [list(k) for k in keys]}, parts
+
+
+def _column(lists: list[list[int]], dtype: type[np.unsignedinteger[Any]]) -> np.ndarray:
+    """The batches' int lists as one array (one conversion: no nested loop in Python)."""
+    if len(lists) == 1:
+        return np.array(lists[0], dtype=dtype)
+    return np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=sum(map(len, lists)))
 
 
 def _lease_header(batch: Leased) -> dict[str, Any]:
