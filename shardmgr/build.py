@@ -53,6 +53,7 @@ COMPILED: tuple[str, ...] = (
     "common.journal.writing",
     # frames, the component contract
     "common.wire.budget",
+    "common.wire.client",  # RpcClient: both builds refuse the same wrong types (docs/architecture.md)
     "common.wire.component",
     "common.wire.deadlines",
     "common.wire.frame_reader",
@@ -69,7 +70,7 @@ COMPILED: tuple[str, ...] = (
     "shardmgr.server.sending",
     "shardmgr.server.server",
     # the queue: its owner loop, waiting calls, worker side, state machine and files. Not the public
-    # API (Broker, QueueClient, Worker, RpcClient): compiled, a typed parameter refuses a wrong type
+    # API (Broker, QueueClient, Worker): compiled, a typed parameter refuses a wrong type
     # with TypeError where the pure module answers BadRequest, and the two builds must not disagree
     # (the worker side takes a caller's counts and seconds as objects and checks them: calls.py)
     "workq.answer",

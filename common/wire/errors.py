@@ -76,6 +76,18 @@ class Unavailable(ServiceError):
     code = "unavailable"
 
 
+class ConnectionLost(Unavailable):
+    """The connection broke with requests in flight; they may have applied
+    (raised by the client, common/wire/client.py)."""
+
+    code = "connection_lost"
+
+
+class TimedOut(ConnectionLost):
+    """No byte of a reply came within the call's timeout: the connection was
+    closed, and the requests in flight may still run (or have run) on the server."""
+
+
 class Full(ServiceError):
     """A limit was reached (disk space floor, queue limits); nothing was written."""
 

@@ -29,7 +29,6 @@ import pytest
 import shardmgr
 import workq
 from common.journal.check import Findings, Severity
-from common.wire.client import Reply
 from common.wire.errors import Unavailable
 from shardmgr.verification import queue_checks as queue_check
 from tests.shardmgr.server.serverproc import ServerProcess
@@ -57,15 +56,14 @@ class Consumer:
         self.life = 0  # restarts of the server so far
         self.replies: list[tuple[int, list[int]]] = []  # (life, handles) of every non-empty results reply
         self.returned: dict[int, list[bytes]] = {}  # handle -> each payload the client returned for it
-        call = client.rpc.call
+        decode = workq.client.decode_results
 
-        def tapped(cmd: str, *args: Any, **kwargs: Any) -> Reply:
-            reply = call(cmd, *args, **kwargs)
-            if cmd == "workq.results" and len(reply.parts["handles"]):
-                self.replies.append((self.life, reply.parts["handles"].tolist()))
-            return reply
+        def tapped(parts: Any) -> Any:  # every results reply the client reads passes here
+            if len(parts["handles"]):
+                self.replies.append((self.life, parts["handles"].tolist()))
+            return decode(parts)
 
-        monkeypatch.setattr(client.rpc, "call", tapped)
+        monkeypatch.setattr(workq.client, "decode_results", tapped)
 
     def collect(self) -> None:
         try:
@@ -145,6 +143,7 @@ def run_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, items: int, roun
         assert len(consumer.returned) == items, f"{len(consumer.returned)} of {items} results after the faults"
         assert set(consumer.returned) == set(payloads)
         consumer.check_repeats()
+        assert sum(len(handles) for _, handles in consumer.replies) >= items  # the tap saw every reply
         for handle, payload in payloads.items():
             assert consumer.returned[handle] == [result_of(payload)]
         status = client.job_status("job")

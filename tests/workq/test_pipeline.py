@@ -15,8 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import workq.client
+import workq.worker
 from common.wire.client import IDLE_CHECK_S, ConnectionLost, RpcClient
 from common.wire.errors import BadRequest, Unavailable
+from common.wire.framing import Frame
 from common.wire.pipeline import Batch, Pending, Pipe, Request
 from tests.shardmgr.server.serverproc import ServerProcess
 from workq import Handle, Item, NotLeased, PayloadTooLarge, QueueClient, UnknownHandle, Worker
@@ -73,22 +76,22 @@ def test_pipelined_enqueues_answer_each_call_with_its_own_handles(server: Server
     assert [named[h] for [h] in piped_handles] == [b"p%d" % i for i in range(100)]
 
 
-def test_answers_out_of_order_reach_their_own_calls(tmp_path: Path) -> None:
+def test_answers_out_of_order_reach_their_own_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A durable enqueue waits for the next flush (1 s away); the plain ones
     sent behind it are answered first, and each call gets its own handles."""
     server = serve(tmp_path, "flush_interval_ms = 1000\n" + WORKQ)
     arrived: list[int] = []
+
+    class Recording(RpcClient):
+        def _read_frame(self) -> Frame | None:
+            frame = super()._read_frame()
+            if frame is not None:
+                arrived.append(frame.header["id"])
+            return frame
+
+    monkeypatch.setattr(workq.client, "RpcClient", Recording)
     try:
         with QueueClient(server.address) as client:
-            reader = client.rpc._read_frame
-
-            def recording() -> object:
-                frame = reader()
-                if frame is not None:
-                    arrived.append(frame.header["id"])
-                return frame
-
-            client.rpc._read_frame = recording  # type: ignore[method-assign, assignment]
             pipe = client.pipeline()
             for i in range(20):
                 pipe.enqueue("job", "m", "s", 1, [b"%d" % i], durable=(i % 10 == 0))
@@ -305,12 +308,22 @@ def test_a_pipe_reads_replies_while_it_sends_so_big_ones_cannot_jam_it(tmp_path:
         server.kill()
 
 
-def test_resends_stop_waiting_once_the_server_is_found_gone(slow_flush: ServerProcess) -> None:
+def test_resends_stop_waiting_once_the_server_is_found_gone(slow_flush: ServerProcess,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Completes in flight when the server dies are resent; once one resend
     finds the server unreachable (after ``retry_for``), the others fail with
     that error at once instead of each waiting ``retry_for`` again."""
     with QueueClient(slow_flush.address) as client:
         client.enqueue("job", "m", "s", 1, [b"%d" % i for i in range(5)])
+    connects = 0
+
+    class Counting(RpcClient):
+        def connect(self) -> None:
+            nonlocal connects
+            connects += 1
+            super().connect()
+
+    monkeypatch.setattr(workq.worker, "RpcClient", Counting)
     worker = Worker(slow_flush.address, "w", retry_for=0.5)
     items = worker.lease(5)
     # the server is stopped before the completes are sent, so none can be answered before the kill (a
@@ -319,14 +332,6 @@ def test_resends_stop_waiting_once_the_server_is_found_gone(slow_flush: ServerPr
     os.kill(slow_flush.proc.pid, signal.SIGSTOP)
     pending = [worker.complete_async(i.handle, b"r") for i in items]
     connects = 0
-    connect = worker.rpc.connect
-
-    def counting() -> None:
-        nonlocal connects
-        connects += 1
-        connect()
-
-    worker.rpc.connect = counting  # type: ignore[method-assign]
     slow_flush.kill()
     worker.settle()
     errors = [p.exception() for p in pending]

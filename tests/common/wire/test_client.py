@@ -19,3 +19,12 @@ def test_seconds_outside_their_range_are_refused(name: str, bad: float) -> None:
 
 def test_no_response_timeout_is_allowed() -> None:
     assert RpcClient(("127.0.0.1", 1), timeout=None).timeout is None
+
+
+def test_a_command_that_is_not_a_string_is_refused_before_anything_is_sent() -> None:
+    """Both builds raise TypeError (compiled: the typed parameter; pure: send's own check)."""
+    client = RpcClient(("127.0.0.1", 9), retry_for=0.0)  # nothing listens there: a send would fail to connect
+    with pytest.raises(TypeError):
+        client.send(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.call(b"ping")  # type: ignore[arg-type]
