@@ -374,7 +374,9 @@ def _clipped(spec: Any) -> str:
 def decode(frame: memoryview, header_size: int) -> Frame:
     """Decode a frame's header and parts (``frame`` excludes the 8-byte head)."""
     try:
-        header = msgpack.unpackb(frame[:header_size], raw=False, strict_map_key=True)
+        # msgpack >= 1.0's defaults: str keys and values decoded (raw=False), map keys only str or bytes
+        # (strict_map_key); passing them again costs a keyword parse per frame
+        header = msgpack.unpackb(frame[:header_size])
     except Exception as exc:  # msgpack raises several types for malformed input
         raise BadFrame(f"frame header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):

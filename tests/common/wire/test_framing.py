@@ -336,3 +336,10 @@ def _wait_for(condition: Any) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("condition not reached")
+
+
+def test_a_header_map_with_a_key_that_is_not_a_string_is_refused() -> None:
+    """msgpack's strict_map_key (its default since 1.0, which decode relies on)."""
+    data = frame_bytes({"id": 1, "args": {7: "x"}})
+    with pytest.raises(BadFrame, match="not valid msgpack"):
+        FrameReader(Stream(data, [])).read()
