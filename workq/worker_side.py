@@ -8,8 +8,9 @@ broker's). Their rules are in state/leasing.py and state/completion.py,
 and a worker's lease ends as described there. ``x_async`` returns a
 Future, ``x_into`` answers into a given Future or Callback (answer.py).
 
-Counts and seconds a caller gives are taken as ``object`` and checked
-(calls.py), so a bad one answers BadRequest in both builds.
+Counts, byte limits and seconds a caller gives are taken as ``object`` and
+checked (calls.py), so a bad one answers BadRequest in both builds, and
+``durable`` is any truth value.
 
 Threads: every method may be called from any thread; what it does runs
 under the owner lock (loop.py).
@@ -54,38 +55,39 @@ class WorkerSide:
         self._loop.submit(lambda: leasing.worker_gone(state, worker, time.monotonic()))
 
     def lease_async(self, worker: str, filters: Filters, max_items: object = 1, wait: object = 0.0, *,
-                    max_bytes: int | None = None, alive: Alive | None = None) -> Future[list[Leased]]:
+                    max_bytes: object = None, alive: Alive | None = None) -> Future[list[Leased]]:
         """See :meth:`lease_into`."""
         future: Future[list[Leased]] = Future()
         self.lease_into(future, worker, filters, max_items, wait, max_bytes=max_bytes, alive=alive)
         return future
 
     def lease_into(self, answer: Promise[list[Leased]], worker: str, filters: Filters, max_items: object = 1,
-                   wait: object = 0.0, *, max_bytes: int | None = None, alive: Alive | None = None) -> None:
+                   wait: object = 0.0, *, max_bytes: object = None, alive: Alive | None = None) -> None:
         """Lease up to ``max_items`` tasks the worker's ``filters`` match
         (their payloads within ``max_bytes``), waiting up to ``wait``
         seconds for the first. ``alive``: see WaitingCalls.begin."""
         self._calls.begin(answer, "items", max_items, wait, alive, self._lease_take(worker, filters, max_bytes))
 
     def _lease_take(self, worker: str, filters: Filters,
-                    max_bytes: int | None) -> Callable[[int, bool], list[Leased] | None]:
+                    max_bytes: object) -> Callable[[int, bool], list[Leased] | None]:
         state = self._state
 
         def take(limit: int, final: bool) -> list[Leased] | None:
-            batches = leasing.lease(state, worker, filters, limit, time.monotonic(), max_bytes)
+            within = None if max_bytes is None else check_count("max_bytes", max_bytes)
+            batches = leasing.lease(state, worker, filters, limit, time.monotonic(), within)
             return batches if batches or final else None
 
         return take
 
     def complete_async(self, packed: list[int] | np.ndarray, results: Sequence[memoryview | bytes],
-                       durable: bool = True) -> Future[list[str]]:
+                       durable: object = True) -> Future[list[str]]:
         """See :meth:`complete_into`."""
         future: Future[list[str]] = Future()
         self.complete_into(future, packed, results, durable)
         return future
 
     def complete_into(self, answer: Promise[list[str]], packed: list[int] | np.ndarray,
-                      results: Sequence[memoryview | bytes], durable: bool = True) -> None:
+                      results: Sequence[memoryview | bytes], durable: object = True) -> None:
         """Record results for packed handles: 'completed' or 'duplicate' (the
         item already had a result; this one is dropped) per handle, answered
         once the results are durable (completion.py), or with ``durable=False``
@@ -98,7 +100,7 @@ class WorkerSide:
     def complete_and_lease_into(self, answer: Promise[tuple[list[str], list[Leased]]], worker: str, filters: Filters,
                                 packed: list[int] | np.ndarray, results: Sequence[memoryview | bytes],
                                 max_items: object = 1,
-                                wait: object = 0.0, *, durable: bool = True, max_bytes: int | None = None,
+                                wait: object = 0.0, *, durable: object = True, max_bytes: object = None,
                                 alive: Alive | None = None) -> None:
         """:meth:`complete_into`, then :meth:`lease_into` for the same worker,
         as one call: a worker that takes one item at a time needs one round
@@ -123,10 +125,12 @@ class WorkerSide:
         self._loop.call(run, answer)
 
     def _complete_now(self, future: Promise[Any], packed: list[int] | np.ndarray,
-                      results: Sequence[memoryview | bytes], durable: bool, then: Callable[[list[str]], None]) -> None:
+                      results: Sequence[memoryview | bytes], durable: object,
+                      then: Callable[[list[str]], None]) -> None:
         """Owner lock: start a completion; ``then(statuses)`` once its results
         are durable (or at once if not ``durable``); an error answers ``future``."""
         state = self._state
+        durable = bool(durable)  # any truth value, as the pure module takes it
         plan = completion.start(state, completion.plan(state, packed, results))
 
         def answer() -> None:

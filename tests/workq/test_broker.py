@@ -393,10 +393,16 @@ def test_waits_and_delays_outside_their_limits_are_refused_and_change_nothing(br
 def test_numpy_counts_and_seconds_are_taken_as_python_ones(broker: Broker) -> None:
     """The compiled worker side takes a caller's counts and seconds as objects and checks them
     (calls.py): numpy's integers and floats pass in both builds."""
+    from common.wire.errors import BadRequest
+
     [h] = broker.enqueue("j", "m", "s", 1, [b"x"])
     [item] = broker.lease(np.int64(1), wait=np.float64(0.0), worker="w")  # type: ignore[arg-type]
     broker.release([item.handle], delay=np.float32(0.0), worker="w")  # type: ignore[arg-type]
-    assert [i.handle for i in broker.lease(np.uint8(5))] == [h]  # type: ignore[arg-type]
+    [batch] = broker.lease_async("w", Filters(), np.uint8(5), max_bytes=np.int64(10_000)).result(10)  # type: ignore[arg-type]
+    assert batch.handles == [h.packed]
+    assert broker.complete([h], [b"r"], durable=np.bool_(False)) == ["completed"]  # type: ignore[arg-type]
+    with pytest.raises(BadRequest, match="max_bytes must be an integer >= 0"):
+        broker.lease_async("w", Filters(), 1, max_bytes="big").result(10)  # type: ignore[arg-type]
 
 
 def test_complete_answers_duplicate_per_item_and_keeps_the_first(broker: Broker) -> None:
