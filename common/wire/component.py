@@ -24,7 +24,7 @@ from mypy_extensions import mypyc_attr
 
 from .errors import BadRequest, ServiceError
 from .framing import Body, dtype_code
-from .part_views import PartViews, view
+from .part_views import PartViews, array_bytes
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -105,7 +105,7 @@ class Request:
         if isinstance(parts, PartViews) and name in parts:
             self._check(name, parts.code(name), parts.shape(name), "|u1", 1)
             return parts.view(name)
-        return view({name: self.part(name, "|u1", 1)}, name)
+        return array_bytes(self.part(name, "|u1", 1))
 
     def _check(self, name: str, code: str, shape: tuple[int, ...], dtype: str | Iterable[str] | None,
                ndim: int | None) -> None:

@@ -86,6 +86,7 @@ class PartViews(Mapping[str, np.ndarray]):
         dtype, _, _, offset, count = self._layouts[name]
         return self._body[offset:offset + count * dtype.itemsize]
 
+
 def ints(parts: Mapping[str, np.ndarray], name: str) -> list[int]:
     """``parts[name]`` as Python ints, flattened: :meth:`PartViews.ints` for a received frame's parts."""
     if isinstance(parts, PartViews):
@@ -97,4 +98,9 @@ def view(parts: Mapping[str, np.ndarray], name: str) -> memoryview:
     """The bytes of ``parts[name]``: :meth:`PartViews.view` for a received frame's parts."""
     if isinstance(parts, PartViews):
         return parts.view(name)
-    return np.ascontiguousarray(parts[name]).reshape(-1).view(np.uint8).data  # a cast refuses empty shapes
+    return array_bytes(parts[name])
+
+
+def array_bytes(array: np.ndarray) -> memoryview:
+    """An array's bytes, in order, as a one-dimensional memoryview (through a uint8 view: a cast refuses empty shapes)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
