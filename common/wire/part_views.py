@@ -102,5 +102,6 @@ def view(parts: Mapping[str, np.ndarray], name: str) -> memoryview:
 
 
 def array_bytes(array: np.ndarray) -> memoryview:
-    """An array's bytes, in order, as a one-dimensional memoryview (through a uint8 view: a cast refuses empty shapes)."""
+    """An array's bytes, in order, as a one-dimensional memoryview (through a
+    uint8 view: memoryview.cast refuses empty shapes)."""
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
