@@ -6,11 +6,12 @@ leased, extended and given back in batches. ``by_handle`` maps each item to
 its lease (dict updates run in C), and the expiry heap holds one entry per
 lease, not per item. Touching some items of a lease moves them to a new
 lease with the new deadline. A lease whose items all ended early (most
-do: they complete) stays in the heap until its deadline would pop it, so
-once such entries outnumber the live ones (and pass
-:data:`COMPACT_AFTER`) the heap is rebuilt without them: one item leased
-per call at thousands a second would otherwise keep every lease of the
-last ``lease_s`` seconds in memory.
+do: they complete) stays in the heap until it reaches the top (items
+mostly end in the order they were leased, so usually at once) or its
+deadline would pop it, so once such entries outnumber the live ones (and
+pass :data:`COMPACT_AFTER`) the heap is rebuilt without them: one item
+leased per call at thousands a second would otherwise keep every lease of
+the last ``lease_s`` seconds in memory behind one long lease.
 
 A lease ends when its item is completed, released, reclaimed after its
 deadline, or reclaimed after its worker disconnected for longer than the
@@ -95,6 +96,13 @@ class LeaseTable:
                 if not lease.handles:
                     self._drop(lease)
                     self._ended += 1
+        heap = self._heap
+        # Items mostly end in the order they were leased, so the lease that just ended is usually the
+        # heap's top: popping it now frees it at once, where kept it would live through the garbage
+        # collector's young generations (three tracked objects per one-item lease) until compaction.
+        while heap and not heap[0][2].handles:
+            heapq.heappop(heap)
+            self._ended -= 1
         if self._ended > COMPACT_AFTER and 2 * self._ended > len(self._heap):
             self._heap = [entry for entry in self._heap if entry[2].handles]
             heapq.heapify(self._heap)
