@@ -91,12 +91,13 @@ class Delivery:
             settle(answer)
             return
 
-        def run(future: Promise[None]) -> None:
-            tickets = self._state.confirm_results(job_log, self._batch)
-            self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc),
-                                     hurry=hurry, quick=True)
+        self._loop.call(lambda future: self._confirm_now(future, job_log, hurry), answer)
 
-        self._loop.call(run, answer)
+    def _confirm_now(self, future: Promise[None], job_log: CompletionLog, hurry: bool) -> None:
+        """Owner lock: mark the batch delivered; answer once that is durable."""
+        tickets = self._state.confirm_results(job_log, self._batch)
+        self._loop.after_durable(tickets, lambda: settle(future), lambda exc: settle(future, error=exc),
+                                 hurry=hurry, quick=True)
 
     def drop(self) -> None:
         """The response never left: the results are deliverable again."""

@@ -130,28 +130,11 @@ class WorkerSide:
         """Owner lock: start a completion; ``then(statuses)`` once its results
         are durable (or at once if not ``durable``); an error answers ``future``."""
         state = self._state
-        durable = bool(durable)  # any truth value, as the pure module takes it
         plan = completion.start(state, completion.plan(state, packed, results))
-
-        def answer() -> None:
-            if plan.error is None:
-                then(plan.statuses)
-            else:  # the results written before the failure are complete (once durable)
-                settle(future, error=plan.error)
-
-        def done() -> None:
-            completion.finish(state, plan)
-            if durable:
-                answer()
-
-        def failed(exc: Exception) -> None:
-            completion.abort(state, plan, exc)
-            if durable:
-                settle(future, error=exc)
-
-        self._loop.after_durable(plan.tickets, done, failed, hurry=durable, quick=True)
-        if not durable:
-            answer()
+        done, failed = _answering(state, plan, future, then) if durable else _finishing(state, plan)
+        self._loop.after_durable(plan.tickets, done, failed, hurry=bool(durable), quick=True)
+        if not durable:  # any truth value, as the pure module takes it
+            _answer(future, plan, then)
 
     def release_async(self, worker: str, packed: np.ndarray, delay: object = 0.0) -> Future[None]:
         """Give leased items back: pending again after ``delay`` seconds
@@ -174,3 +157,40 @@ class WorkerSide:
             settle(future)
 
         return self._loop.future(run)
+
+
+def _answering(state: QueueState, plan: completion.CompletionPlan, future: Promise[Any],
+               then: Callable[[list[str]], None]) -> tuple[Callable[[], None], Callable[[Exception], None]]:
+    """The continuation of a durable completion: finish it, then answer."""
+    def done() -> None:
+        completion.finish(state, plan)
+        _answer(future, plan, then)
+
+    def failed(exc: Exception) -> None:
+        completion.abort(state, plan, exc)
+        settle(future, error=exc)
+
+    return done, failed
+
+
+def _finishing(state: QueueState, plan: completion.CompletionPlan) -> tuple[Callable[[], None],
+                                                                            Callable[[Exception], None]]:
+    """The continuation of a completion answered before its flush (group
+    commit): it holds the plan and nothing of the call, so the request, its
+    frame and its answer are freed at once, not kept until the round."""
+    def done() -> None:
+        completion.finish(state, plan)
+
+    def failed(exc: Exception) -> None:
+        completion.abort(state, plan, exc)
+
+    return done, failed
+
+
+def _answer(future: Promise[Any], plan: completion.CompletionPlan, then: Callable[[list[str]], None]) -> None:
+    """Answer a started completion: its statuses, or the error that cut it
+    short (the results written before the failure complete once durable)."""
+    if plan.error is None:
+        then(plan.statuses)
+    else:
+        settle(future, error=plan.error)

@@ -166,6 +166,7 @@ def start(state: QueueState, plan: CompletionPlan) -> CompletionPlan:
     plan.groups = written
     for group in written:
         state.items.began_completing(group)
+        group.payloads = []  # written: not kept alive (nor the request's frame they view) until the flush
     return plan
 
 
