@@ -130,10 +130,11 @@ class WorkerSide:
         """Owner lock: start a completion; ``then(statuses)`` once its results
         are durable (or at once if not ``durable``); an error answers ``future``."""
         state = self._state
+        durable = bool(durable)  # any truth value, as the pure module takes it; before anything is written
         plan = completion.start(state, completion.plan(state, packed, results))
         done, failed = _answering(state, plan, future, then) if durable else _finishing(state, plan)
-        self._loop.after_durable(plan.tickets, done, failed, hurry=bool(durable), quick=True)
-        if not durable:  # any truth value, as the pure module takes it
+        self._loop.after_durable(plan.tickets, done, failed, hurry=durable, quick=True)
+        if not durable:
             _answer(future, plan, then)
 
     def release_async(self, worker: str, packed: np.ndarray, delay: object = 0.0) -> Future[None]:

@@ -405,6 +405,15 @@ def test_numpy_counts_and_seconds_are_taken_as_python_ones(broker: Broker) -> No
         broker.lease_async("w", Filters(), 1, max_bytes="big").result(10)  # type: ignore[arg-type]
 
 
+
+def test_a_durable_flag_with_no_truth_value_fails_before_anything_is_written(broker: Broker) -> None:
+    [h] = broker.enqueue("j", "m", "s", 1, [b"x"])
+    broker.lease(1)
+    with pytest.raises(ValueError, match="truth value"):
+        broker.complete([h], [b"r"], durable=np.array([True, False]))  # type: ignore[arg-type]
+    assert broker.job_status("j")["in_flight"] == 1  # still leased, no result recorded
+    assert broker.complete([h], [b"r"]) == ["completed"]
+
 def test_complete_answers_duplicate_per_item_and_keeps_the_first(broker: Broker) -> None:
     h1, h2, h3 = broker.enqueue("j", "m", "s", 1, [b"1", b"2", b"3"])
     broker.lease(3)
