@@ -145,8 +145,8 @@ def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_reco
     joined once, checksummed, and joined after its marker and crc words."""
     n = len(bodies)
     rows, front = _prefix_rows(prefix, n)
-    views = [memoryview(b).cast("B") for b in bodies]
-    lengths = [front + v.nbytes for v in views]
+    views = [b if type(b) is bytes else memoryview(b).cast("B") for b in bodies]  # bytes: no view to make
+    lengths = [front + len(v) for v in views]
     for i, length in enumerate(lengths):
         if length > max_record_bytes:
             raise _too_large(i, length, max_record_bytes)
@@ -163,7 +163,7 @@ def _encode_few(bodies: Sequence[Body], first_seq: int, alignment: int, max_reco
                    bytes(size - RECORD_HEADER_SIZE - length)]
         offsets.append(total)
         total += size
-    return EncodedBatch(bytearray(b"".join(pieces)), np.array(offsets, dtype=np.int64), word_marker)
+    return EncodedBatch(bytearray().join(pieces), np.array(offsets, dtype=np.int64), word_marker)
 
 
 def _encode_many(bodies: Sequence[Body] | np.ndarray, first_seq: int, alignment: int, max_record_bytes: int,
