@@ -96,13 +96,10 @@ class LeaseTable:
                 if not lease.handles:
                     self._drop(lease)
                     self._ended += 1
-        heap = self._heap
         # Items mostly end in the order they were leased, so the lease that just ended is usually the
         # heap's top: popping it now frees it at once, where kept it would live through the garbage
         # collector's young generations (three tracked objects per one-item lease) until compaction.
-        while heap and not heap[0][2].handles:
-            heapq.heappop(heap)
-            self._ended -= 1
+        self._pop_ended()
         if self._ended > COMPACT_AFTER and 2 * self._ended > len(self._heap):
             self._heap = [entry for entry in self._heap if entry[2].handles]
             heapq.heapify(self._heap)
@@ -150,10 +147,15 @@ class LeaseTable:
         return out
 
     def next_deadline(self) -> float | None:
-        while self._heap and not self._heap[0][2].handles:
-            heapq.heappop(self._heap)
-            self._ended -= 1
+        self._pop_ended()
         return self._heap[0][0] if self._heap else None
+
+    def _pop_ended(self) -> None:
+        """Drop the ended leases at the heap's top."""
+        heap = self._heap
+        while heap and not heap[0][2].handles:
+            heapq.heappop(heap)
+            self._ended -= 1
 
     def delivered(self, handles: list[int]) -> list[int]:
         """Count one more delivery for each handle; return the new counts."""
