@@ -44,6 +44,7 @@ COMPILED: tuple[str, ...] = (
     "common.journal.flusher",
     "common.journal.header",
     "common.journal.journal",
+    "common.journal.leader",
     "common.journal.mapping",
     "common.journal.marker",
     "common.journal.marking",

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from common.journal import Flusher, FlusherConfig
+from common.journal import Flusher, FlusherConfig, leader
 from common.journal.filesystem import make_dirs
 from common.journal.lockfile import LockFile
 from common.wire.errors import Unavailable
@@ -235,7 +235,9 @@ class Broker:
                 durable: bool = False) -> list[Handle]:
         """Add tasks; returns one handle per payload, in order. With
         ``durable`` it returns after the flush that covers them."""
-        packed = self.enqueue_async(job, Key.of(model, shape, lane), payloads, durable).result()
+        with leader.leading():  # a durable one is synced on this thread when no round runs: no switch
+            future = self.enqueue_async(job, Key.of(model, shape, lane), payloads, durable)
+        packed = future.result()
         return [Handle.unpack(h) for h in packed.tolist()]
 
     # ---------------------------------------------------------------- workers
@@ -297,7 +299,9 @@ class Broker:
         at the next flush round (group commit, as an enqueue's): a crash
         before it may lose them, and their items then run again.
         """
-        return self.complete_async(pack_handles(handles), results, durable).result()
+        with leader.leading():  # as enqueue's
+            future = self.complete_async(pack_handles(handles), results, durable)
+        return future.result()
 
     def release_async(self, worker: str, packed: np.ndarray, delay: float = 0.0) -> Future[None]:
         return self.workers.release_async(worker, packed, delay)

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Final, TypeVar
 
-from common.journal import Flusher, Ticket
+from common.journal import Flusher, Ticket, leader
 from common.wakeup import Wakeup
 from common.wire.errors import DurabilityLost, Unavailable
 from common.wire.reply_batch import batched_replies
@@ -224,8 +224,8 @@ class OwnerLoop:
             done()
             return
         self._continuations.append(_Continuation(real, done, failed, quick))
-        if hurry:
-            self.flusher.hurry([t.journal for t in real])
+        if hurry:  # a connection's reader syncs them itself after this request, when it can (leader.py)
+            leader.hurry(self.flusher, [t.journal for t in real])
 
     def park(self, deadline: float, attempt: Callable[[bool], bool], wants: Wants,
              fail: Callable[[Exception], None], alive: Callable[[], bool] | None = None) -> None:

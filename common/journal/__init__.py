@@ -4,7 +4,8 @@ in-place write is a record's 4-byte state marker.
 Owns the file format (``header``, ``record``, ``marker``), writing and
 reading (``journal``, with its sides ``appending``, ``reader`` and
 ``marking``; ``mapping``, ``filesystem``), group
-commit (``flusher``, ``syncer``), recovery (``scan``, ``anchors``,
+commit (``flusher``, ``syncer``, and ``leader``: rounds run by the
+thread that answers), recovery (``scan``, ``anchors``,
 ``recovery``), the offline check (``check``), the directory ``lockfile``,
 and the power-cut simulator (``testing``). docs/format.md and
 docs/durability.md describe the format and the contract.

@@ -16,10 +16,25 @@ its flush than it did before (a queue that retires items one at a time
 would otherwise fdatasync every journal it touched, tombstones and delivery
 marks nobody waits for, once per item).
 
-Threads: the flusher thread alone calls fdatasync on registered journals
-during rounds (a journal serialises its own explicit syncs, e.g. on seal,
-against rounds with a per-journal lock). Any thread may call
-:meth:`Flusher.wait_durable` or :meth:`Flusher.flush_now`.
+A thread that waits for a write (:meth:`Flusher.wait_durable`), or that
+answers a durable call before it next blocks (a connection's reader:
+leader.py), runs a hurried round *itself* when no round is running: the
+write, its fdatasync and the reply then happen on one thread, as Redis
+``appendfsync always`` does them, instead of costing two thread switches
+(waking the flusher thread, then the answering thread) per durable call.
+While a round runs (on any thread), others hand their journals to the
+flusher thread, whose next round they then share (group commit as before).
+
+Threads: one round at a time, on the flusher thread or on a waiting
+thread, under ``_round_lock``; the flusher thread waits for it, a waiting
+thread only tries it. No waiting thread starts a round once :meth:`stop`
+was called, and stop returns only after a round under way on one ended,
+its listeners included (the flusher thread's last round waits for it), so
+a power-cut test's disk is frozen from then on. A journal serialises its
+own explicit syncs (e.g. on seal) against rounds with a per-journal lock.
+Any thread may call
+:meth:`Flusher.wait_durable`, :meth:`Flusher.sync_here` or
+:meth:`Flusher.flush_now`.
 
 An fdatasync error is fatal for that journal only: it is logged, no ticket
 of that journal at or after the failed round is ever confirmed, and every
@@ -88,15 +103,18 @@ class FlusherStats:
     """Counters since the flusher started (read without locking)."""
 
     rounds: int = 0
+    here: int = 0
+    """Of the rounds, those run by a waiting thread (:meth:`Flusher.sync_here`)."""
     syncs: int = 0
     failures: int = 0
     last_round_seconds: float = 0.0
     max_round_seconds: float = 0.0
 
     # written out: the generated one would run interpreted in the compiled build (shardmgr/build.py)
-    def __init__(self, rounds: int = 0, syncs: int = 0, failures: int = 0, last_round_seconds: float = 0.0,
-                 max_round_seconds: float = 0.0) -> None:
+    def __init__(self, rounds: int = 0, here: int = 0, syncs: int = 0, failures: int = 0,
+                 last_round_seconds: float = 0.0, max_round_seconds: float = 0.0) -> None:
         self.rounds = rounds
+        self.here = here
         self.syncs = syncs
         self.failures = failures
         self.last_round_seconds = last_round_seconds
@@ -127,7 +145,7 @@ class Flusher:
         self._stopping = False  # stop() was called (guarded by _lock)
         self._finished = False  # the last round is done (guarded by _lock)
         self._skip_last = False  # stop(flush=False): no last round (guarded by _lock)
-        self._synced_last_round = False  # flusher thread only
+        self._round_lock = threading.Lock()  # held while a round runs, on whichever thread (stats too)
         self._hurried: dict[int, Journal] = {}  # journals waited for before the next round (guarded by _lock)
         self._hurry_all = False  # the next round syncs every journal, timed or not (guarded by _lock)
         self._round_thread: threading.Thread | None = None
@@ -191,6 +209,27 @@ class Flusher:
                 self._hurried.update((id(j), j) for j in journals)
         self._wake.set()
 
+    def sync_here(self, journals: Iterable[Journal]) -> bool:
+        """Run a hurried round for ``journals`` on this thread, now, unless a
+        round is running or the flusher is stopping or stopped: False then
+        (:meth:`hurry` them instead: they share the flusher thread's next
+        round). Blocks for the round's fdatasyncs. Waiters and listeners
+        hear of it as of any round; the listeners run on this thread, before
+        the round ends for :meth:`stop` (nothing of it runs after a stop)."""
+        if not self._round_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._lock:
+                if self._stopping or not self.running:
+                    return False
+                mine = [j for j in journals if id(j) in self._journals]
+            synced = self._timed_round(mine, lazy=True)
+            self.stats.here += 1
+            self._round_done(synced)
+        finally:
+            self._round_lock.release()
+        return True
+
     def notify(self) -> None:
         """Wake waiters: a journal synced outside a round, failed or closed."""
         with self._lock:
@@ -210,13 +249,15 @@ class Flusher:
     def wait_durable(self, ticket: Ticket, timeout: float | None = None) -> None:
         """Block until a completed flush covers ``ticket``.
 
-        Raises FlushFailed if the journal's durability was lost first,
+        Without a timeout, the round runs on this thread if none is running
+        (:meth:`sync_here`). Raises FlushFailed if the journal's durability was lost first,
         JournalClosed if it was closed before the write became durable, and
         TimeoutError after ``timeout`` seconds.
         """
         journal = ticket.journal
         deadline = None if timeout is None else time.monotonic() + timeout
-        if journal.durable_seq < ticket.seq:
+        # Without a timeout, the round may run here (no thread switch); with one, a round here could outlast it.
+        if journal.durable_seq < ticket.seq and not (timeout is None and self.sync_here([journal])):
             self.hurry([journal])
         with self._lock:
             while journal.durable_seq < ticket.seq:
@@ -278,25 +319,39 @@ class Flusher:
                 self._hurried.clear()
                 self._hurry_all = False
             started = time.monotonic()
-            self._round(journals, lazy=not stopping)
-            elapsed = time.monotonic() - started
+            with self._round_lock:
+                synced = self._timed_round(journals, lazy=not stopping)
             with self._lock:
                 self._done_rounds += 1
-                self.changes += 1
                 self._finished = stopping
-                self._notify_sleepers()
-                listeners = list(self._listeners) if self._synced_last_round else []
-            self._call(listeners)
-            self.stats.rounds += 1
-            self.stats.last_round_seconds = elapsed
-            self.stats.max_round_seconds = max(self.stats.max_round_seconds, elapsed)
+            self._round_done(synced)
             if stopping:
                 return
             if timed:
                 next_round = started + interval
 
-    def _round(self, journals: list[Journal], lazy: bool) -> None:
-        self._synced_last_round = False
+    def _round_done(self, synced: bool) -> None:
+        """After a round, on the thread that ran it: waiters and listeners hear."""
+        with self._lock:
+            self.changes += 1
+            self._notify_sleepers()
+            listeners = list(self._listeners) if synced else []
+        self._call(listeners)
+
+    def _timed_round(self, journals: list[Journal], lazy: bool) -> bool:
+        """Under ``_round_lock``: :meth:`_round`, counted in the stats."""
+        started = time.monotonic()
+        synced = self._round(journals, lazy)
+        elapsed = time.monotonic() - started
+        self.stats.rounds += 1
+        self.stats.last_round_seconds = elapsed
+        self.stats.max_round_seconds = max(self.stats.max_round_seconds, elapsed)
+        return synced
+
+    def _round(self, journals: list[Journal], lazy: bool) -> bool:
+        """Under ``_round_lock``: sync each journal; True if any fdatasync
+        was issued or a journal failed (the listeners must hear either)."""
+        any_synced = False
         for journal in journals:
             was_failed = journal.failed is not None
             try:
@@ -305,7 +360,8 @@ class Flusher:
                 log.exception("flusher: unexpected error syncing %s", journal.path)
                 synced = False
             self.stats.syncs += synced
-            self._synced_last_round |= bool(synced)
+            any_synced |= bool(synced)
             if journal.failed is not None and not was_failed:
                 self.stats.failures += 1
-                self._synced_last_round = True  # waiters must hear about the failure too
+                any_synced = True  # waiters must hear about the failure too
+        return any_synced

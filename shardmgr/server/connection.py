@@ -52,6 +52,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
+from common.journal import leader
 from common.wire import framing
 from common.wire.budget import ByteBudget
 from common.wire.component import Request
@@ -142,6 +143,7 @@ class Connection(Sending):
 
     def _read_loop(self) -> None:
         self._reader_ident = threading.get_ident()
+        leader.serve()  # a lone durable request is synced and answered on this thread
         reader = FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
                                      frame_timeout_s=self._config.frame_timeout_s)
         try:
@@ -156,8 +158,14 @@ class Connection(Sending):
                     self._flush_held()  # the refusal, before the close
                     break
                 reader.release()  # dispatched: what it holds is the component's now
-                if not reader.frame_buffered() or len(self._held) >= HELD_REPLIES:
-                    self._flush_held()
+                if reader.frame_buffered():
+                    leader.hand_off()  # the flusher thread syncs what it waits for; read on
+                    if len(self._held) >= HELD_REPLIES:
+                        self._flush_held()
+                else:
+                    self._flush_held()  # what is answered goes first, then the sync, if one is waited for
+                    if leader.lead():
+                        self._flush_held()
         except BadFrame as exc:
             log.warning("closing %s: %s", self.peer, exc)
             self._count_error(exc.code)

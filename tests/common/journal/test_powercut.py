@@ -64,10 +64,14 @@ def test_files_created_without_a_directory_sync_may_vanish(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_power_cut_during_concurrent_group_commit(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize("here", [False, True], ids=["flusher-thread", "waiters-thread"])
+def test_power_cut_during_concurrent_group_commit(tmp_path: Path, seed: int, here: bool) -> None:
+    """Waits with a timeout leave the rounds to the flusher thread; waits
+    without one run them on the waiting thread when none runs (sync_here)."""
     rng = random.Random(seed)
     path = tmp_path / "j"
-    flusher = Flusher(FlusherConfig(interval=0.001)).start()
+    timeout = None if here else 5.0
+    flusher = Flusher(FlusherConfig(interval=0.02 if here else 0.001)).start()
     with PowerCut(tmp_path, seed=seed) as cut:
         journal = Journal.create(path, kind=b"TEST", flusher=flusher)
         confirmed: dict[int, bytes] = {}
@@ -82,10 +86,10 @@ def test_power_cut_during_concurrent_group_commit(tmp_path: Path, seed: int) -> 
             if confirmed and rng.random() < 0.3:
                 victim = rng.choice(sorted(set(confirmed) - retired or confirmed))
                 if victim not in retired:
-                    journal.wait_durable(journal.set_markers([victim], Marker.RETIRED), timeout=5)
+                    journal.wait_durable(journal.set_markers([victim], Marker.RETIRED), timeout=timeout)
                     retired.add(victim)
             if rng.random() < 0.2:
-                journal.wait_durable(ticket, timeout=5)
+                journal.wait_durable(ticket, timeout=timeout)
             for t, records in pending:
                 if t.durable:
                     confirmed.update(records)
@@ -93,6 +97,7 @@ def test_power_cut_during_concurrent_group_commit(tmp_path: Path, seed: int) -> 
         flusher.stop(flush=False)
         cut.crash()
         journal.abandon()
+    assert (flusher.stats.here > 0) == here  # each seed waits at least once
     with Flusher() as fresh:
         recovered = Journal.open(path, flusher=fresh)
         records = list(recovered.records())
