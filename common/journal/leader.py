@@ -97,9 +97,14 @@ def _settle(here: bool) -> bool:
     pending: dict[Flusher, dict[int, Journal]] | None = getattr(_local, "pending", None)
     if not pending:
         return False
-    _local.pending = {}
-    for flusher, journals in pending.items():
-        waited = list(journals.values())
-        if not (here and flusher.sync_here(waited)):
-            flusher.hurry(waited)
+    # What the round's listeners hurry (a continuation's next write) goes to the flusher thread at
+    # once: kept here, it would wait for this thread's next request, which may never come.
+    _local.pending = None
+    try:
+        for flusher, journals in pending.items():
+            waited = list(journals.values())
+            if not (here and flusher.sync_here(waited)):
+                flusher.hurry(waited)
+    finally:
+        _local.pending = {}
     return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
@@ -209,3 +210,34 @@ def test_a_leading_block_syncs_its_waits_at_its_end_and_only_then(tmp_path: Path
 
     in_thread(caller)
     journal.close()
+
+
+def test_what_a_led_rounds_listeners_hurry_goes_to_the_flusher_at_once(tmp_path: Path, quiet: Flusher,
+                                                                         synced_on: list[str]) -> None:
+    first = Journal.create(tmp_path / "a", kind=b"TEST", flusher=quiet)
+    second = Journal.create(tmp_path / "b", kind=b"TEST", flusher=quiet)
+    _, later = second.append(b"next")
+    asked: list[bool] = []
+
+    def continuation() -> None:  # a continuation's next write, hurried from the round's listener
+        if not asked:
+            asked.append(True)
+            leader.hurry(quiet, [second])
+
+    quiet.add_listener(continuation)
+
+    def serving() -> None:
+        leader.serve()
+        _, ticket = first.append(b"x")
+        leader.hurry(quiet, [first])
+        assert leader.lead() and ticket.durable
+        deadline = time.monotonic() + 10  # watched, not waited for (a wait would hurry it itself)
+        while not later.durable and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert later.durable  # not left for a next request that never comes
+        assert synced_on[-1] == "journal-flusher"
+        assert not leader.lead()
+
+    in_thread(serving)
+    first.close()
+    second.close()
