@@ -14,6 +14,7 @@ from unittest import mock
 
 import pytest
 
+from common.journal import FlusherConfig
 from shardmgr.server.config import ServerConfig
 from shardmgr.server.server import Server
 from workq import Broker, QueueClient
@@ -35,7 +36,7 @@ def synced_on() -> Iterator[list[str]]:
 
 def test_a_durable_embedded_call_is_synced_on_the_callers_thread(open_broker: Callable[..., Broker],
                                                                  synced_on: list[str]) -> None:
-    broker = open_broker()
+    broker = open_broker(flusher=FlusherConfig(interval=60))  # no timed round runs while the call leads
     broker.enqueue("job", "m", "s", 1, [b"warm-up"], durable=True)  # the job's files made
     here = broker.flusher.stats.here
     synced_on.clear()
