@@ -4,10 +4,10 @@ A connection's reader thread reads a request, runs it (the owner loop runs
 it on this thread when its lock is free: workq/loop.py), and would then
 hand the write's sync to the flusher thread, whose round makes the reply
 due on yet another thread: two thread switches per durable call, more
-than the call's own work. A thread that serves requests one after another
-calls :func:`serve` once instead; from then on the journals that code on
-it asks to be made durable (:func:`hurry`) wait in the thread's list, and
-after each request the thread either
+than the call's own work. Instead, the reader opens a *window* for each
+request (:func:`begin`) before dispatching it; the journals that code on
+the thread asks to be made durable inside it (:func:`hurry`) wait in the
+thread's list, and after the request the thread closes the window: it
 
 * :func:`lead`\\ s, when no other request is waiting to be read: one round
   for those journals runs here (``Flusher.sync_here``), and the replies it
@@ -16,12 +16,16 @@ after each request the thread either
   flusher thread syncs them while this thread reads on, so a pipelining
   client's writes still share rounds (group commit), as before.
 
-Either way nothing waits longer than the request that asked: the list is
-emptied after every request. While a round runs elsewhere, ``lead`` hands
-off too. A caller that is about to block for one durable call (the
-embedded broker's plain calls) makes it inside :func:`leading`, which
-leads at its end. On a thread that does neither (the owner and flusher
-threads), :func:`hurry` is ``Flusher.hurry``.
+Outside a window (before the first, between one's close and the next's
+opening, on the owner and flusher threads) :func:`hurry` is
+``Flusher.hurry``: nothing is kept that no close would settle (what a led
+round's listeners, a sent reply's callback or a closing connection hurry
+goes to the flusher thread at once). While a round runs elsewhere, ``lead``
+hands off too. A caller about to block for one durable call (the embedded
+broker's plain calls) makes it inside :func:`leading`, a window that leads
+at its end. The thread may block inside a window (a reply's send to a
+client that does not read): what it keeps waits for it, at most until the
+flusher's next timed round.
 
 Threads: the list is thread-local; only its thread reads or empties it.
 """
@@ -36,14 +40,15 @@ from .flusher import Flusher, Journal
 _local = threading.local()
 
 
-def serve() -> None:
-    """This thread leads the rounds its requests need (see the module docstring)."""
+def begin() -> None:
+    """Open this thread's window for one request: what it hurries waits for
+    :func:`lead` or :func:`hand_off` (see the module docstring)."""
     _local.pending = {}
 
 
 def leading() -> _Leading:
-    """A block whose waits this thread leads at its end (on a thread that
-    already serves, the block changes nothing: its request's end leads)."""
+    """A window that leads at its end (inside an open window it changes
+    nothing: that window's close settles)."""
     return _Leading()
 
 
@@ -62,15 +67,12 @@ class _Leading:
 
     def __exit__(self, *exc: object) -> None:
         if self._mine:
-            try:
-                lead()
-            finally:
-                _local.pending = None
+            lead()
 
 
 def hurry(flusher: Flusher, journals: Iterable[Journal]) -> None:
     """``journals`` are waited for: kept for this thread's :func:`lead` or
-    :func:`hand_off` if it serves, else ``flusher.hurry`` at once."""
+    :func:`hand_off` inside a window, else ``flusher.hurry`` at once."""
     pending: dict[Flusher, dict[int, Journal]] | None = getattr(_local, "pending", None)
     if pending is None:
         flusher.hurry(journals)
@@ -83,28 +85,25 @@ def hurry(flusher: Flusher, journals: Iterable[Journal]) -> None:
 
 
 def lead() -> bool:
-    """Sync what this thread's requests wait for, here and now where no
-    round is running (else hand it off); True if anything was waited for."""
+    """Close the window: sync what it kept, here and now where no round is
+    running (else hand it off); True if anything was kept."""
     return _settle(here=True)
 
 
 def hand_off() -> bool:
-    """Hand what this thread's requests wait for to the flusher thread."""
+    """Close the window: hand what it kept to the flusher thread; True if anything was kept."""
     return _settle(here=False)
 
 
 def _settle(here: bool) -> bool:
     pending: dict[Flusher, dict[int, Journal]] | None = getattr(_local, "pending", None)
+    # Closed first: what the round's listeners hurry (a continuation's next write) goes to the
+    # flusher thread at once; kept, it would wait for a next request that may never come.
+    _local.pending = None
     if not pending:
         return False
-    # What the round's listeners hurry (a continuation's next write) goes to the flusher thread at
-    # once: kept here, it would wait for this thread's next request, which may never come.
-    _local.pending = None
-    try:
-        for flusher, journals in pending.items():
-            waited = list(journals.values())
-            if not (here and flusher.sync_here(waited)):
-                flusher.hurry(waited)
-    finally:
-        _local.pending = {}
+    for flusher, journals in pending.items():
+        waited = list(journals.values())
+        if not (here and flusher.sync_here(waited)):
+            flusher.hurry(waited)
     return True

@@ -143,7 +143,6 @@ class Connection(Sending):
 
     def _read_loop(self) -> None:
         self._reader_ident = threading.get_ident()
-        leader.serve()  # a lone durable request is synced and answered on this thread
         reader = FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
                                      frame_timeout_s=self._config.frame_timeout_s)
         try:
@@ -154,6 +153,7 @@ class Connection(Sending):
                 if frame is None:
                     break  # the client closed: nobody is left to answer
                 self.bytes_in += frame.size
+                leader.begin()  # a lone durable request is synced and answered on this thread (below)
                 if not self._serve(frame):
                     self._flush_held()  # the refusal, before the close
                     break
@@ -177,6 +177,7 @@ class Connection(Sending):
         except Exception:  # a bug: lose this connection, never the server
             log.exception("closing %s after an unexpected error", self.peer)
         finally:
+            leader.hand_off()  # a request that ended the loop: what its window kept is not left behind
             reader.release()
             self.close()
 

@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from common.journal import Flusher, FlusherConfig, Journal, leader
+from common.journal import Flusher, FlusherConfig, Journal, Ticket, leader
 
 
 @pytest.fixture
@@ -51,6 +51,14 @@ def in_thread(fn: Callable[[], object], name: str = "server-ish") -> None:
     assert not thread.is_alive()
     if errors:
         raise errors[0]
+
+
+def _watch(ticket: Ticket) -> None:
+    """Until ``ticket`` is durable, watched and not waited for (a wait would hurry it itself)."""
+    deadline = time.monotonic() + 10
+    while not ticket.durable and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert ticket.durable
 
 
 def test_a_waiter_without_a_timeout_syncs_on_its_own_thread(tmp_path: Path, quiet: Flusher,
@@ -140,12 +148,12 @@ def test_stop_waits_for_a_round_under_way_here(tmp_path: Path) -> None:
     journal.close()
 
 
-def test_a_serving_thread_keeps_its_waits_until_it_leads(tmp_path: Path, quiet: Flusher,
+def test_a_window_keeps_its_waits_until_it_leads(tmp_path: Path, quiet: Flusher,
                                                          synced_on: list[str]) -> None:
     journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=quiet)
 
     def serving() -> None:
-        leader.serve()
+        leader.begin()
         _, ticket = journal.append(b"x")
         synced_on.clear()
         leader.hurry(quiet, [journal])
@@ -154,17 +162,21 @@ def test_a_serving_thread_keeps_its_waits_until_it_leads(tmp_path: Path, quiet: 
         assert leader.lead()
         assert ticket.durable and synced_on == ["server-ish"]
         assert not leader.lead()  # nothing left
+        _, later = journal.append(b"y")  # after the window closed (a sent reply's callback, a close)
+        leader.hurry(quiet, [journal])
+        _watch(later)  # hurried to the flusher thread at once, not kept for a window that may never come
+        assert synced_on[-1] == "journal-flusher"
 
     in_thread(serving)
     journal.close()
 
 
-def test_a_serving_thread_hands_off_while_requests_are_buffered(tmp_path: Path, quiet: Flusher,
+def test_a_window_hands_off_while_requests_are_buffered(tmp_path: Path, quiet: Flusher,
                                                                 synced_on: list[str]) -> None:
     journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=quiet)
 
     def serving() -> None:
-        leader.serve()
+        leader.begin()
         _, ticket = journal.append(b"x")
         synced_on.clear()
         leader.hurry(quiet, [journal])
@@ -176,7 +188,7 @@ def test_a_serving_thread_hands_off_while_requests_are_buffered(tmp_path: Path, 
     journal.close()
 
 
-def test_hurry_on_a_thread_that_does_not_serve_wakes_the_flusher(tmp_path: Path, quiet: Flusher,
+def test_hurry_outside_a_window_wakes_the_flusher(tmp_path: Path, quiet: Flusher,
                                                                  synced_on: list[str]) -> None:
     journal = Journal.create(tmp_path / "j", kind=b"TEST", flusher=quiet)
 
@@ -227,14 +239,11 @@ def test_what_a_led_rounds_listeners_hurry_goes_to_the_flusher_at_once(tmp_path:
     quiet.add_listener(continuation)
 
     def serving() -> None:
-        leader.serve()
+        leader.begin()
         _, ticket = first.append(b"x")
         leader.hurry(quiet, [first])
         assert leader.lead() and ticket.durable
-        deadline = time.monotonic() + 10  # watched, not waited for (a wait would hurry it itself)
-        while not later.durable and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert later.durable  # not left for a next request that never comes
+        _watch(later)  # not left for a next request that never comes
         assert synced_on[-1] == "journal-flusher"
         assert not leader.lead()
 
