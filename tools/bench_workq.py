@@ -6,7 +6,8 @@ directory):
 
 * workq (``shardmgr serve``), group commit (5 ms: enqueues and completions
   answered before the flush that makes them durable, as Redis ``everysec``
-  answers before its fsync), and with ``durable=True`` on every enqueue and
+  answers before its fsync), ``workq-1s`` the same at a 1 s interval (Redis ``everysec``'s own:
+  how much of a gap is the fsync rate; not the default), and with ``durable=True`` on every enqueue and
   completion (answered after it, as Redis ``always``); ``workq-pipelined`` (``enqueue_async``,
   ``complete_async``) and ``workq-one-trip`` (workers call
   ``complete_and_lease``: one round trip per item) are one item per call too;

@@ -33,14 +33,16 @@ class Workq(Peer):
     durable = False
     pipelined = False  # clients send without waiting for each answer (WorkqPipelined)
     one_trip = False  # workers complete and lease in one call (WorkqOneTrip)
+    #: options ``shardmgr serve`` is started with (WorkqEverySecond: a longer group-commit interval)
+    serve_options: tuple[str, ...] = ()
 
     def start(self, base: Path, prefix: Sequence[str] = (), extra: Sequence[str] = ()) -> None:
         """``shardmgr serve`` (``prefix``: what to run it under; ``extra``: more options) on a free port."""
         ready, log = base / "data.ready", base / "data.log"
         with open(log, "wb") as stderr:  # the server's log: kept beside the data, shown if it fails to start
-            self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "shardmgr", "serve", "--data",
-                                          str(base / "data"), "--port", "0", "--ready-file", str(ready), *extra],
-                                         stderr=stderr)
+            command = [sys.executable, "-m", "shardmgr", "serve", "--data", str(base / "data"), "--port", "0",
+                       "--ready-file", str(ready), *self.serve_options, *extra]
+            self.proc = subprocess.Popen([*prefix, *command], stderr=stderr)
         host, port = readiness.wait(ready, self.proc, 3600, log=log.read_text)
         self.address = f"{host}:{port}"
 
@@ -114,6 +116,16 @@ class WorkqDurable(Workq):
     name = "workq durable"
     durable = True
     durability = SYNCED
+
+
+class WorkqEverySecond(Workq):
+    """Group commit at Redis ``everysec``'s interval: ``shardmgr serve
+    --flush-interval-ms 1000``, so an acknowledged write may wait up to a
+    second for its flush, as Redis's may. Not the default (5 ms, 200 rounds
+    a second): this is how much of a gap to ``everysec`` is the fsync rate."""
+
+    name = "workq 1s"
+    serve_options = ("--flush-interval-ms", "1000")
 
 
 class WorkqPipelined(Workq):

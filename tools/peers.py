@@ -10,10 +10,11 @@ from peer import Peer
 from peer_beanstalkd import Beanstalkd
 from peer_nats import Nats
 from peer_redis import Redis, RedisAlways, RedisPipelined
-from peer_workq import Workq, WorkqDurable, WorkqOneTrip, WorkqPipelined
+from peer_workq import Workq, WorkqDurable, WorkqEverySecond, WorkqOneTrip, WorkqPipelined
 
 PEERS: dict[str, type[Peer]] = {
-    "workq": Workq, "workq-durable": WorkqDurable, "workq-pipelined": WorkqPipelined, "workq-one-trip": WorkqOneTrip,
+    "workq": Workq, "workq-1s": WorkqEverySecond, "workq-durable": WorkqDurable, "workq-pipelined": WorkqPipelined,
+    "workq-one-trip": WorkqOneTrip,
     "redis": Redis, "redis-always": RedisAlways, "redis-pipelined": RedisPipelined, "beanstalkd": Beanstalkd,
     "nats": Nats,
 }
