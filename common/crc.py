@@ -2,7 +2,7 @@
 crc32c): pieces checksummed apart, on several threads or as they arrive out
 of order, give the checksum of their concatenation without reading the bytes
 again. Used by ``verify --deep`` (shardmgr/verification/row_checksums.py) and
-by the object store's checked downloads (shardmgr/cluster/objects.py)."""
+by the object store's checked downloads (shardmgr/cluster/state/objects.py)."""
 
 from __future__ import annotations
 

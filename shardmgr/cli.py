@@ -1,7 +1,7 @@
 """The ``shardmgr`` command line (click). Each command is a thin layer over the library.
 
 Two groups of commands live with their packages and are registered here:
-``shardmgr cluster ...`` (shardmgr/cluster/commands.py) and ``shardmgr
+``shardmgr cluster ...`` (shardmgr/cluster/operations/commands.py) and ``shardmgr
 verify`` (shardmgr/verification/command.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.table import Table
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, ConnectionLost, RpcClient
-from shardmgr.cluster.commands import cluster, etcd_options
+from shardmgr.cluster.operations.commands import cluster, etcd_options
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
 from shardmgr.verification.command import verify
 
@@ -40,7 +40,7 @@ def main() -> None:
     """Vector shards and a durable work queue on one append-only journal layer."""
 
 
-main.add_command(cluster)  # shardmgr/cluster/commands.py: 'shardmgr cluster status'
+main.add_command(cluster)  # shardmgr/cluster/operations/commands.py: 'shardmgr cluster status'
 main.add_command(verify)  # shardmgr/verification/command.py: 'shardmgr verify'
 
 

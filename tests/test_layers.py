@@ -13,6 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "workq", "shardmgr")
 MODULES = ("common_shadowing",)  # top-level modules beside the packages
 
+#: the cluster's rooms and the modules on top of them (shardmgr/cluster/__init__.py)
+CLUSTER_PARTS = ("state", "published", "writer", "query", "operations", "testing", "node", "cluster_client")
+
+
+def cluster_except(*allowed: str) -> tuple[str, ...]:
+    """The cluster's rooms and top modules, but ``allowed`` (names in CLUSTER_PARTS)."""
+    return tuple(f"shardmgr.cluster.{part}" for part in CLUSTER_PARTS if part not in allowed)
+
+
 #: module prefix -> project modules it must not import (prefixes).
 FORBIDDEN = {
     "common": ("workq", "shardmgr"),
@@ -30,6 +39,16 @@ FORBIDDEN = {
     "shardmgr.store": ("shardmgr.server", "shardmgr.verification", "workq"),
     "shardmgr.server": ("shardmgr.verification",),
     "shardmgr.cluster": ("shardmgr.server", "shardmgr.verification", "workq"),
+    # cluster/'s rooms (shardmgr/cluster/__init__.py), bottom up: the base, state, published, then
+    # writer, query and operations side by side; node and cluster_client on top; testing apart.
+    **{f"shardmgr.cluster.{base}": cluster_except() for base in ("config", "errors", "passes", "backoff", "peers")},
+    "shardmgr.cluster.state": cluster_except("state"),
+    "shardmgr.cluster.published": cluster_except("state", "published"),
+    **{f"shardmgr.cluster.{side}": cluster_except("state", "published", side) for side in ("writer", "query",
+                                                                                           "operations")},
+    "shardmgr.cluster.testing": cluster_except("testing"),
+    "shardmgr.cluster.cluster_client": cluster_except("state", "cluster_client"),
+    "shardmgr.cluster.node": cluster_except("state", "published", "writer", "query", "node"),
 }
 
 

@@ -85,7 +85,7 @@ def holders(tmp_path: Path) -> list[object]:
                           auth, auth._entries, auth.authenticate(issued), HttpAuth(lambda e, s: [], auth, port=7301)]
     from shardmgr.cluster.cluster_client import ClusterClient  # (the test extra brings the cluster extra)
     from shardmgr.cluster.config import NodeConfig
-    from shardmgr.cluster.forwarding import Forwarder
+    from shardmgr.cluster.writer.forwarding import Forwarder
 
     forwarder = Forwarder(NodeConfig(), "n1", token=TOKEN)
     made += [ClusterClient("etcd://127.0.0.1:1/x", token=TOKEN), forwarder, forwarder._peers]

@@ -1,7 +1,7 @@
 """Cluster-mode costs (issue 14), each phase against a baseline measured in the same run.
 
 The script starts its own etcd and SeaweedFS (``weed mini``) on loopback
-(shardmgr/cluster/loopback.py: the servers the tests use), with their data
+(shardmgr/cluster/testing/loopback.py: the servers the tests use), with their data
 under ``--dir`` (default ``$BENCH_DIR``, else the current directory), and
 stops them (by PID) and removes everything at the end.
 
@@ -75,7 +75,14 @@ from rich.markup import escape
 from rich.table import Table
 from rounds import Spread, interleave, ratio, summarise
 
-from shardmgr.cluster.loopback import S3_ACCESS_KEY, S3_SECRET_KEY, EtcdServer, WeedServer, etcd_binary, weed_binary
+from shardmgr.cluster.testing.loopback import (
+    S3_ACCESS_KEY,
+    S3_SECRET_KEY,
+    EtcdServer,
+    WeedServer,
+    etcd_binary,
+    weed_binary,
+)
 
 
 @dataclasses.dataclass(frozen=True)

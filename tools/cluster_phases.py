@@ -40,11 +40,11 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.election import Election, Writer
-from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.loopback import EtcdServer, WeedServer
-from shardmgr.cluster.objects import ObjectStore
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
+from shardmgr.cluster.state.election import Election, Writer
+from shardmgr.cluster.state.lease import NodeLease
+from shardmgr.cluster.state.objects import ObjectStore
+from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap, ShardObject
+from shardmgr.cluster.testing.loopback import EtcdServer, WeedServer
 from shardmgr.store.rows import HEADER_SIZE
 
 DIM = 128

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.status import read_status  # noqa: E402
+from shardmgr.cluster.operations.status import read_status  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.cluster_servers import EtcdServer, WeedServer, etcd_binary, free_ports, weed_binary  # noqa: E402
 from tests.shardmgr.cluster.nodes import DIM, batches, node, published, wait_for  # noqa: E402

@@ -37,10 +37,10 @@ import numpy as np
 from cluster_phases import Bench
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.mirror import ClusterMirror, ClusterState
-from shardmgr.cluster.objects import ObjectStore
-from shardmgr.cluster.placement import owners
+from shardmgr.cluster.published.mirror import ClusterMirror, ClusterState
+from shardmgr.cluster.published.placement import owners
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.server import readiness
 from shardmgr.store.client import StoreClient
 

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardmgr.cluster.config import ClusterConfig  # noqa: E402
-from shardmgr.cluster.placement import owners  # noqa: E402
+from shardmgr.cluster.published.placement import owners  # noqa: E402
 from shardmgr.store.client import StoreClient  # noqa: E402
 from tests.cluster_servers import (  # noqa: E402
     S3_ACCESS_KEY,

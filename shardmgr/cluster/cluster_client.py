@@ -58,10 +58,10 @@ import numpy as np
 from common.wire.client import Reply
 from common.wire.errors import ServiceError, Unavailable
 from shardmgr.cluster.config import EtcdSecurity, parse_etcd_url
-from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import CoordinationError, WriterElsewhere
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.membership import Member
+from shardmgr.cluster.state.election import Writer
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.membership import Member
 from shardmgr.store.client import StoreClient, Timeout
 from shardmgr.store.search import SearchResult
 

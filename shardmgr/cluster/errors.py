@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import TYPE_CHECKING
 
 from common.wire.errors import BadRequest, Conflict, NotFound, Unavailable
 from shardmgr.errors import ShardmgrError
 
-if TYPE_CHECKING:
-    from shardmgr.cluster.membership import Member
-
 __all__ = ["ClusterError", "BadClusterConfig", "CoordinationError", "CoordinationUnavailable", "CoordinationDenied",
            "LeaseLost",
-           "NodeIdTaken", "NotWriter", "WriterElsewhere", "WriterUnreachable", "ForwardDenied", "ShardConflict",
+           "NotWriter", "WriterElsewhere", "WriterUnreachable", "ForwardDenied", "ShardConflict",
            "ObjectStoreError", "ObjectStoreUnavailable", "ObjectStoreDenied", "ObjectExists", "ObjectMissing",
            "ChecksumMismatch", "ShardsUnavailable", "DeletesBacklog", "WatchBehind", "writer_address"]
 
@@ -69,18 +65,6 @@ class LeaseLost(CoordinationError):
     membership and no writer role until it takes a new lease."""
 
     code = "shardmgr.cluster.lease_lost"
-
-
-class NodeIdTaken(CoordinationError, Conflict):
-    """Another live member (another process, or this node's previous run whose
-    lease has not expired yet) holds this node id; ``holder`` is that member
-    (membership.Member) when it is known."""
-
-    code = "shardmgr.cluster.node_id_taken"
-
-    def __init__(self, message: str, *, holder: Member | None = None) -> None:
-        super().__init__(message)
-        self.holder = holder
 
 
 class NotWriter(CoordinationError):

@@ -73,28 +73,28 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from shardmgr.cluster import acked_deletes
 from shardmgr.cluster.config import ClusterConfig, NodeConfig, check_node_id
-from shardmgr.cluster.deletes_merger import DeletesMerger
-from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError, CoordinationUnavailable, transport_reason
-from shardmgr.cluster.extras_uploader import ExtrasUploader
-from shardmgr.cluster.forwarding import Forwarder
-from shardmgr.cluster.holdings import Holdings
-from shardmgr.cluster.kv import TLS_PORT_HINT, Kv
-from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.membership import Membership, data_id, hold_id
-from shardmgr.cluster.node_catalog import NodeCatalog
-from shardmgr.cluster.objects import ObjectStore
 from shardmgr.cluster.passes import run_passes
-from shardmgr.cluster.query import QueryRouter
-from shardmgr.cluster.report import NodeReport, Reporter, build, failing_uploads
-from shardmgr.cluster.roles import WriterRoles
-from shardmgr.cluster.shard_map import ShardMap
-from shardmgr.cluster.sweep import sweep_orphans
-from shardmgr.cluster.taker import ShardTaker
-from shardmgr.cluster.uploader import Uploader
-from shardmgr.cluster.watch import PrefixWatch
+from shardmgr.cluster.published import acked_deletes
+from shardmgr.cluster.published.deletes_merger import DeletesMerger
+from shardmgr.cluster.query.query import QueryRouter
+from shardmgr.cluster.state.election import Writer
+from shardmgr.cluster.state.kv import TLS_PORT_HINT, Kv
+from shardmgr.cluster.state.lease import NodeLease
+from shardmgr.cluster.state.membership import Membership, data_id, hold_id
+from shardmgr.cluster.state.node_catalog import NodeCatalog
+from shardmgr.cluster.state.objects import ObjectStore
+from shardmgr.cluster.state.report import NodeReport, Reporter, build, failing_uploads
+from shardmgr.cluster.state.shard_map import ShardMap
+from shardmgr.cluster.state.watch import PrefixWatch
+from shardmgr.cluster.writer.extras_uploader import ExtrasUploader
+from shardmgr.cluster.writer.forwarding import Forwarder
+from shardmgr.cluster.writer.holdings import Holdings
+from shardmgr.cluster.writer.roles import WriterRoles
+from shardmgr.cluster.writer.sweep import sweep_orphans
+from shardmgr.cluster.writer.taker import ShardTaker
+from shardmgr.cluster.writer.uploader import Uploader
 from shardmgr.errors import CollectionConflict, UnknownCollection
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store

@@ -10,8 +10,8 @@ prometheus-client's own app does (``/metrics`` by convention).
 
 In cluster mode two more paths (docs/cluster.md, "Watching the cluster"):
 ``/cluster``, a self-contained HTML page that refreshes itself
-(shardmgr/cluster/page.py), and ``/cluster.json``, the status it shows
-(shardmgr/cluster/status.py), or 503 with ``{"error": ...}`` if etcd cannot
+(shardmgr/cluster/operations/page.py), and ``/cluster.json``, the status it shows
+(shardmgr/cluster/operations/status.py), or 503 with ``{"error": ...}`` if etcd cannot
 be read. The status is read on the HTTP request's own thread, at most once
 a second whoever asks (``StatusCache``): it never holds anything the node's
 store or its cluster thread use. Outside cluster mode they are 404.
@@ -82,8 +82,8 @@ class ClusterPages:
         self._cache: Any = None
         self._page = b""
         if config is not None:
-            from shardmgr.cluster.page import PAGE
-            from shardmgr.cluster.status_cache import StatusCache
+            from shardmgr.cluster.operations.page import PAGE
+            from shardmgr.cluster.operations.status_cache import StatusCache
 
             self._cache = StatusCache(config, replicas=replicas)
             self._page = PAGE.encode()

@@ -1,4 +1,4 @@
-"""A snapshot's copy of the vector store's files (shardmgr/snapshot.py drives it).
+"""A snapshot's copy of the vector store's files (shardmgr/snapshots.py drives it).
 
 Per collection: its ``collection`` metadata file (copied: it is small). Per
 shard in the store's shard list:

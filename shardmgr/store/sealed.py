@@ -1,5 +1,5 @@
 """A sealed shard's files, as code outside the store sees them (cluster
-mode's uploader: shardmgr/cluster/uploader.py).
+mode's uploader: shardmgr/cluster/writer/uploader.py).
 
 A :class:`SealedShard` names the files that hold a sealed shard's data and
 its row count, read under the store's write lock (``Store.sealed_shards``).

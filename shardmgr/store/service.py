@@ -30,7 +30,7 @@ from .store import Store
 
 
 class Router(Protocol):
-    """Cluster mode's searches (shardmgr/cluster/query.py): a whole collection across the nodes, and
+    """Cluster mode's searches (shardmgr/cluster/query/query.py): a whole collection across the nodes, and
     this node's part of another node's search; and ``collection_info``'s counts over the whole cluster.
     A search or get waits until the node's cluster state reaches revision ``after`` (0: no wait) and
     also gives the fields its reply adds (docs/protocol.md, "Cluster fields of searches and gets")."""
@@ -51,7 +51,7 @@ class Router(Protocol):
 
 
 class WriteForwarder(Protocol):
-    """Cluster mode's forwarding of writes this node may not make (shardmgr/cluster/forwarding.py)."""
+    """Cluster mode's forwarding of writes this node may not make (shardmgr/cluster/writer/forwarding.py)."""
 
     commands: frozenset[str]
     node_id: str
@@ -157,7 +157,7 @@ class StoreService(Component):
         request.reply(result, {"scores": found.scores, "ids": found.ids, "refs": found.refs})
 
     def _search_shards(self, request: Request) -> None:
-        """A node's part of a cluster search (shardmgr/cluster/shard_search.py)."""
+        """A node's part of a cluster search (shardmgr/cluster/query/shard_search.py)."""
         if self.router is None:
             raise BadRequest("shardmgr.search_shards is a cluster command: this server is not a cluster node")
         hits, not_here = self.router.search_shards(
@@ -176,14 +176,14 @@ class StoreService(Component):
         request.reply(result, {"vectors": vectors, "ids": ids})
 
     def _get_shards(self, request: Request) -> None:
-        """A node's part of a cluster get (shardmgr/cluster/lookup.py)."""
+        """A node's part of a cluster get (shardmgr/cluster/query/lookup.py)."""
         if self.router is None:
             raise BadRequest("shardmgr.get_shards is a cluster command: this server is not a cluster node")
         vectors, ids, here = self.router.rows_here(request.arg("name", str), request.part("refs"))
         request.reply({}, {"vectors": vectors, "ids": ids, "here": here.astype(np.uint8)})
 
     def _report(self, request: Request) -> None:
-        """A node's report now (shardmgr/cluster/report.py), for another node's collection_info."""
+        """A node's report now (shardmgr/cluster/state/report.py), for another node's collection_info."""
         if self.router is None:
             raise BadRequest("shardmgr.report is a cluster command: this server is not a cluster node")
         request.reply(self.router.report())

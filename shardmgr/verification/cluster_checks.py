@@ -45,14 +45,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from common.journal.check import Findings, Problem, Severity
-from shardmgr.cluster.catalog import CollectionMeta
 from shardmgr.cluster.config import ClusterConfig, NodeConfig
-from shardmgr.cluster.election import Writer
 from shardmgr.cluster.errors import ClusterError
-from shardmgr.cluster.extras import DeletesEntry, IndexEntry
-from shardmgr.cluster.kv import Entry, Kv
-from shardmgr.cluster.objects import ObjectInfo, ObjectStore
-from shardmgr.cluster.shard_map import ShardEntry, ShardObject
+from shardmgr.cluster.state.catalog import CollectionMeta
+from shardmgr.cluster.state.election import Writer
+from shardmgr.cluster.state.extras import DeletesEntry, IndexEntry
+from shardmgr.cluster.state.kv import Entry, Kv
+from shardmgr.cluster.state.objects import ObjectInfo, ObjectStore
+from shardmgr.cluster.state.shard_map import ShardEntry, ShardObject
 from shardmgr.errors import CannotVerify
 from shardmgr.store.rows import HEADER_SIZE
 from shardmgr.store.sealed import ALWAYS

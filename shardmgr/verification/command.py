@@ -2,7 +2,7 @@
 
 A thin layer over the run (runner.py) and its terminal view (view.py),
 which it imports when it runs. Importing this module imports no cluster
-extra: the etcd options come from shardmgr/cluster/commands.py, which
+extra: the etcd options come from shardmgr/cluster/operations/commands.py, which
 needs none.
 """
 
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from shardmgr.cluster.commands import etcd_client_options
 from shardmgr.cluster.config import EtcdSecurity
+from shardmgr.cluster.operations.commands import etcd_client_options
 
 if TYPE_CHECKING:
     from .runner import Report

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common.journal.check import Findings, Problem, Severity
 from shardmgr.cluster.errors import ChecksumMismatch, ObjectMissing
-from shardmgr.cluster.objects import ObjectStore
+from shardmgr.cluster.state.objects import ObjectStore
 
 #: concurrent HEADs (each a round trip), and concurrent deep downloads (each already uses several connections)
 HEAD_THREADS = 8

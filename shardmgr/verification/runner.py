@@ -45,7 +45,7 @@ EXIT_CLEAN, EXIT_REPAIRABLE, EXIT_CORRUPT, EXIT_CANNOT_RUN = 0, 1, 2, 3
 QUARANTINE = "quarantine"  # DATA/quarantine: what --repair moved aside (shards go to their collection's)
 
 CLUSTER_CACHE = "cluster-cache"
-"""A cluster node's cache store (shardmgr/cluster/cache.py's CACHE_DIR, not
+"""A cluster node's cache store (shardmgr/cluster/published/cache.py's CACHE_DIR, not
 imported from there: the cluster extra is optional; a test checks they agree)."""
 
 

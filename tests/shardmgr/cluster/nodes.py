@@ -20,12 +20,12 @@ import numpy as np
 
 import shardmgr
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.mirror import ClusterMirror
-from shardmgr.cluster.objects import ObjectStore
-from shardmgr.cluster.placement import owners
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap
-from shardmgr.cluster.uploader import TEST_HOOK_ENV
+from shardmgr.cluster.published.mirror import ClusterMirror
+from shardmgr.cluster.published.placement import owners
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.objects import ObjectStore
+from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap
+from shardmgr.cluster.writer.uploader import TEST_HOOK_ENV
 from shardmgr.store.client import StoreClient
 from shardmgr.store.search import SearchResult
 from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY

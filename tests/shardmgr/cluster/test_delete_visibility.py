@@ -26,8 +26,8 @@ import pytest
 import shardmgr
 from common.wire.client import RpcClient
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.mirror import ClusterMirror
+from shardmgr.cluster.published.mirror import ClusterMirror
+from shardmgr.cluster.state.kv import Kv
 from shardmgr.errors import RowDeleted
 from shardmgr.store.client import StoreClient
 from shardmgr.store.search import SearchResult

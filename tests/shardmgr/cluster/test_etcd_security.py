@@ -36,9 +36,9 @@ import shardmgr
 from shardmgr.cli import main
 from shardmgr.cluster.config import ETCD_PASSWORD_ENV, ClusterConfig, EtcdSecurity
 from shardmgr.cluster.errors import BadClusterConfig, CoordinationDenied, CoordinationUnavailable
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.watch import PrefixWatch, WatchEvent
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.lease import NodeLease
+from shardmgr.cluster.state.watch import PrefixWatch, WatchEvent
 from shardmgr.server.config import ServerConfig
 from tests.cluster_servers import (
     S3_ACCESS_KEY,

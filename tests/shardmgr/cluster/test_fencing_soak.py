@@ -12,11 +12,11 @@ import time
 import pytest
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.election import Election, Writer
 from shardmgr.cluster.errors import CoordinationError, LeaseLost, NotWriter, ShardConflict
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap
+from shardmgr.cluster.state.election import Election, Writer
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.lease import NodeLease
+from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap
 
 SOAK_S = float(os.environ.get("CLUSTER_SOAK_S", "60"))
 

@@ -1,4 +1,4 @@
-"""The acknowledged deletes a node holds (shardmgr/cluster/acked_deletes.py)
+"""The acknowledged deletes a node holds (shardmgr/cluster/published/acked_deletes.py)
 with real ``shardmgr serve --cluster`` nodes, each reaching S3 through a
 relay the test can cut (docs/cluster.md, "When a delete is seen"):
 
@@ -26,10 +26,10 @@ import pytest
 from common.wire.client import RpcClient
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.errors import DeletesBacklog
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.mirror import ClusterMirror, ClusterState
-from shardmgr.cluster.placement import owners
-from shardmgr.cluster.routing import shard_stale
+from shardmgr.cluster.published.mirror import ClusterMirror, ClusterState
+from shardmgr.cluster.published.placement import owners
+from shardmgr.cluster.query.routing import shard_stale
+from shardmgr.cluster.state.kv import Kv
 from shardmgr.store.client import StoreClient
 from shardmgr.store.refs import ref_of
 from tests.cluster_servers import WeedServer

@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from common.wire.client import RpcClient
-from shardmgr.cluster.catalog import Catalog, CollectionMeta
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.election import Election
 from shardmgr.cluster.errors import CoordinationUnavailable, WriterElsewhere, WriterUnreachable
-from shardmgr.cluster.membership import Membership
-from shardmgr.cluster.objects import file_crc32c
+from shardmgr.cluster.state.catalog import Catalog, CollectionMeta
+from shardmgr.cluster.state.election import Election
+from shardmgr.cluster.state.membership import Membership
+from shardmgr.cluster.state.objects import file_crc32c
 from shardmgr.errors import CollectionConflict
 from shardmgr.store.client import StoreClient
 from tests.cluster_servers import WeedServer

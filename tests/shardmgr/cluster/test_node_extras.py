@@ -19,10 +19,10 @@ import numpy as np
 from common.journal import Journal
 from common.wire.client import RpcClient
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.extras import DeletesEntry, ShardExtras
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.objects import ObjectStore, file_crc32c
-from shardmgr.cluster.shard_map import ShardMap, ShardObject
+from shardmgr.cluster.state.extras import DeletesEntry, ShardExtras
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.objects import ObjectStore, file_crc32c
+from shardmgr.cluster.state.shard_map import ShardMap, ShardObject
 from shardmgr.store.client import StoreClient
 from shardmgr.store.deletes import DeleteLog
 from tests.shardmgr.cluster.nodes import DIM, ROWS, batches, bucket, node, published, wait_for

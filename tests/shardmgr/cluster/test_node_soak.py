@@ -17,7 +17,7 @@ import pytest
 
 from common.errors import CommonError
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.objects import file_crc32c
+from shardmgr.cluster.state.objects import file_crc32c
 from shardmgr.store.client import StoreClient
 from tests.shardmgr.cluster.nodes import DIM, batches, bucket, node, objects_under, published, wait_for
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.loopback import free_ports
-from shardmgr.cluster.membership import DATA_ID_FILE, Membership
-from shardmgr.cluster.watch import PrefixWatch, WatchEvent
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.lease import NodeLease
+from shardmgr.cluster.state.membership import DATA_ID_FILE, Membership
+from shardmgr.cluster.state.watch import PrefixWatch, WatchEvent
+from shardmgr.cluster.testing.loopback import free_ports
 from shardmgr.server.readiness import NotReady
 from tests.shardmgr.cluster.nodes import node
 from tests.shardmgr.server.serverproc import ServerProcess

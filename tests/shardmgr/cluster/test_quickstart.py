@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.status import read_status
+from shardmgr.cluster.operations.status import read_status
 from tests.cluster_servers import WeedServer, etcd_binary, weed_binary
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "cluster.md"

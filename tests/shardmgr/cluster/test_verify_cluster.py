@@ -18,14 +18,14 @@ from click.testing import CliRunner
 
 from common.journal.check import Problem, Severity
 from shardmgr.cli import main
-from shardmgr.cluster.catalog import Catalog, CollectionMeta
 from shardmgr.cluster.config import ClusterConfig
-from shardmgr.cluster.election import Election, Writer
-from shardmgr.cluster.extras import DeletesEntry, IndexEntry, ShardExtras
-from shardmgr.cluster.kv import Kv
-from shardmgr.cluster.lease import NodeLease
-from shardmgr.cluster.objects import ObjectStore
-from shardmgr.cluster.shard_map import ShardEntry, ShardMap, ShardObject
+from shardmgr.cluster.state.catalog import Catalog, CollectionMeta
+from shardmgr.cluster.state.election import Election, Writer
+from shardmgr.cluster.state.extras import DeletesEntry, IndexEntry, ShardExtras
+from shardmgr.cluster.state.kv import Kv
+from shardmgr.cluster.state.lease import NodeLease
+from shardmgr.cluster.state.objects import ObjectStore
+from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap, ShardObject
 from shardmgr.store.rows import HEADER_SIZE
 from shardmgr.verification.cluster_checks import verify_cluster
 from shardmgr.verification.runner import Report

@@ -4,7 +4,7 @@ and its session cookie (ended by logout and by revoking the token; found
 among other apps' cookies whatever their values; one per server, so two
 servers on one host keep their sessions in one cookie jar), what a refusal
 says, counts and logs (never the token), and ``metrics_open``.
-The cluster pages and a real browser: tests/shardmgr/cluster/test_status_page.py."""
+The cluster pages and a real browser: tests/shardmgr/cluster/operations/test_status_page.py."""
 
 from __future__ import annotations
 
