@@ -95,3 +95,28 @@ def test_the_rules_cover_every_package() -> None:
     assert len(found) > 60
     for layer in FORBIDDEN:
         assert any(within(m, layer) for m in found), f"no module in {layer}: the rule checks nothing"
+
+
+def store_face() -> set[str]:
+    """The names shardmgr/store/__init__.py exports (its ``__all__``, read statically)."""
+    tree = ast.parse((ROOT / "shardmgr" / "store" / "__init__.py").read_text())
+    (names,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+    assert isinstance(names, ast.List)
+    return {element.value for element in names.elts if isinstance(element, ast.Constant)}
+
+
+def test_the_cluster_imports_the_store_through_its_face() -> None:
+    """cluster/ imports ``shardmgr.store`` and the names it exports, never a module of the store by its path."""
+    face = {"shardmgr.store"} | {f"shardmgr.store.{name}" for name in store_face()}
+    wrong = sorted(f"{module} imports {target}" for module, targets in modules().items()
+                   if within(module, "shardmgr.cluster") for target in targets
+                   if within(target, "shardmgr.store") and target not in face)
+    assert wrong == [], wrong
+
+
+def test_the_store_face_names_what_it_loads() -> None:
+    import shardmgr.store as face
+
+    for name in store_face():
+        assert getattr(face, name) is not None, name

@@ -62,8 +62,7 @@ from shardmgr.cluster.errors import CoordinationError, WriterElsewhere
 from shardmgr.cluster.state.election import Writer
 from shardmgr.cluster.state.kv import Kv
 from shardmgr.cluster.state.membership import Member
-from shardmgr.store.client import StoreClient, Timeout
-from shardmgr.store.search import SearchResult
+from shardmgr.store import SearchResult, StoreClient, Timeout
 
 T = TypeVar("T")
 

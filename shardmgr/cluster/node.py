@@ -96,8 +96,7 @@ from shardmgr.cluster.writer.sweep import sweep_orphans
 from shardmgr.cluster.writer.taker import ShardTaker
 from shardmgr.cluster.writer.uploader import Uploader
 from shardmgr.errors import CollectionConflict, UnknownCollection
-from shardmgr.store.config import StoreConfig
-from shardmgr.store.store import Store
+from shardmgr.store import Store, StoreConfig
 
 log = logging.getLogger(__name__)
 

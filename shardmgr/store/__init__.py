@@ -8,6 +8,64 @@ merge (``search``), per-shard indexes (``index``), the store itself
 (``store``), its server component (``service``) and its network client
 (``client``). It runs embedded, without any server.
 
+This module is the store's public face for the rest of the package: cluster
+mode imports the store through it alone (``from shardmgr.store import
+Store, layout``; tests/test_layers.py fails on ``shardmgr.store.<module>``
+inside cluster/). Its names load on first use, so importing one (a client's
+constants, say) does not import the store and faiss.
+
 May import: ``common.journal``, ``common.wire``, ``shardmgr.errors``; never
 ``shardmgr.server``, ``shardmgr.verification`` or ``workq``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import layout
+
+if TYPE_CHECKING:
+    from . import batch
+    from .client import APPEND_BYTES_PER_SECOND, GET_SECONDS_PER_ROW, SEARCH_SECONDS_PER_VALUE, StoreClient, Timeout
+    from .config import StoreConfig
+    from .deletes import selector
+    from .index import check_params
+    from .names import check_name
+    from .refs import MAX_SHARD, ROW_BITS, ROW_MASK, split_refs
+    from .sealed import SealedShard
+    from .search import Hits, SearchResult, merge
+    from .searcher import Searcher
+    from .shard_files import ShardDamaged
+    from .store import Store
+    from .view import View, gather
+
+#: each public name, and the module of this package that defines it
+_HOMES = {
+    "Store": "store", "StoreConfig": "config",
+    "StoreClient": "client", "Timeout": "client", "APPEND_BYTES_PER_SECOND": "client",
+    "GET_SECONDS_PER_ROW": "client", "SEARCH_SECONDS_PER_VALUE": "client",
+    "SealedShard": "sealed", "ShardDamaged": "shard_files", "View": "view", "gather": "view",
+    "Searcher": "searcher", "Hits": "search", "SearchResult": "search", "merge": "search",
+    "selector": "deletes", "check_params": "index", "check_name": "names",
+    "split_refs": "refs", "ROW_BITS": "refs", "ROW_MASK": "refs", "MAX_SHARD": "refs",
+}
+
+__all__ = [
+    "batch", "layout",
+    "Store", "StoreConfig", "StoreClient", "Timeout", "APPEND_BYTES_PER_SECOND", "GET_SECONDS_PER_ROW",
+    "SEARCH_SECONDS_PER_VALUE", "SealedShard", "ShardDamaged", "View", "gather", "Searcher", "Hits", "SearchResult",
+    "merge", "selector", "check_params", "check_name", "split_refs", "ROW_BITS", "ROW_MASK", "MAX_SHARD",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562)."""
+    if name == "batch":  # the input checks, a module: it imports numpy
+        value: Any = importlib.import_module(f"{__name__}.batch")
+    elif (home := _HOMES.get(name)) is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

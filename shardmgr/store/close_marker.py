@@ -30,11 +30,10 @@ from common.journal import Journal
 from common.journal.errors import FormatError
 from common.journal.filesystem import fsync_dir
 
-from . import metadata
+from . import layout, metadata
 
 log = logging.getLogger(__name__)
 
-FILE = "closed"
 KIND = b"SMCL"
 
 
@@ -47,13 +46,13 @@ class Closed(NamedTuple):
 def write(directory: Path, closed: Closed) -> None:
     """Record a clean close (the shard must be durable up to ``closed.end``)."""
     meta = msgpack.packb({"uuid": closed.uuid, "rows": closed.rows, "end": closed.end})
-    Journal.write_empty(directory / FILE, kind=KIND, metadata=meta)  # atomic and durable, directory included
+    Journal.write_empty(directory / layout.CLOSED, kind=KIND, metadata=meta)  # atomic and durable, directory included
 
 
 def read(directory: Path) -> Closed | None:
     """The marker, or None if there is none or it is unreadable (then the
     shard is treated as after a crash: sealed; nothing is lost by that)."""
-    path = directory / FILE
+    path = directory / layout.CLOSED
     if not path.exists():
         return None
     try:
@@ -67,7 +66,7 @@ def read(directory: Path) -> Closed | None:
 
 def remove(directory: Path) -> None:
     """Remove the marker durably (nothing if there is none)."""
-    path = directory / FILE
+    path = directory / layout.CLOSED
     if path.exists():
         path.unlink()
         fsync_dir(directory)

@@ -34,7 +34,7 @@ from common.journal.filesystem import fsync_dir, make_dirs
 from shardmgr.errors import BadVectors, CollectionConflict, NeedsReopen, NoShardIds, RowDeleted
 
 from . import index as indexes
-from . import lineage, metadata, rewrite
+from . import layout, lineage, metadata, rewrite
 from .config import StoreConfig
 from .opening import open_shards
 from .refs import MAX_SHARD, ref_of
@@ -96,13 +96,13 @@ class Collection:
         directory = root / name
         make_dirs(directory)
         meta = msgpack.packb({"name": name, "dim": dim, "metric": metric, "index": index})
-        Journal.write_empty(directory / "collection", kind=META_KIND, metadata=meta)
+        Journal.write_empty(directory / layout.COLLECTION, kind=META_KIND, metadata=meta)
         return cls(directory, name, dim, metric, index, flusher, config)
 
     @classmethod
     def open(cls, directory: Path, flusher: Flusher, config: StoreConfig) -> Collection:
         """Load the metadata, open every shard (opening.py: leftovers removed, those that fail quarantined)."""
-        with Journal.open(directory / "collection", kind=META_KIND, writable=False) as journal:
+        with Journal.open(directory / layout.COLLECTION, kind=META_KIND, writable=False) as journal:
             meta = metadata.decode(journal.metadata, journal.path, {"name": str, "dim": int, "metric": str,
                                                                     "index": str})
         collection = cls(directory, meta["name"], meta["dim"], meta["metric"], meta["index"], flusher, config)

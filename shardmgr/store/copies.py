@@ -23,7 +23,7 @@ from pathlib import Path
 from common.journal.copying import copy_journal, copy_prefix, link_or_copy
 from common.journal.filesystem import make_dirs
 
-from . import close_marker, deletes, index
+from . import layout
 from .collection import Collection
 from .rows import HEADER_SIZE
 from .shard import Shard
@@ -33,16 +33,16 @@ def copy_collections(collections: list[Collection], dest: Path) -> int:
     """Copy every collection to ``dest/shards``; returns the bytes copied (links count 0)."""
     copied = 0
     for collection in collections:
-        target = dest / "shards" / collection.directory.name
+        target = dest / layout.SHARDS / collection.directory.name
         make_dirs(target)
-        copied += link_or_copy(collection.directory / "collection", target / "collection")
+        copied += link_or_copy(collection.directory / layout.COLLECTION, target / layout.COLLECTION)
         for shard in sorted(collection.shards.values(), key=lambda s: s.id):
             copied += _copy_shard(shard, target / shard.directory.name)
-        quarantine = collection.directory / "quarantine"
+        quarantine = collection.directory / layout.QUARANTINE
         for moved in sorted(quarantine.iterdir()) if quarantine.is_dir() else []:
-            make_dirs(target / "quarantine" / moved.name)
+            make_dirs(target / layout.QUARANTINE / moved.name)
             for path in sorted(p for p in moved.iterdir() if p.is_file()):
-                copied += link_or_copy(path, target / "quarantine" / moved.name / path.name)
+                copied += link_or_copy(path, target / layout.QUARANTINE / moved.name / path.name)
     return copied
 
 
@@ -51,16 +51,16 @@ def _copy_shard(shard: Shard, target: Path) -> int:
     copied = 0
     log = shard.deletes.journal
     if log is not None:
-        copied += copy_journal(log, target / deletes.FILE)
+        copied += copy_journal(log, target / layout.DELETES)
     if shard.journal is not None and not shard.sealed:  # growing: only what its journal vouches for
-        copied += copy_journal(shard.journal, target / "journal")
+        copied += copy_journal(shard.journal, target / layout.JOURNAL)
         for column in (shard.vectors, shard.ids):
             copied += copy_prefix(column.path, target / column.path.name,
                                   HEADER_SIZE + shard.rows * column.header.row_bytes)
         return copied
     # index files only once installed: before that the index thread may be writing them
-    skip = {deletes.FILE, close_marker.FILE} | (set() if shard.index is not None else {index.INDEX_FILE,
-                                                                                       index.META_FILE})
+    skip = {layout.DELETES, layout.CLOSED} | (set() if shard.index is not None else {layout.INDEX,
+                                                                                       layout.INDEX_META})
     for path in sorted(p for p in shard.directory.iterdir() if p.is_file()):
         if path.name not in skip and not path.name.endswith(".tmp"):
             copied += link_or_copy(path, target / path.name)

@@ -37,12 +37,11 @@ import numpy as np
 from common.journal import Flusher, Journal, JournalConfig, Ticket
 from common.journal.errors import FormatError
 
-from . import metadata
+from . import layout, metadata
 
 log = logging.getLogger(__name__)
 
 KIND = b"SMDL"
-FILE = "deletes"
 ROW = np.dtype("<i8")
 CONFIG = JournalConfig(extent_bytes=64 << 10, preallocate="zero")
 """Deletes are small and rare next to appends: the file grows in 64 KiB steps."""
@@ -69,7 +68,7 @@ class DeleteLog:
         """The shard's deletes (none if it has no ``deletes`` file).
         ``flusher`` None opens read-only; else the journal stays open for
         appends. FormatError for a file that is not this shard's delete log."""
-        path = directory / FILE
+        path = directory / layout.DELETES
         if not path.exists():
             return cls(directory, shard_id, uuid, flusher, None, np.zeros(0, dtype=bool))
         journal = Journal.open(path, kind=KIND, flusher=flusher, writable=flusher is not None, config=CONFIG)
@@ -123,7 +122,8 @@ class DeleteLog:
         if self.flusher is None:
             raise ValueError(f"{self.directory}: deleting needs a writable shard")
         meta = msgpack.packb({"shard": self.shard_id, "uuid": self.uuid})
-        return Journal.create(self.directory / FILE, kind=KIND, flusher=self.flusher, metadata=meta, config=CONFIG)
+        return Journal.create(self.directory / layout.DELETES, kind=KIND, flusher=self.flusher, metadata=meta,
+                              config=CONFIG)
 
     def close(self) -> None:
         if self.journal is not None:

@@ -61,14 +61,12 @@ from common.journal import Journal
 from common.journal.filesystem import fsync_dir
 from shardmgr.errors import BadVectors
 
-from . import metadata
+from . import layout, metadata
 from .search import METRICS
 
 log = logging.getLogger(__name__)
 
 META_KIND = b"SMIX"
-INDEX_FILE = "index.faiss"
-META_FILE = "index.meta"
 EF_CONSTRUCTION = 64
 EXACT, LEGACY_HNSW = "flat", "hnsw"
 TRAIN_PER_CENTROID = 39
@@ -207,16 +205,16 @@ def check_params(value: Any) -> dict[str, int]:
 
 def save(directory: Path, index: faiss.Index, rows: int, spec: str, m: int, shard_uuid: bytes) -> None:
     """Write the index (temporary file, fsync, rename), then its metadata."""
-    tmp = directory / (INDEX_FILE + ".tmp")
+    tmp = directory / (layout.INDEX + ".tmp")
     faiss.write_index(index, str(tmp))
     with open(tmp, "rb") as f:
         data = f.read()
         os.fsync(f.fileno())
-    os.replace(tmp, directory / INDEX_FILE)
-    (directory / META_FILE).unlink(missing_ok=True)
+    os.replace(tmp, directory / layout.INDEX)
+    (directory / layout.INDEX_META).unlink(missing_ok=True)
     meta = msgpack.packb({"type": spec, "rows": rows, "bytes": len(data), "crc": crc32c.crc32c(data), "m": m,
                           "ef_construction": EF_CONSTRUCTION, "shard": shard_uuid})
-    Journal.write_empty(directory / META_FILE, kind=META_KIND, metadata=meta)
+    Journal.write_empty(directory / layout.INDEX_META, kind=META_KIND, metadata=meta)
     fsync_dir(directory)
 
 
@@ -224,9 +222,9 @@ def load(directory: Path, rows: int, spec: str, shard_uuid: bytes) -> faiss.Inde
     """The persisted index if it matches the shard (its uuid, rows, the
     index string, the file's size and checksum); else None."""
     try:
-        with Journal.open(directory / META_FILE, kind=META_KIND, writable=False) as journal:
+        with Journal.open(directory / layout.INDEX_META, kind=META_KIND, writable=False) as journal:
             meta = metadata.decode(journal.metadata, journal.path, {"rows": int, "bytes": int, "crc": int})
-        data = (directory / INDEX_FILE).read_bytes()  # faiss reads it whole anyway: check it on the way
+        data = (directory / layout.INDEX).read_bytes()  # faiss reads it whole anyway: check it on the way
         if meta.get("shard") != shard_uuid or meta["rows"] != rows or meta.get("type") != spec \
                 or len(data) != meta["bytes"] or crc32c.crc32c(data) != meta["crc"]:
             log.warning("%s: index %r built for %s rows / %s bytes does not match the shard (%d rows, index %r) "

@@ -45,10 +45,9 @@ import numpy as np
 from common.journal.errors import FormatError
 from shardmgr.errors import UnknownRef
 
+from . import layout
 from .refs import ROW_BITS, ROW_MASK
 from .rows import REFS, RowFile
-
-FILE = "refs"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,7 +89,7 @@ def check_refs(refs: np.ndarray, lineage: Lineage, path: Path) -> None:
 
 def open_refs(directory: Path, uid: bytes, rows: int, lineage: Lineage) -> RowFile:
     """The refs row file of a rewritten shard, checked (header, size, checksum, order)."""
-    refs = RowFile.open(directory / FILE, writable=False)
+    refs = RowFile.open(directory / layout.REFS, writable=False)
     try:
         header = refs.header
         if (header.column, header.dtype, header.width) != (REFS, "<i8", 1) or header.uuid != uid:

@@ -21,10 +21,10 @@ from common.journal import Flusher
 from common.journal.filesystem import fsync_dir
 
 from . import index as indexes
-from . import lineage
+from . import layout, lineage
 from .config import StoreConfig
 from .quarantine import quarantine, quarantine_reason
-from .shard import TMP_SUFFIX, Shard
+from .shard import Shard
 from .shard_files import ShardDamaged
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,13 @@ def open_shards(directory: Path, name: str, dim: int, index: str, flusher: Flush
     """Open every shard of the collection ``name`` in ``directory`` (module
     docstring). An error that is not damage (too many open files, say)
     closes what was opened, moves nothing more, and is raised."""
-    moved = sorted(p for p in (directory / "quarantine").iterdir() if p.is_dir()) \
-        if (directory / "quarantine").exists() else []
+    moved = sorted(p for p in (directory / layout.QUARANTINE).iterdir() if p.is_dir()) \
+        if (directory / layout.QUARANTINE).exists() else []
     seen = [int(p.name.split("-")[0]) for p in moved]
     quarantined = [f"{p.name}: {quarantine_reason(p)}" for p in moved]
-    for path in directory.glob(f"*{TMP_SUFFIX}"):  # a creation or rewrite a crash cut short
-        if path.is_dir() and path.name[:-len(TMP_SUFFIX)].isdigit():  # not collection.tmp, say
-            seen.append(int(path.name[:-len(TMP_SUFFIX)]))
+    for path in directory.glob(f"*{layout.TMP_SUFFIX}"):  # a creation or rewrite a crash cut short
+        if path.is_dir() and path.name[:-len(layout.TMP_SUFFIX)].isdigit():  # not collection.tmp, say
+            seen.append(int(path.name[:-len(layout.TMP_SUFFIX)]))
             shutil.rmtree(path)
     # newest first: a rewritten shard's id is above its inputs', so its lineage names the inputs a
     # crash left behind (between the rewrite's commit and their removal) before they come up

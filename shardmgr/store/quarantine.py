@@ -15,16 +15,16 @@ from common.journal.check import read_regular
 from common.journal.errors import FormatError
 from common.journal.filesystem import create_atomically, fsync_dir, make_dirs
 
-REASON_FILE = "QUARANTINED"  # in a quarantined shard's directory: why it was moved
+from . import layout
 
 
 def quarantine(shard_dir: Path, reason: str) -> Path:
     """Move a shard directory to its collection's ``quarantine/`` (durably,
-    with a REASON_FILE saying why); returns where it went. Nothing is deleted."""
-    target = shard_dir.parent / "quarantine" / f"{shard_dir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    with a layout.QUARANTINED saying why); returns where it went. Nothing is deleted."""
+    target = shard_dir.parent / layout.QUARANTINE / f"{shard_dir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
     make_dirs(target.parent)
-    if not (shard_dir / REASON_FILE).exists():
-        create_atomically(shard_dir / REASON_FILE, reason.encode())
+    if not (shard_dir / layout.QUARANTINED).exists():
+        create_atomically(shard_dir / layout.QUARANTINED, reason.encode())
     os.rename(shard_dir, target)
     fsync_dir(shard_dir.parent)
     fsync_dir(target.parent)
@@ -34,6 +34,6 @@ def quarantine(shard_dir: Path, reason: str) -> Path:
 def quarantine_reason(moved: Path) -> str:
     """Why a quarantined shard was moved, as recorded when it was."""
     try:  # read_regular: verify reads this too, and a FIFO in its place must not block it
-        return read_regular(moved / REASON_FILE).decode(errors="replace").strip() or "no reason recorded"
+        return read_regular(moved / layout.QUARANTINED).decode(errors="replace").strip() or "no reason recorded"
     except (OSError, FormatError):
         return "no reason recorded"

@@ -28,7 +28,7 @@ from pathlib import Path
 from common.journal import Journal
 from common.journal.errors import CorruptJournal, FormatError
 
-from . import metadata
+from . import layout, metadata
 from .batch_record import JOURNAL_KIND, V1, V2, Batch, ids_intact, last_batch, unpack, vectors_intact, version_of
 from .rows import RowFile
 from .shard_files import open_row_file
@@ -94,7 +94,7 @@ def rebuild_ids(directory: Path, journal: Journal, uid: bytes, rows: int) -> int
     ids, rewritten from ``journal`` (open read-only) where they differ,
     durably; returns the rows rewritten. The ids file is opened writable
     for this alone."""
-    ids = open_row_file(directory, "ids", uid, 1, writable=True)
+    ids = open_row_file(directory, layout.IDS, uid, 1, writable=True)
     try:
         written = rewrite_ids(ids, stale_ids(journal, ids))
         ids.truncate(rows)
@@ -109,7 +109,7 @@ def repair_ids(directory: Path) -> int | None:
     they differ (``verify --repair``); returns the rows rewritten, or None
     for a shard that is not one (a growing shard's replay does it at its
     next open; a version 1 shard's ids exist only in its ids file)."""
-    with Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False) as journal:
+    with Journal.open(directory / layout.JOURNAL, kind=JOURNAL_KIND, writable=False, recount=False) as journal:
         meta = metadata.decode(journal.metadata, journal.path, {"uuid": bytes})
         version = version_of(meta, journal.path)
         if not journal.sealed or version == V1:

@@ -49,14 +49,13 @@ import numpy as np
 from common.journal import Flusher, Journal
 from common.journal.filesystem import fsync_dir, make_dirs
 
-from . import batch_record
+from . import batch_record, layout
 from .batch_record import JOURNAL_KIND, VERSION, VERSION_KEY
 from .config import StoreConfig
 from .deletes import DeleteLog, over
-from .lineage import FILE as REFS_FILE
 from .lineage import Lineage
 from .rows import IDS, REFS, VECTORS, RowFile, RowHeader
-from .shard import TMP_SUFFIX, Shard
+from .shard import Shard
 from .shard_files import JOURNAL_CONFIG
 from .view import View
 
@@ -112,7 +111,7 @@ class Built:
 
 def build(directory: Path, plan_: Plan, dim: int, collection: str, flusher: Flusher) -> Built:
     """Write the new shard into ``<directory>/<id>.tmp`` (synced, sealed)."""
-    building = directory / f"{plan_.shard_id:08d}{TMP_SUFFIX}"
+    building = directory / f"{plan_.shard_id:08d}{layout.TMP_SUFFIX}"
     try:
         return _build(building, plan_, dim, collection, flusher)
     except BaseException:  # e.g. a full disk: the inputs still serve; nothing of the attempt stays
@@ -136,11 +135,12 @@ def _build(building: Path, plan_: Plan, dim: int, collection: str, flusher: Flus
     meta = msgpack.packb({"collection": collection, "shard": plan_.shard_id, "dim": dim, "uuid": uid,
                           VERSION_KEY: VERSION, **lineage.encode()})
     columns = [RowFile.create(building / name, RowHeader(column, dtype, width, uid))
-               for name, column, dtype, width in (("vectors", VECTORS, "<f4", dim), ("ids", IDS, "<i8", 1),
-                                                  (REFS_FILE, REFS, "<i8", 1))]
+               for name, column, dtype, width in ((layout.VECTORS, VECTORS, "<f4", dim), (layout.IDS, IDS, "<i8", 1),
+                                                  (layout.REFS, REFS, "<i8", 1))]
     try:
-        Journal.write_empty(building / "journal", kind=JOURNAL_KIND, metadata=meta, config=JOURNAL_CONFIG)
-        with Journal.open(building / "journal", kind=JOURNAL_KIND, flusher=flusher, config=JOURNAL_CONFIG) as journal:
+        Journal.write_empty(building / layout.JOURNAL, kind=JOURNAL_KIND, metadata=meta, config=JOURNAL_CONFIG)
+        with Journal.open(building / layout.JOURNAL, kind=JOURNAL_KIND, flusher=flusher,
+                          config=JOURNAL_CONFIG) as journal:
             for column in columns:
                 journal.add_companion(column.fd)
             first = 0
@@ -179,7 +179,7 @@ def publish(built: Built, plan_: Plan, current: list[Shard], flusher: Flusher) -
     except BaseException:  # not committed: the inputs still serve, and nothing of the attempt stays
         shutil.rmtree(built.path, ignore_errors=True)
         raise
-    final = built.path.with_name(built.path.name[:-len(TMP_SUFFIX)])
+    final = built.path.with_name(built.path.name[:-len(layout.TMP_SUFFIX)])
     os.rename(built.path, final)
     fsync_dir(final.parent)
     return final

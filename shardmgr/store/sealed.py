@@ -29,15 +29,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .deletes import FILE as DELETES
-from .index import INDEX_FILE, META_FILE
-from .lineage import FILE as REFS
+from . import layout
 from .shard import Shard
 
-#: Every sealed shard has these files ...
-ALWAYS = ("vectors", "ids", "journal")
-#: ... and these when they exist.
-SOMETIMES = (DELETES, REFS)
+#: the files a sealed shard has when they exist, beside layout.ALWAYS
+SOMETIMES = (layout.DELETES, layout.REFS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,7 +52,7 @@ class SealedShard:
 def sealed_shard(collection: str, shard: Shard) -> SealedShard:
     """The files of ``shard`` (sealed), checked to exist now; caller holds the store's write lock."""
     assert shard.sealed, f"shard {shard.directory} is growing"
-    names = ALWAYS + tuple(name for name in SOMETIMES if (shard.directory / name).exists())
-    index = (INDEX_FILE, META_FILE) if shard.index is not None else ()
+    names = layout.ALWAYS + tuple(name for name in SOMETIMES if (shard.directory / name).exists())
+    index = layout.INDEX_FILES if shard.index is not None else ()
     return SealedShard(collection, shard.id, shard.rows, tuple((name, shard.directory / name) for name in names),
                        shard.deletes.count, tuple((name, shard.directory / name) for name in index))

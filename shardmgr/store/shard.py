@@ -44,7 +44,7 @@ import numpy as np
 from common.journal import Flusher, Journal, Ticket
 from common.journal.filesystem import fsync_dir, make_dirs
 
-from . import batch_record, close_marker, replay
+from . import batch_record, close_marker, layout, replay
 from .batch_record import JOURNAL_KIND, V1, VERSION, VERSION_KEY, last_batch
 from .close_marker import Closed
 from .deletes import DeleteLog
@@ -55,7 +55,6 @@ from .view import View
 
 log = logging.getLogger(__name__)
 
-TMP_SUFFIX = ".tmp"
 
 
 class Shard:
@@ -87,25 +86,26 @@ class Shard:
         """Build the shard in ``<directory>.tmp`` and rename it into place, so
         a shard directory exists whole or not at all (a crash or an error
         leaves only a ``.tmp`` directory, which the collection removes)."""
-        building = directory.with_name(directory.name + TMP_SUFFIX)
+        building = directory.with_name(directory.name + layout.TMP_SUFFIX)
         if building.exists():
             shutil.rmtree(building)
         make_dirs(building)
         opened: list[Any] = []
         try:
             uid = uuidlib.uuid4().bytes
-            opened.append(RowFile.create(building / "vectors", RowHeader(VECTORS, "<f4", dim, uid), extent))
-            opened.append(RowFile.create(building / "ids", RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim),
+            opened.append(RowFile.create(building / layout.VECTORS, RowHeader(VECTORS, "<f4", dim, uid), extent))
+            opened.append(RowFile.create(building / layout.IDS, RowHeader(IDS, "<i8", 1, uid), max(4096, extent // dim),
                                          "zero"))
             meta = msgpack.packb({"collection": collection, "shard": shard_id, "dim": dim, "uuid": uid,
                                   VERSION_KEY: VERSION})
-            Journal.write_empty(building / "journal", kind=JOURNAL_KIND, metadata=meta, config=JOURNAL_CONFIG)
+            Journal.write_empty(building / layout.JOURNAL, kind=JOURNAL_KIND, metadata=meta, config=JOURNAL_CONFIG)
             for row_file in opened:
                 row_file.close()
             opened.clear()
             os.rename(building, directory)
             fsync_dir(directory.parent)
-            journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, config=JOURNAL_CONFIG)
+            journal = Journal.open(directory / layout.JOURNAL, kind=JOURNAL_KIND, flusher=flusher,
+                                   config=JOURNAL_CONFIG)
             opened.append(journal)
             vectors, ids = open_rows(directory, uid, dim, writable=True)
         except BaseException:
@@ -241,7 +241,7 @@ class Shard:
         check fails; nothing is changed then (but a version 2 ids file,
         derived data, rewritten from the journal where it lost rows)."""
         try:
-            probe = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
+            probe = Journal.open(directory / layout.JOURNAL, kind=JOURNAL_KIND, writable=False, recount=False)
         except DAMAGE as exc:
             raise ShardDamaged(directory, f"journal: {exc}") from exc
         sealed = probe.sealed
@@ -258,7 +258,7 @@ class Shard:
     @classmethod
     def _open_sealed(cls, directory: Path, shard_id: int, dim: int, flusher: Flusher) -> Shard:
         close_marker.remove(directory)  # a crash between sealing and removing it left it: it says nothing now
-        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False, recount=False)
+        journal = Journal.open(directory / layout.JOURNAL, kind=JOURNAL_KIND, writable=False, recount=False)
         try:
             meta = check_meta(journal, directory, shard_id, dim)
             last = last_batch(journal, meta.version)
@@ -304,7 +304,7 @@ class Shard:
         seal, unless its clean-close marker says that nothing was lost:
         then it stays growing."""
         found = cls._replay(directory, shard_id, dim)
-        journal = Journal.open(directory / "journal", kind=JOURNAL_KIND, flusher=flusher, limit=found.cut)
+        journal = Journal.open(directory / layout.JOURNAL, kind=JOURNAL_KIND, flusher=flusher, limit=found.cut)
         try:
             meta = check_meta(journal, directory, shard_id, dim)
             vectors, ids = open_rows(directory, meta.uuid, dim, writable=True)
@@ -345,7 +345,7 @@ class Shard:
     @classmethod
     def _replay(cls, directory: Path, shard_id: int, dim: int) -> replay.Replayed:
         """What a read-only replay of the shard finds (replay.py)."""
-        with Journal.open(directory / "journal", kind=JOURNAL_KIND, writable=False) as journal:
+        with Journal.open(directory / layout.JOURNAL, kind=JOURNAL_KIND, writable=False) as journal:
             meta = check_meta(journal, directory, shard_id, dim)
             vectors, ids = open_rows(directory, meta.uuid, dim, writable=False)
             try:
@@ -359,9 +359,9 @@ def _check_sizes(directory: Path, journal: Journal, meta: Meta, dim: int, rows: 
     """A sealed shard's row files hold its rows: fewer is damage (but a
     version 2 ids file is rewritten from the journal), more is logged
     (stray bytes, never read; verify --repair cuts them)."""
-    for name, row_bytes in (("vectors", dim * 4), ("ids", 8)):
+    for name, row_bytes in ((layout.VECTORS, dim * 4), (layout.IDS, 8)):
         size, expect = (directory / name).stat().st_size, 4096 + rows * row_bytes
-        if size < expect and name == "ids" and meta.version != V1:
+        if size < expect and name == layout.IDS and meta.version != V1:
             replay.rebuild_ids(directory, journal, meta.uuid, rows)
         elif size < expect:
             raise ShardDamaged(directory, f"{name} has {size} bytes; {rows} sealed rows need {expect}")

@@ -17,7 +17,7 @@ from common.errors import CommonError
 from common.journal import Journal, JournalConfig
 from common.journal.errors import FormatError
 
-from . import metadata
+from . import layout, metadata
 from .batch_record import ALIGNMENT, MAX_RECORD_BYTES, version_of
 from .rows import IDS, VECTORS, RowFile
 
@@ -64,17 +64,17 @@ def check_meta(journal: Journal, directory: Path, shard_id: int, dim: int) -> Me
 
 def open_rows(directory: Path, uid: bytes, dim: int, writable: bool) -> tuple[RowFile, RowFile]:
     """Both row files, their headers checked against the shard (closed again on failure)."""
-    vectors = open_row_file(directory, "vectors", uid, dim, writable)
+    vectors = open_row_file(directory, layout.VECTORS, uid, dim, writable)
     try:
-        return vectors, open_row_file(directory, "ids", uid, dim, writable)
+        return vectors, open_row_file(directory, layout.IDS, uid, dim, writable)
     except BaseException:
         vectors.close()
         raise
 
 
 def open_row_file(directory: Path, name: str, uid: bytes, dim: int, writable: bool) -> RowFile:
-    """The row file ``name`` ("vectors" or "ids"), its header checked against the shard."""
-    want = (VECTORS, "<f4", dim) if name == "vectors" else (IDS, "<i8", 1)
+    """The row file ``name`` (layout.VECTORS or layout.IDS), its header checked against the shard."""
+    want = (VECTORS, "<f4", dim) if name == layout.VECTORS else (IDS, "<i8", 1)
     try:
         column = RowFile.open(directory / name, writable)
     except DAMAGE as exc:

@@ -42,7 +42,7 @@ from common.journal.full_disk import FullDisk
 from common.journal.lockfile import LockFile
 from shardmgr.errors import DiskFull, UnknownCollection
 
-from . import batch, index
+from . import batch, index, layout
 from .collection import Collection
 from .config import StoreConfig
 from .copies import copy_collections
@@ -69,7 +69,7 @@ class Store(ClusterSeam):
         configuration of the store's own, which it starts and stops
         (default FlusherConfig()). ``lock`` takes the directory's LOCK."""
         self.data_dir = Path(data_dir)
-        self.root = self.data_dir / "shards"
+        self.root = self.data_dir / layout.SHARDS
         self.config = (config or StoreConfig()).validate()
         self._own_flusher = not isinstance(flusher, Flusher)
         self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
@@ -107,7 +107,7 @@ class Store(ClusterSeam):
             self.flusher.start()
         started = time.monotonic()
         try:
-            for directory in sorted(p for p in self.root.iterdir() if (p / "collection").exists()):
+            for directory in sorted(p for p in self.root.iterdir() if (p / layout.COLLECTION).exists()):
                 collection = Collection.open(directory, self.flusher, self.config)
                 self._collections[collection.name] = self._adopt(collection)
         except BaseException:  # e.g. too many open files: release everything, so a retry can start clean

@@ -54,8 +54,8 @@ from shardmgr.cluster.state.kv import Entry, Kv
 from shardmgr.cluster.state.objects import ObjectInfo, ObjectStore
 from shardmgr.cluster.state.shard_map import ShardEntry, ShardObject
 from shardmgr.errors import CannotVerify
+from shardmgr.store import layout
 from shardmgr.store.rows import HEADER_SIZE
-from shardmgr.store.sealed import ALWAYS
 
 from . import object_checks
 from .object_checks import Named
@@ -176,8 +176,8 @@ def _shard_entry(scan: ClusterScan, e: Entry) -> None:
         scan.add(where, Severity.CORRUPT, "entry", f"shard {parts[1]} of {parts[0]!r} (its key)",
                  f"an entry of shard {entry.shard_id} of {entry.collection!r}")
     names = [o.name for o in entry.objects]
-    if missing := [n for n in ALWAYS if n not in names]:
-        scan.add(where, Severity.CORRUPT, "entry", f"objects {', '.join(ALWAYS)} (every sealed shard's files)",
+    if missing := [n for n in layout.ALWAYS if n not in names]:
+        scan.add(where, Severity.CORRUPT, "entry", f"objects {', '.join(layout.ALWAYS)} (every sealed shard's files)",
                  f"no {', '.join(missing)} (it names {', '.join(names) or 'nothing'})")
     meta = scan.catalog.get(parts[0])
     if meta is None:

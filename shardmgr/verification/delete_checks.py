@@ -17,13 +17,13 @@ import msgpack
 
 from common.journal.check import Findings, Severity
 from common.journal.errors import CorruptJournal, FormatError
-from shardmgr.store import deletes
+from shardmgr.store import deletes, layout
 
 
 def check(directory: Path, shard_id: int, known: tuple[int, bytes] | None, findings: Findings) -> None:
     """Check ``directory``'s delete log, if it has one; ``known`` is the
     shard's (rows, uuid) when its journal could say."""
-    path = directory / deletes.FILE
+    path = directory / layout.DELETES
     if not path.exists():
         return
     journal_check = findings.journal(path, deletes.KIND, deep=True)

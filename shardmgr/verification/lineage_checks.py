@@ -24,14 +24,14 @@ import msgpack
 
 from common.journal.check import Findings, Severity
 from common.journal.errors import FormatError
-from shardmgr.store import lineage
+from shardmgr.store import layout, lineage
 from shardmgr.store.rows import REFS, RowFile
 
 
 def check(directory: Path, raw_meta: bytes, known: tuple[int, bytes] | None, findings: Findings) -> None:
     """Check ``directory``'s refs file if its journal metadata (``raw_meta``)
     says it was rewritten; ``known``: the shard's (rows, uuid), if known."""
-    path = directory / lineage.FILE
+    path = directory / layout.REFS
     try:
         found = lineage.Lineage.decode(msgpack.unpackb(raw_meta), directory / "journal")
     except (FormatError, ValueError, msgpack.UnpackException) as exc:

@@ -33,18 +33,17 @@ import numpy as np
 
 from common.journal.check import Findings, JournalCheck, Severity, read_regular
 from common.journal.errors import CorruptJournal, FormatError
-from shardmgr.store import close_marker, deletes, index, lineage
+from shardmgr.store import close_marker, index, layout
 from shardmgr.store.batch_record import ID, JOURNAL_KIND, V1, Batch, last_batch, unpack, version_of
 from shardmgr.store.collection import META_KIND
 from shardmgr.store.quarantine import quarantine_reason
 from shardmgr.store.rows import HEADER_SIZE, HEADER_USED, IDS, VECTORS, RowHeader
-from shardmgr.store.shard import TMP_SUFFIX
 
 from . import delete_checks, lineage_checks
 from .row_checksums import batch_crcs
 
 SHARD_FILES = ("journal", "vectors", "ids")
-OPTIONAL_FILES = (index.INDEX_FILE, index.META_FILE, deletes.FILE, close_marker.FILE, lineage.FILE)
+OPTIONAL_FILES = (layout.INDEX, layout.INDEX_META, layout.DELETES, layout.CLOSED, layout.REFS)
 
 
 def check(root: Path, findings: Findings, deep: bool) -> None:
@@ -76,7 +75,8 @@ def _collection(directory: Path, findings: Findings, deep: bool) -> None:
             for moved in sorted(entry.iterdir()):
                 findings.add(moved, Severity.NOTE, "quarantined", "no quarantined shard",
                              f"quarantined: {quarantine_reason(moved)}")
-        elif entry.is_dir() and entry.name.endswith(TMP_SUFFIX) and entry.name[:-len(TMP_SUFFIX)].isdigit():
+        elif entry.is_dir() and entry.name.endswith(layout.TMP_SUFFIX) \
+                and entry.name[:-len(layout.TMP_SUFFIX)].isdigit():
             findings.add(entry, Severity.REPAIRABLE, "unfinished_shard", "no half-created shard",
                          "a creation a crash cut short (no data); removed at the next start")
         elif entry.is_dir() and entry.name.isdigit():
@@ -136,8 +136,8 @@ def _shard(directory: Path, shard_id: int, dim: int | None, findings: Findings, 
         lineage_checks.check(directory, raw_meta, known, findings)
     _index(directory, known, findings, deep)
     delete_checks.check(directory, shard_id, known, findings)
-    if close_marker.FILE in names:  # at worst unusable: the shard is then sealed at its next open, losing nothing
-        findings.journal(directory / close_marker.FILE, close_marker.KIND, deep=True, cap=Severity.NOTE).close()
+    if layout.CLOSED in names:  # at worst unusable: the shard is then sealed at its next open, losing nothing
+        findings.journal(directory / layout.CLOSED, close_marker.KIND, deep=True, cap=Severity.NOTE).close()
     return raw_meta
 
 
@@ -342,7 +342,7 @@ def _ids(directory: Path, headers: dict[str, RowHeader | None], batches: list[Fo
 def _index(directory: Path, known: tuple[int, bytes] | None, findings: Findings, deep: bool) -> None:
     """The index files against each other and (``known``: rows and uuid) the shard.
     Everything here is at most REPAIRABLE: a server rebuilds a bad index."""
-    faiss_file, meta_file = directory / index.INDEX_FILE, directory / index.META_FILE
+    faiss_file, meta_file = directory / layout.INDEX, directory / layout.INDEX_META
     if not meta_file.exists():
         if faiss_file.exists():
             findings.add(meta_file, Severity.REPAIRABLE, "missing", "index.meta beside index.faiss",

@@ -51,7 +51,7 @@ from shardmgr.cluster.state.membership import Member
 from shardmgr.cluster.state.objects import ObjectInfo, ObjectStore
 from shardmgr.cluster.state.report import STALE_S, FailingUpload, NodeReport, published_deleted
 from shardmgr.cluster.state.shard_map import ShardEntry
-from shardmgr.store.names import check_name
+from shardmgr.store import check_name
 
 #: what a holder that is not a live member and not clean means for its collection
 HOLDER_GONE = "rows unavailable until node returns"

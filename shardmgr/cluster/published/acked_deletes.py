@@ -65,8 +65,7 @@ from shardmgr.cluster.config import NodeConfig
 from shardmgr.cluster.errors import DeletesBacklog
 from shardmgr.cluster.published.mirror import EMPTY, ClusterState
 from shardmgr.errors import RowDeleted
-from shardmgr.store.refs import ROW_BITS
-from shardmgr.store.view import View
+from shardmgr.store import ROW_BITS, View
 
 DEFAULT_MAX_ROWS = NodeConfig().max_held_deletes
 PART = "acked"

@@ -67,10 +67,7 @@ from shardmgr.cluster.state.lease import NodeLease
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.cluster.state.shard_map import ShardObject
 from shardmgr.errors import ShardmgrError, UnknownCollection
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.shard import TMP_SUFFIX
-from shardmgr.store.shard_files import ShardDamaged
-from shardmgr.store.store import Store
+from shardmgr.store import ShardDamaged, Store, layout
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +201,7 @@ class ShardCache:
         try:
             self._ensure_collection(name)
             final = self.cache.collection(name).shard_path(shard_id)
-            tmp = final.with_name(final.name + TMP_SUFFIX)
+            tmp = final.with_name(final.name + layout.TMP_SUFFIX)
             fetched = gather_files(self.objects, tmp, objects,
                                    lambda file, obj: final / file if have.get(file) == obj.key else None)
             self.cache.drop_shard(name, shard_id)  # searches ask elsewhere for this instant (not_here)
@@ -315,10 +312,10 @@ def shard_objects(state: ClusterState, name: str, shard_id: int) -> dict[str, Sh
     """The files a reader of a published shard uses now, by file name: its row
     files, the delete log (extras.deletes_object) and the writer's index files."""
     entry = state.published[name][shard_id]
-    objects = {obj.name: obj for obj in entry.objects if obj.name != DELETES}
+    objects = {obj.name: obj for obj in entry.objects if obj.name != layout.DELETES}
     deletes = deletes_object(entry, state.deletes.get(name, {}).get(shard_id))
     if deletes is not None:
-        objects[DELETES] = deletes
+        objects[layout.DELETES] = deletes
     index = state.indexes.get(name, {}).get(shard_id)
     objects.update((obj.name, obj) for obj in (index.files if index is not None else ()))
     return objects

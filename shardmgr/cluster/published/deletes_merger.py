@@ -51,9 +51,7 @@ from shardmgr.cluster.published.mirror import ClusterState
 from shardmgr.cluster.state.extras import DeletesEntry
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.errors import UnknownCollection
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.sealed import SealedShard
-from shardmgr.store.store import Store
+from shardmgr.store import SealedShard, Store, layout
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +88,7 @@ class DeletesMerger:
                 self._own[key] = entry.object.key  # not looked at again at each pass
                 return 0  # its own log, and no shorter here: logs only grow
             with tempfile.TemporaryDirectory(prefix="shardmgr-merge-") as scratch:
-                self.objects.fetch(entry.object.key, Path(scratch) / DELETES, size=entry.object.size,
+                self.objects.fetch(entry.object.key, Path(scratch) / layout.DELETES, size=entry.object.size,
                                    crc=entry.object.crc32c)
                 try:
                     deleted = self.store.merge_deletes(entry.collection, entry.shard_id, Path(scratch))

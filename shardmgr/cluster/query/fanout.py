@@ -41,10 +41,15 @@ from shardmgr.cluster.published.acked_deletes import AckedDeletes, asked
 from shardmgr.cluster.published.mirror import ClusterMirror, ClusterState
 from shardmgr.cluster.query.routing import Ask, Plan, holder_missing, plan, shard_missing
 from shardmgr.cluster.query.shard_search import ShardSearch
-from shardmgr.store import batch, index
-from shardmgr.store.client import SEARCH_SECONDS_PER_VALUE  # a peer search's allowance, as a client's
-from shardmgr.store.search import Hits, SearchResult, merge
-from shardmgr.store.store import Store
+from shardmgr.store import (
+    SEARCH_SECONDS_PER_VALUE,  # a peer search's allowance, as a client's
+    Hits,
+    SearchResult,
+    Store,
+    batch,
+    check_params,
+    merge,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,7 @@ class FanOut:
         collection = self.store.collection(name)
         checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
         k = batch.k(k, self.store.config.max_k)
-        chosen = index.check_params(params)
+        chosen = check_params(params)
         self.counters["searches_total"] += 1
         if not len(checked):
             return SearchResult(np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64))

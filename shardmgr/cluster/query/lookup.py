@@ -30,9 +30,11 @@ from shardmgr.cluster.errors import ShardsUnavailable
 from shardmgr.cluster.query.fanout import FanOut
 from shardmgr.cluster.query.routing import Plan
 from shardmgr.errors import UnknownRef
-from shardmgr.store import batch
-from shardmgr.store.client import GET_SECONDS_PER_ROW  # a peer get's allowance, as a client's
-from shardmgr.store.refs import split_refs
+from shardmgr.store import (
+    GET_SECONDS_PER_ROW,  # a peer get's allowance, as a client's
+    batch,
+    split_refs,
+)
 
 
 class Lookup:

@@ -37,9 +37,7 @@ from shardmgr.cluster.state.lease import NodeLease
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.cluster.state.report import NodeReport
 from shardmgr.errors import BadVectors
-from shardmgr.store import batch, index
-from shardmgr.store.search import Hits, SearchResult
-from shardmgr.store.store import Store
+from shardmgr.store import Hits, SearchResult, Store, batch, check_params
 
 REPORT_TIMEOUT_S = 2.0
 """How long a count waits for a node's report (it is built from memory: milliseconds), and then for
@@ -181,7 +179,7 @@ class QueryRouter:
         collection = self.store.collection(name)
         checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
         k = batch.k(k, self.store.config.max_k)
-        chosen = index.check_params(params)
+        chosen = check_params(params)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in shards):
             raise BadVectors(f"shards must be a list of shard ids (integers), got {shards!r:.200}")
         # no row limit: the asking node bounds what it holds (max_held_deletes), the frame what it sends

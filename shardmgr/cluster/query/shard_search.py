@@ -26,12 +26,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from shardmgr.errors import UnknownCollection
-from shardmgr.store.deletes import selector
-from shardmgr.store.refs import ROW_BITS, ROW_MASK, split_refs
-from shardmgr.store.search import Hits
-from shardmgr.store.searcher import Searcher
-from shardmgr.store.store import Store
-from shardmgr.store.view import View, gather
+from shardmgr.store import ROW_BITS, ROW_MASK, Hits, Searcher, Store, View, gather, selector, split_refs
 
 
 class ShardSearch:

@@ -26,7 +26,7 @@ import time
 from shardmgr.cluster.config import ClusterConfig, check_node_id
 from shardmgr.cluster.state.kv import Entry, Kv, delete_op, put_op, range_op, same_create, same_lease
 from shardmgr.cluster.state.lease import NodeLease
-from shardmgr.store.names import check_name
+from shardmgr.store import check_name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -65,8 +65,7 @@ from shardmgr.cluster.state.kv import (
 )
 from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap, ShardObject
 from shardmgr.cluster.state.watch import PrefixWatch, WatchEvent
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.names import check_name
+from shardmgr.store import check_name, layout
 
 #: attempts of a deletes publish whose compare on the deletes key failed (our own lost answer: re-read)
 PUBLISH_ATTEMPTS = 5
@@ -101,7 +100,7 @@ class DeletesEntry:
     @classmethod
     def decode(cls, collection: str, shard_id: int, data: bytes) -> DeletesEntry:
         raw: dict[str, Any] = json.loads(data)
-        return cls(collection, shard_id, ShardObject(name=DELETES, **raw["object"]), int(raw["deleted"]),
+        return cls(collection, shard_id, ShardObject(name=layout.DELETES, **raw["object"]), int(raw["deleted"]),
                    str(raw["node"]), int(raw["writer_revision"]))
 
 
@@ -153,7 +152,7 @@ def deletes_object(shard: ShardEntry, deletes: DeletesEntry | None) -> ShardObje
     deletes key's object, else the entry's own ``deletes`` file, else None."""
     if deletes is not None:
         return deletes.object
-    return next((o for o in shard.objects if o.name == DELETES), None)
+    return next((o for o in shard.objects if o.name == layout.DELETES), None)
 
 
 class ShardExtras:

@@ -26,7 +26,7 @@ from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.state.catalog import Catalog, CollectionMeta, check_same
 from shardmgr.cluster.state.watch import PrefixWatch
 from shardmgr.errors import CollectionConflict, ShardmgrError, UnknownCollection
-from shardmgr.store.store import Store
+from shardmgr.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,7 @@ from shardmgr.cluster.passes import run_passes
 from shardmgr.cluster.state.kv import Kv, delete_op, same_mod
 from shardmgr.cluster.state.shard_map import ShardEntry
 from shardmgr.errors import UnknownCollection
-from shardmgr.store.names import check_name
-from shardmgr.store.store import Store
+from shardmgr.store import Store, check_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

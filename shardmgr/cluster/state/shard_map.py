@@ -43,8 +43,7 @@ from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.errors import CoordinationError, NotWriter, ShardConflict
 from shardmgr.cluster.state.election import Writer
 from shardmgr.cluster.state.kv import Kv, put_op, range_op, same_create, same_lease, same_mod
-from shardmgr.store.names import check_name
-from shardmgr.store.refs import MAX_SHARD
+from shardmgr.store import MAX_SHARD, check_name
 
 #: attempts of a reservation whose compare on the ids key failed (a lost answer of our own, re-read)
 RESERVE_ATTEMPTS = 5

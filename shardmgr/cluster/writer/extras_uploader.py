@@ -68,9 +68,7 @@ from shardmgr.cluster.state.objects import ObjectInfo, ObjectStore, file_crc32c
 from shardmgr.cluster.state.shard_map import ShardMap, ShardObject
 from shardmgr.cluster.writer.uploader import Uploader
 from shardmgr.errors import UnknownCollection
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.sealed import SealedShard
-from shardmgr.store.store import Store
+from shardmgr.store import SealedShard, Store, layout
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +179,7 @@ class ExtrasUploader:
             elif key in self.uploader.entry_deletes:
                 self._deletes_there[key] = self.uploader.entry_deletes[key]
             else:
-                self._deletes_there[key] = None if any(o.name == DELETES for o in entry.objects) else 0
+                self._deletes_there[key] = None if any(o.name == layout.DELETES for o in entry.objects) else 0
             if shard_id in view.indexes:
                 self._index_there.add(key)
 
@@ -247,13 +245,13 @@ class ExtrasUploader:
             if now is not None:
                 self._merger.merge(now, always=True)  # it may hold rows this log lacks (another node's)
         with tempfile.TemporaryDirectory(prefix="shardmgr-deletes-") as scratch:
-            copy = Path(scratch) / DELETES
+            copy = Path(scratch) / layout.DELETES
             deleted = self.store.copy_deletes(name, shard_id, copy)
             if deleted <= (self._there((name, shard_id)) or 0) and (name, shard_id) not in self._promised:
                 return  # nothing beyond what is published
-            key = shard_map.object_key(shard_id, token, f"{DELETES}.{deleted}")
+            key = shard_map.object_key(shard_id, token, f"{layout.DELETES}.{deleted}")
             stored = self._put(copy, key, same_rows=True)
-        obj = ShardObject(DELETES, key, stored.size, _crc(stored))
+        obj = ShardObject(layout.DELETES, key, stored.size, _crc(stored))
         there = self._extras.publish_deletes(token, DeletesEntry(name, shard_id, obj, deleted))
         self._deletes_there[(name, shard_id)] = there.deleted
         with self._lock:  # kept (this node's key with as many rows), or moot (the key there holds every row here)

@@ -67,7 +67,7 @@ from shardmgr.cluster.config import NodeConfig
 from shardmgr.cluster.errors import ForwardDenied, WriterElsewhere, WriterUnreachable
 from shardmgr.cluster.peers import Peers
 from shardmgr.cluster.published import acked_deletes
-from shardmgr.store.client import APPEND_BYTES_PER_SECOND
+from shardmgr.store import APPEND_BYTES_PER_SECOND
 
 log = logging.getLogger(__name__)
 

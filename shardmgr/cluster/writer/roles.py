@@ -42,7 +42,7 @@ from shardmgr.cluster.state.lease import NodeLease
 from shardmgr.cluster.state.membership import Member, Membership
 from shardmgr.cluster.state.shard_map import ShardMap
 from shardmgr.errors import UnknownCollection
-from shardmgr.store.store import Store
+from shardmgr.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,7 @@ from shardmgr.cluster.state.extras import ExtrasView, ShardExtras
 from shardmgr.cluster.state.kv import Kv
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.cluster.state.shard_map import ShardMap
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.index import INDEX_FILE, META_FILE
+from shardmgr.store import layout
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +87,12 @@ def _orphan(parts: list[str], token: Writer, extras: ExtrasView, modified: dict[
     if len(parts) != 3 or not parts[0].isdigit():
         return True
     shard_id, ours, file = int(parts[0]), parts[1] == str(token.revision), parts[2]
-    rows = file.removeprefix(f"{DELETES}.")
+    rows = file.removeprefix(f"{layout.DELETES}.")
     if rows != file and rows.isdigit():  # a delete log copy
         there = extras.deletes.get(shard_id)
         if there is not None and modified.get(there.object.key, before + 1) > before:
             return False  # rule 4: the copy named now is young (or newer than the listing)
         return not ours or (there is not None and int(rows) <= there.deleted)
-    if file in (INDEX_FILE, META_FILE):
+    if file in (layout.INDEX, layout.INDEX_META):
         return not ours or shard_id in extras.indexes  # write-once: once one is published, ours never is
     return not ours

@@ -50,10 +50,7 @@ from shardmgr.cluster.published.deletes_merger import DeletesMerger
 from shardmgr.cluster.published.mirror import ClusterMirror, ClusterState
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.errors import ShardmgrError
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.shard import TMP_SUFFIX
-from shardmgr.store.shard_files import ShardDamaged
-from shardmgr.store.store import Store
+from shardmgr.store import ShardDamaged, Store, layout
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +94,10 @@ class ShardTaker:
 
     def _take(self, state: ClusterState, name: str, shard_id: int) -> None:
         final = self.store.collection(name).shard_path(shard_id)
-        tmp = final.with_name(final.name + TMP_SUFFIX)
+        tmp = final.with_name(final.name + layout.TMP_SUFFIX)
         objects = shard_objects(state, name, shard_id)
         try:  # the delete log grows here: never a link to the cache's
-            fetched = gather_files(self.objects, tmp, objects, lambda file, obj: None if file == DELETES
+            fetched = gather_files(self.objects, tmp, objects, lambda file, obj: None if file == layout.DELETES
                                    else self.cache.installed_file(name, shard_id, file, obj.key))
             tmp.rename(final)
             fsync_dir(final.parent)
@@ -115,8 +112,8 @@ class ShardTaker:
             fsync_dir(final.parent)
             raise ShardsUnavailable(f"shard {shard_id} of {name!r}, brought here to delete in it, failed its "
                                     f"checks (nothing was deleted): {e}") from e
-        if DELETES in objects:
-            self.merger.note(name, shard_id, objects[DELETES].key)
+        if layout.DELETES in objects:
+            self.merger.note(name, shard_id, objects[layout.DELETES].key)
         self.counters["shards_taken_total"] += 1
         log.info("took shard %d of %s (%d rows) into this node's store to delete in it (fetched %s, the rest "
                  "linked from the cache)", shard_id, name, rows, ", ".join(sorted(fetched)) or "nothing")

@@ -62,9 +62,7 @@ from shardmgr.cluster.state.kv import Kv
 from shardmgr.cluster.state.objects import ObjectInfo, ObjectStore, file_crc32c
 from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap, ShardObject
 from shardmgr.errors import UnknownCollection
-from shardmgr.store.deletes import FILE as DELETES
-from shardmgr.store.sealed import SealedShard
-from shardmgr.store.store import Store
+from shardmgr.store import SealedShard, Store, layout
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +193,7 @@ class Uploader:
         deleted rows in that copy."""
         files, deleted = [], 0
         for name, path in sealed.files:
-            if name == DELETES:
+            if name == layout.DELETES:
                 path = scratch / name
                 deleted = self.store.copy_deletes(sealed.collection, sealed.shard_id, path)
                 if not deleted:

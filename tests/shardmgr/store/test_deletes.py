@@ -19,7 +19,7 @@ from common.journal.check import Severity
 from common.journal.record import RECORD_HEADER_SIZE
 from common.journal.testing import PowerCut
 from shardmgr.errors import BadVectors, DiskFull, RowDeleted, UnknownRef
-from shardmgr.store import deletes
+from shardmgr.store import deletes, layout
 from shardmgr.store.refs import ROW_BITS
 
 
@@ -122,7 +122,7 @@ def test_bad_deletes_change_nothing(tmp_path: Path) -> None:
         with pytest.raises(BadVectors):
             store.delete_ids("c", np.zeros((2, 2), np.int64))
         assert store.collection_info("c")["deleted"] == 0
-        assert not list(tmp_path.rglob(deletes.FILE)), "a refused delete created the delete log"
+        assert not list(tmp_path.rglob(layout.DELETES)), "a refused delete created the delete log"
         np.testing.assert_array_equal(store.ids("c", refs), np.arange(10))
 
 
@@ -177,7 +177,7 @@ def _delete_log(tmp_path: Path) -> Path:
         store.create_collection("c", 4)
         refs = store.append("c", rows_of(10, 4, 6), np.arange(10))
         store.delete("c", refs[:3], durable=True)
-    (path,) = tmp_path.rglob(deletes.FILE)
+    (path,) = tmp_path.rglob(layout.DELETES)
     return path
 
 
@@ -200,7 +200,7 @@ def test_a_delete_log_of_another_shard_is_refused(tmp_path: Path) -> None:
     with shardmgr.open(tmp_path / "other") as store:
         store.create_collection("c", 4)
         store.delete("c", store.append("c", rows_of(4, 4, 7), np.arange(4))[:1])
-    (foreign,) = (tmp_path / "other").rglob(deletes.FILE)
+    (foreign,) = (tmp_path / "other").rglob(layout.DELETES)
     shutil.copyfile(foreign, path)
     report = shardmgr.verify(tmp_path, deep=True)
     assert any(p.what == "metadata" and p.path == str(path) for p in report.problems), report.problems

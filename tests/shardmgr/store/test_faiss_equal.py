@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shardmgr
-from shardmgr.store import index
+from shardmgr.store import layout
 from shardmgr.store.store import Store
 
 DIM, ROWS, K = 32, 10_000, 20
@@ -45,7 +45,7 @@ def one_shard(path: Path, spec: str) -> tuple[Store, np.ndarray, faiss.Index]:
     store.append("c", np.full((1, DIM), FAR, np.float32), [ROWS])  # the shard is full: this seals it
     store.wait_for_indexes()
     assert store.collection_info("c")["sealed"] == 1
-    return store, refs, faiss.read_index(str(path / "shards" / "c" / "00000001" / index.INDEX_FILE))
+    return store, refs, faiss.read_index(str(path / "shards" / "c" / "00000001" / layout.INDEX))
 
 
 def faiss_search(made: faiss.Index, queries: np.ndarray, knob: str, value: int,

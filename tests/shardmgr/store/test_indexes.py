@@ -18,7 +18,7 @@ import pytest
 
 import shardmgr
 from shardmgr.errors import BadVectors
-from shardmgr.store import index
+from shardmgr.store import index, layout
 from shardmgr.store.store import Store
 
 DIM = 32
@@ -76,7 +76,7 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
 def test_an_index_string_is_built_per_sealed_shard_and_tuned_per_query(tmp_path: Path, spec: str,
                                                                         metric: str) -> None:
     store, vectors, refs = sealed_store(tmp_path, spec, metric)
-    assert (tmp_path / "shards" / "c" / "00000001" / index.INDEX_FILE).exists()
+    assert (tmp_path / "shards" / "c" / "00000001" / layout.INDEX).exists()
     queries = data(QUERIES, 5)
     exact = exact_neighbours(queries, vectors, metric)
     for params, low, high in BANDS[spec, metric]:
@@ -128,7 +128,7 @@ def test_a_shard_too_small_to_train_is_searched_exactly(tmp_path: Path) -> None:
         refs = store.append("c", vectors, np.arange(1000))
         store.append("c", data(1, 3), [1000])
         store.wait_for_indexes()
-        assert not list(tmp_path.rglob(index.INDEX_FILE))
+        assert not list(tmp_path.rglob(layout.INDEX))
         _, _, found = store.search("c", vectors[:20], 1)
         np.testing.assert_array_equal(found[:, 0], refs[:20])
 

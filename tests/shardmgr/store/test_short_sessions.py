@@ -13,7 +13,7 @@ import pytest
 import shardmgr
 from common.journal.testing import PowerCut
 from shardmgr.errors import UnknownRef
-from shardmgr.store import close_marker
+from shardmgr.store import close_marker, layout
 from shardmgr.store.refs import split_refs
 
 
@@ -64,9 +64,9 @@ def test_a_crash_after_a_clean_reopen_seals_the_shard(tmp_path: Path) -> None:
         first = store.append("c", rows_of(5, 8, 1), np.arange(5))
     with PowerCut(tmp_path, seed=3) as cut:
         store = shardmgr.open(tmp_path)
-        assert list(tmp_path.rglob(close_marker.FILE))  # kept until the first append
+        assert list(tmp_path.rglob(layout.CLOSED))  # kept until the first append
         lost = store.append("c", rows_of(5, 8, 2), np.arange(5, 10))  # not durable: the cut may take it
-        assert not list(tmp_path.rglob(close_marker.FILE))
+        assert not list(tmp_path.rglob(layout.CLOSED))
         assert (split_refs(lost)[0] == split_refs(first)[0]).all(), "the reopened shard did not keep growing"
         store.abandon()
         cut.crash()
@@ -105,7 +105,7 @@ def test_any_doubt_about_the_marker_seals_the_shard(tmp_path: Path, damage: str)
     with shardmgr.open(tmp_path) as store:
         store.create_collection("c", 8)
         store.append("c", rows_of(5, 8, 1), np.arange(5))
-    (marker,) = tmp_path.rglob(close_marker.FILE)
+    (marker,) = tmp_path.rglob(layout.CLOSED)
     if damage == "missing":
         marker.unlink()
     elif damage == "stale_rows":

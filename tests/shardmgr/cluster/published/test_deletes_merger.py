@@ -17,8 +17,8 @@ from shardmgr.cluster.published.mirror import ClusterState
 from shardmgr.cluster.state.extras import DeletesEntry
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.cluster.state.shard_map import ShardObject
+from shardmgr.store import layout
 from shardmgr.store.config import StoreConfig
-from shardmgr.store.deletes import FILE as DELETES
 from shardmgr.store.store import Store
 from tests.shardmgr.cluster.nodes import bucket
 
@@ -47,7 +47,7 @@ def published(objects: ObjectStore, config: ClusterConfig, store: Store, name: s
     deleted = store.copy_deletes("c", 1, copy)
     info = objects.put_file(copy, config.object_key("c", "1", name))
     assert info.crc32c is not None
-    return DeletesEntry("c", 1, ShardObject(DELETES, info.key, info.size, info.crc32c), deleted, node, 1)
+    return DeletesEntry("c", 1, ShardObject(layout.DELETES, info.key, info.size, info.crc32c), deleted, node, 1)
 
 
 def state(*entries: DeletesEntry) -> ClusterState:
