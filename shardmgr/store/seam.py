@@ -1,8 +1,8 @@
 """Cluster mode's seam in the store (shardmgr/cluster/node.py uses it;
 unused otherwise, and then nothing here changes the store's behaviour).
 
-:class:`ClusterSeam` is a side of :class:`~shardmgr.store.store.Store`
-(a mixin over its collections and write lock). What the cluster node gets:
+:class:`ClusterSeam` is ``Store.seam``: an object the store makes over its
+collections and its write lock. What the cluster node gets:
 
 - a write gate: ``Store.gate`` (a :class:`WriteGate`) is asked before every
   create, append and delete, and may refuse; told which shards a delete
@@ -31,20 +31,19 @@ unused otherwise, and then nothing here changes the store's behaviour).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from common.journal.copying import copy_journal
 from shardmgr.errors import UnknownCollection
 
+from .collection import Collection
 from .deletes import DeleteLog
 from .refs import ref_of
 from .sealed import SealedShard, sealed_shard
-
-if TYPE_CHECKING:
-    from .collection import Collection
 
 COPY_ATTEMPTS = 3
 """Tries of copy_deletes to find the delete log already durable, waiting off the lock in between;
@@ -78,12 +77,13 @@ class WriteGate(Protocol):
 
 
 class ClusterSeam:
-    """The store's side for cluster mode (module docstring)."""
+    """The store's side for cluster mode (module docstring): ``collection``
+    looks a collection up by name (UnknownCollection if there is none), and
+    ``write`` is the store's write lock, taken as the store's own writes take it."""
 
-    _write: threading.Lock
-
-    if TYPE_CHECKING:
-        def collection(self, name: str) -> Collection: ...
+    def __init__(self, collection: Callable[[str], Collection], write: threading.Lock) -> None:
+        self.collection = collection
+        self._write = write
 
     def sealed_shards(self, name: str) -> list[SealedShard]:
         """Every sealed shard of ``name`` with its files (sealed.py), by id."""

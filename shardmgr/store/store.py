@@ -60,7 +60,7 @@ PARTLY = ("the rows of some shards may be deleted (not durably) and the others n
           "repeated once there is space (rows deleted already count 0)")
 
 
-class Store(ClusterSeam):
+class Store:
     """Collections under ``data_dir/shards``."""
 
     def __init__(self, data_dir: str | Path, config: StoreConfig | None = None, *,
@@ -75,6 +75,8 @@ class Store(ClusterSeam):
         self.flusher = flusher if isinstance(flusher, Flusher) else Flusher(flusher or FlusherConfig())
         self._lock_file = LockFile(self.data_dir) if lock else None
         self._write = threading.Lock()
+        #: cluster mode's side of the store (seam.py)
+        self.seam = ClusterSeam(self.collection, self._write)
         #: writes refused for a full disk: counted in stats, logged once per episode
         self.full_disk = FullDisk(f"vector store {self.root}", log)
         self._collections: dict[str, Collection] = {}

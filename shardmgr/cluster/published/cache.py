@@ -155,7 +155,7 @@ class ShardCache:
             return set()  # not a member (rejoining): others serve; keep what is cached until it lingers out
         replicas, wanted = self.node.replicas, set[Key]()
         for name, entries in state.published.items():
-            local = self.store.sealed_ids(name)
+            local = self.store.seam.sealed_ids(name)
             wanted.update((name, shard_id) for shard_id in entries
                           if shard_id not in local and self.node_id in owners(live, name, shard_id, replicas))
         return wanted
@@ -185,7 +185,7 @@ class ShardCache:
         self.counters["shards_cached"] = sum(len(ids) for ids in ready.values())
         late = self.merger.behind(state) if self.merger is not None else set()
         for name, entries in state.published.items():
-            ours = {s for s in self.store.sealed_ids(name) & entries.keys() if (name, s) not in late}
+            ours = {s for s in self.store.seam.sealed_ids(name) & entries.keys() if (name, s) not in late}
             keys = state.deletes.get(name, {})
             cached = deleted.setdefault(name, {})
             cached.update((s, keys[s].deleted) for s in ours - cached.keys() if s in keys)
@@ -204,11 +204,11 @@ class ShardCache:
             tmp = final.with_name(final.name + layout.TMP_SUFFIX)
             fetched = gather_files(self.objects, tmp, objects,
                                    lambda file, obj: final / file if have.get(file) == obj.key else None)
-            self.cache.drop_shard(name, shard_id)  # searches ask elsewhere for this instant (not_here)
+            self.cache.seam.drop_shard(name, shard_id)  # searches ask elsewhere for this instant (not_here)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             fsync_dir(final.parent)
-            rows = self.cache.adopt_shard(name, shard_id)
+            rows = self.cache.seam.adopt_shard(name, shard_id)
         except (ClusterError, ShardmgrError, ShardDamaged, OSError) as e:
             self.counters["fetches_failed_total"] += 1
             self._failed[key] = time.monotonic() + self.node.upload_retry_min_s
@@ -261,7 +261,7 @@ class ShardCache:
         for key in self._cached() - wanted:
             since = self._unwanted.setdefault(key, now)
             if now - since >= self.node.cache_linger_s:
-                directory = self.cache.drop_shard(*key)
+                directory = self.cache.seam.drop_shard(*key)
                 if directory is not None:
                     shutil.rmtree(directory, ignore_errors=True)
                     fsync_dir(directory.parent)

@@ -91,7 +91,7 @@ class DeletesMerger:
                 self.objects.fetch(entry.object.key, Path(scratch) / layout.DELETES, size=entry.object.size,
                                    crc=entry.object.crc32c)
                 try:
-                    deleted = self.store.merge_deletes(entry.collection, entry.shard_id, Path(scratch))
+                    deleted = self.store.seam.merge_deletes(entry.collection, entry.shard_id, Path(scratch))
                 except FormatError:
                     self._refused[key] = entry.object.key
                     raise
@@ -117,7 +117,7 @@ class DeletesMerger:
             foreign = [shard_id for shard_id, entry in entries.items()
                        if entry.node != self.node_id and self._merged.get((name, shard_id)) != entry.object.key]
             if foreign:
-                here = self.store.sealed_ids(name)
+                here = self.store.seam.sealed_ids(name)
                 late.update((name, shard_id) for shard_id in foreign if shard_id in here)
         return late
 
@@ -140,7 +140,7 @@ class DeletesMerger:
 
     def _sealed(self, entry: DeletesEntry) -> SealedShard | None:
         try:
-            return self.store.sealed_shard(entry.collection, entry.shard_id)
+            return self.store.seam.sealed_shard(entry.collection, entry.shard_id)
         except UnknownCollection:
             return None
 
@@ -149,7 +149,7 @@ class DeletesMerger:
         node's own store that :meth:`merge` would take; failures are logged
         and retried at the next call."""
         for name, entries in state.deletes.items():
-            for shard_id in sorted(self.store.sealed_ids(name) & entries.keys()):
+            for shard_id in sorted(self.store.seam.sealed_ids(name) & entries.keys()):
                 try:
                     self.merge(entries[shard_id])
                 except (ClusterError, JournalError, OSError) as e:

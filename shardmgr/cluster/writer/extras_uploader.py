@@ -161,7 +161,7 @@ class ExtrasUploader:
     def _missing(self, name: str) -> bool:
         published = self.uploader.published(name)
         return any(s.shard_id in published and (self._needs("deletes", s) or self._needs("indexes", s))
-                   for s in self.store.sealed_shards(name))
+                   for s in self.store.seam.sealed_shards(name))
 
     def _start_tenure(self, name: str) -> None:
         """Read what is published of ``name`` (module docstring); look at every published shard."""
@@ -194,7 +194,7 @@ class ExtrasUploader:
 
     def _shard(self, name: str, shard_id: int, token: Writer) -> bool:
         """Publish what one shard needs; False if the tenure is over."""
-        sealed = self.store.sealed_shard(name, shard_id)
+        sealed = self.store.seam.sealed_shard(name, shard_id)
         done = True
         for kind in ("deletes", "indexes"):
             if sealed is None or not self._needs(kind, sealed):
@@ -246,7 +246,7 @@ class ExtrasUploader:
                 self._merger.merge(now, always=True)  # it may hold rows this log lacks (another node's)
         with tempfile.TemporaryDirectory(prefix="shardmgr-deletes-") as scratch:
             copy = Path(scratch) / layout.DELETES
-            deleted = self.store.copy_deletes(name, shard_id, copy)
+            deleted = self.store.seam.copy_deletes(name, shard_id, copy)
             if deleted <= (self._there((name, shard_id)) or 0) and (name, shard_id) not in self._promised:
                 return  # nothing beyond what is published
             key = shard_map.object_key(shard_id, token, f"{layout.DELETES}.{deleted}")

@@ -87,7 +87,7 @@ class WriterRoles:
         collection must exist (the node makes sure of it)."""
         tenure = self._tenures.get(name)
         if tenure is not None and tenure.token.lease == self.lease.id and self.lease.alive() and tenure.granted:
-            next_id, _ = self.store.shard_ids(name)
+            next_id, _ = self.store.seam.shard_ids(name)
             if next_id < tenure.limit:
                 if tenure.limit - next_id <= self.block // 2:
                     self._wake()  # the node's thread reserves the next block
@@ -116,7 +116,7 @@ class WriterRoles:
         if writer is not None and (writer.node_id, writer.lease) == (self.node_id, lease.id):
             # ours: just won, or won earlier by a campaign whose id reservation then failed
             try:
-                next_id = self.store.shard_ids(name)[0]
+                next_id = self.store.seam.shard_ids(name)[0]
             except UnknownCollection:  # created in the cluster, not here yet: its shards come later
                 next_id = 1
             first, limit = ShardMap(self.config, name, self._kv).reserve_ids(writer, next_id, self.block)
@@ -150,11 +150,11 @@ class WriterRoles:
     def _grant(self, name: str, tenure: Tenure) -> None:
         """Give the store the tenure's ids, reserving the next block first if
         they are used up; under ``_lock``."""
-        next_id, _ = self.store.shard_ids(name)
+        next_id, _ = self.store.seam.shard_ids(name)
         if next_id >= tenure.limit:
             tenure = self._extend(name, tenure)
         if not tenure.granted:
-            self.store.grant_shard_ids(name, tenure.first, tenure.limit)
+            self.store.seam.grant_shard_ids(name, tenure.first, tenure.limit)
             tenure = dataclasses.replace(tenure, granted=True)
             self._tenures = {**self._tenures, name: tenure}
 
@@ -172,7 +172,7 @@ class WriterRoles:
         """Reserve the next block of ids for tenures that have used half of
         theirs (the node's thread; appends need not wait for etcd then)."""
         for name, tenure in list(self._tenures.items()):
-            if not tenure.granted or self.store.shard_ids(name)[0] < tenure.limit - self.block // 2:
+            if not tenure.granted or self.store.seam.shard_ids(name)[0] < tenure.limit - self.block // 2:
                 continue
             with self._lock:
                 if self._tenures.get(name) is not tenure:
@@ -206,7 +206,7 @@ class WriterRoles:
         self._tenures = {n: t for n, t in self._tenures.items() if n != name}
         self.counters["step_downs_total"] += 1
         with contextlib.suppress(UnknownCollection):
-            self.store.revoke_shard_ids(name)
+            self.store.seam.revoke_shard_ids(name)
         log.log(level, "stepped down as writer of %s (tenure at revision %d): %s", name, tenure.token.revision, why)
 
     def resign_all(self) -> None:

@@ -106,7 +106,7 @@ class ShardTaker:
             raise ShardsUnavailable(f"shard {shard_id} of {name!r} is published by another node and must be "
                                     f"brought here to delete in it; that failed (nothing was deleted): {e}") from e
         try:
-            rows = self.store.adopt_shard(name, shard_id)
+            rows = self.store.seam.adopt_shard(name, shard_id)
         except (ShardmgrError, ShardDamaged, OSError) as e:
             shutil.rmtree(final, ignore_errors=True)
             fsync_dir(final.parent)

@@ -132,7 +132,7 @@ class Uploader:
 
     def _unpublished_local(self, name: str) -> list[SealedShard]:
         known = self._published.get(name, set())
-        return [s for s in self.store.sealed_shards(name)
+        return [s for s in self.store.seam.sealed_shards(name)
                 if s.shard_id not in known and (name, s.shard_id) not in self._given_up]
 
     def _upload_and_publish(self, sealed: SealedShard, token: Writer) -> bool:
@@ -195,7 +195,7 @@ class Uploader:
         for name, path in sealed.files:
             if name == layout.DELETES:
                 path = scratch / name
-                deleted = self.store.copy_deletes(sealed.collection, sealed.shard_id, path)
+                deleted = self.store.seam.copy_deletes(sealed.collection, sealed.shard_id, path)
                 if not deleted:
                     continue
             files.append((name, path))

@@ -49,7 +49,7 @@ def test_seals_are_announced_and_sealed_shards_listed_with_their_files(tmp_path:
         assert sealed == [("c", 1), ("c", 2)]
         store.delete("c", store.append("c", *batch(9))[:1])  # shard 3, growing: not listed
         store.delete("c", np.array([1 << 40], dtype=np.int64))  # shard 1 gets a delete log
-        listed = store.sealed_shards("c")
+        listed = store.seam.sealed_shards("c")
         assert [(s.shard_id, s.rows) for s in listed] == [(1, 2 * ROWS), (2, ROWS)]
         assert [name for name, _ in listed[0].files] == ["vectors", "ids", "journal", "deletes"]
         assert [name for name, _ in listed[1].files] == ["vectors", "ids", "journal"]
@@ -65,16 +65,17 @@ def test_with_granted_ids_only_a_grant_lets_a_new_shard_start(tmp_path: Path) ->
         with pytest.raises(NoShardIds) as refused:
             store.append("c", *batch(0))
         assert isinstance(refused.value, Unavailable) and store.collection_info("c")["rows"] == 0
-        assert store.grant_shard_ids("c", 5, 7) == 5
+        assert store.seam.grant_shard_ids("c", 5, 7) == 5
         for seed in range(4):  # shards 5 and 6
             store.append("c", *batch(seed))
-        assert store.shard_ids("c") == (7, 7)
+        assert store.seam.shard_ids("c") == (7, 7)
         with pytest.raises(NoShardIds):  # shard 6 is full and no id is left: nothing is written, 6 stays growing
             store.append("c", *batch(4))
-        assert store.collection_info("c")["rows"] == 4 * ROWS and [s.shard_id for s in store.sealed_shards("c")] == [5]
-        store.grant_shard_ids("c", 0, 9)
+        assert store.collection_info("c")["rows"] == 4 * ROWS \
+            and [s.shard_id for s in store.seam.sealed_shards("c")] == [5]
+        store.seam.grant_shard_ids("c", 0, 9)
         store.append("c", *batch(5))  # shard 7: the grant kept the next id
-        store.revoke_shard_ids("c")
+        store.seam.revoke_shard_ids("c")
         store.append("c", *batch(6))  # the growing shard still fills ...
         with pytest.raises(NoShardIds):
             store.append("c", *batch(7))  # ... but no new one starts
@@ -142,25 +143,25 @@ def test_deletes_of_sealed_shards_are_announced_and_their_log_copied_durably(tmp
     try:
         store.create_collection("c", DIM)
         refs = np.concatenate([store.append("c", *batch(seed)) for seed in range(3)])  # shard 1 sealed, 2 growing
-        assert store.copy_deletes("c", 1, tmp_path / "none") == 0 and not (tmp_path / "none").exists()
+        assert store.seam.copy_deletes("c", 1, tmp_path / "none") == 0 and not (tmp_path / "none").exists()
         store.delete("c", refs[[2 * ROWS]])  # the growing shard only: not announced
         assert deleted == []
         store.delete("c", refs[[0, 1, 2 * ROWS + 1]])
         store.delete("c", refs[[1]])  # deleted already: nothing new, not announced
         store.delete_ids("c", np.array([7], dtype=np.int64))  # rows 7 and 56 of shard 1, 5 of the growing shard 2
         assert deleted == [("c", 1), ("c", 1)]
-        listed = store.sealed_shard("c", 1)
+        listed = store.seam.sealed_shard("c", 1)
         assert listed is not None and listed.deleted == 4 and listed.index_files == ()
-        assert store.sealed_shard("c", 2) is None  # growing
+        assert store.seam.sealed_shard("c", 2) is None  # growing
         shard = store.collection("c").shards[1]
         newest = shard.deletes.last
         assert newest is not None and not newest.durable
-        assert store.copy_deletes("c", 1, tmp_path / "copy") == 4
+        assert store.seam.copy_deletes("c", 1, tmp_path / "copy") == 4
         assert newest.durable  # the copy holds nothing a crash could still undo
         with pytest.raises(FileExistsError):  # a new file only
-            store.copy_deletes("c", 1, tmp_path / "copy")
+            store.seam.copy_deletes("c", 1, tmp_path / "copy")
         with pytest.raises(ValueError, match="no sealed shard 2"):
-            store.copy_deletes("c", 2, tmp_path / "other")
+            store.seam.copy_deletes("c", 2, tmp_path / "other")
         store.delete("c", refs[[3]])  # the live log grows; the copy does not
         copy_dir = tmp_path / "copied"
         copy_dir.mkdir()
@@ -187,7 +188,7 @@ def test_another_nodes_delete_log_of_a_shard_is_merged_into_this_ones(tmp_path: 
         try:
             other.delete("c", refs[[1, 7]])
             (tmp_path / "theirs").mkdir()
-            assert other.copy_deletes("c", 1, tmp_path / "theirs" / "deletes") == 2
+            assert other.seam.copy_deletes("c", 1, tmp_path / "theirs" / "deletes") == 2
         finally:
             other.close()
         stranger = opened(tmp_path / "stranger")  # a shard 1 of another store: another uuid
@@ -195,16 +196,16 @@ def test_another_nodes_delete_log_of_a_shard_is_merged_into_this_ones(tmp_path: 
             stranger.create_collection("c", DIM)
             stranger.delete("c", np.concatenate([stranger.append("c", *batch(seed)) for seed in range(3)])[[3]])
             (tmp_path / "wrong").mkdir()
-            stranger.copy_deletes("c", 1, tmp_path / "wrong" / "deletes")
+            stranger.seam.copy_deletes("c", 1, tmp_path / "wrong" / "deletes")
         finally:
             stranger.close()
         with pytest.raises(FormatError, match="not of shard 1"):
-            store.merge_deletes("c", 1, tmp_path / "wrong")
+            store.seam.merge_deletes("c", 1, tmp_path / "wrong")
         assert store.collection("c").shards[1].deletes.count == 2  # the refused merge deleted nothing
-        assert store.merge_deletes("c", 1, tmp_path / "theirs") == 1  # row 7; row 1 was deleted here already
-        assert store.merge_deletes("c", 1, tmp_path / "theirs") == 0
+        assert store.seam.merge_deletes("c", 1, tmp_path / "theirs") == 1  # row 7; row 1 was deleted here already
+        assert store.seam.merge_deletes("c", 1, tmp_path / "theirs") == 0
         with pytest.raises(ValueError, match="no sealed shard 2"):
-            store.merge_deletes("c", 2, tmp_path / "theirs")
+            store.seam.merge_deletes("c", 2, tmp_path / "theirs")
         store.close()
         store = opened(tmp_path / "data")  # durable: a reopen keeps the union
         assert np.flatnonzero(store.collection("c").shards[1].deletes.mask).tolist() == [0, 1, 7]
@@ -227,15 +228,15 @@ def test_a_built_index_is_announced_and_listed_with_the_shard(tmp_path: Path) ->
         while not indexed and time.monotonic() < deadline:  # announced just after it is installed
             time.sleep(0.05)
         assert indexed == [("h", 1)]
-        listed = store.sealed_shard("h", 1)
+        listed = store.seam.sealed_shard("h", 1)
         assert listed is not None and [name for name, _ in listed.index_files] == ["index.faiss", "index.meta"]
         assert all(path.is_file() for _, path in listed.index_files)
-        assert store.sealed_shards("f")[0].index_files == ()  # exact: no index
+        assert store.seam.sealed_shards("f")[0].index_files == ()  # exact: no index
     finally:
         store.close()
     reopened = opened(tmp_path / "data")  # a loaded index is listed too (no announcement: nothing was built)
     try:
-        listed = reopened.sealed_shard("h", 1)
+        listed = reopened.seam.sealed_shard("h", 1)
         assert listed is not None and len(listed.index_files) == 2
     finally:
         reopened.close()

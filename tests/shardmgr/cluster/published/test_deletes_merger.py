@@ -44,7 +44,7 @@ def one_sealed_shard(path: Path) -> np.ndarray:
 def published(objects: ObjectStore, config: ClusterConfig, store: Store, name: str, node: str) -> DeletesEntry:
     """Shard 1's delete log in ``store``, uploaded as ``node`` published it."""
     copy = store.data_dir.parent / f"{name}.deletes"
-    deleted = store.copy_deletes("c", 1, copy)
+    deleted = store.seam.copy_deletes("c", 1, copy)
     info = objects.put_file(copy, config.object_key("c", "1", name))
     assert info.crc32c is not None
     return DeletesEntry("c", 1, ShardObject(layout.DELETES, info.key, info.size, info.crc32c), deleted, node, 1)

@@ -46,7 +46,7 @@ def test_a_lost_publish_answer_a_log_of_unknown_rows_and_a_stale_tenure(
         token = election.campaign("n", lease, timeout_s=2)
         assert token is not None
         store.create_collection("c", 8)
-        store.grant_shard_ids("c", *shards.reserve_ids(token, 1, 4))
+        store.seam.grant_shard_ids("c", *shards.reserve_ids(token, 1, 4))
         refs = np.concatenate([store.append("c", *batch) for batch in batches(3)])  # shard 1 sealed
         store.delete("c", refs[:1])
 

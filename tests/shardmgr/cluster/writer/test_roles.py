@@ -41,23 +41,23 @@ def test_the_writer_rule_grants_ids_refuses_others_and_steps_down(etcd_config: C
     try:
         Membership(etcd_config).join("a", leases[0], "10.0.0.1:7300")
         a.ensure("c")  # no writer: a campaigns, wins, reserves ids 1..4 and grants them
-        assert set(a.held()) == {"c"} and stores[0].shard_ids("c") == (1, 5)
+        assert set(a.held()) == {"c"} and stores[0].seam.shard_ids("c") == (1, 5)
         for seed in range(3):  # a shard per batch (3,200 bytes each): ids 1-3; the last half of the block wakes
             stores[0].append("c", *rows(seed))
             a.ensure("c")
-        assert wakes and stores[0].shard_ids("c") == (4, 5)
+        assert wakes and stores[0].seam.shard_ids("c") == (4, 5)
         a.maintain()  # the node's thread reserves the next block ahead
-        assert stores[0].shard_ids("c") == (4, 9)
+        assert stores[0].seam.shard_ids("c") == (4, 9)
         with pytest.raises(WriterElsewhere) as refused:
             b.ensure("c")
         assert refused.value.address == "10.0.0.1:7300" and b.counters["writes_refused_total"] == 1
         a.step_down("c", "a test")
-        assert a.held() == {} and stores[0].shard_ids("c") == (4, 4)
+        assert a.held() == {} and stores[0].seam.shard_ids("c") == (4, 4)
         with pytest.raises(NoShardIds):  # the growing shard is full: no new one may start
             stores[0].append("c", *rows(9))
         assert Election(etcd_config, "c").resign(Election(etcd_config, "c").current())  # as if a's lease ended
         b.ensure("c")
-        assert stores[1].shard_ids("c") == (9, 13)  # after every id a ever reserved
+        assert stores[1].seam.shard_ids("c") == (9, 13)  # after every id a ever reserved
     finally:
         for roles in (a, b):
             roles.close()
@@ -75,7 +75,7 @@ def test_a_role_won_without_its_ids_is_taken_up_again(etcd_config: ClusterConfig
         won = Election(etcd_config, "c").try_acquire("a", lease)  # a campaign whose reservation then failed
         assert won[0]
         roles.ensure("c")
-        assert roles.held()["c"] == won[1] and store.shard_ids("c") == (1, 65)
+        assert roles.held()["c"] == won[1] and store.seam.shard_ids("c") == (1, 65)
     finally:
         roles.close()
         store.close()
