@@ -2,7 +2,7 @@
 mode's uploader: shardmgr/cluster/writer/uploader.py).
 
 A :class:`SealedShard` names the files that hold a sealed shard's data and
-its row count, read under the store's write lock (``Store.sealed_shards``).
+its row count, read under the store's write lock (``Store.seam.sealed_shards``).
 What stays true of them after that lock is let go:
 
 - ``vectors``, ``ids`` and ``journal`` never change again: a sealed shard is
@@ -15,7 +15,7 @@ What stays true of them after that lock is let go:
   and a reader that checksums it twice may see two lengths.
 
 - ``deleted``: the shard's deleted rows when it was listed (the delete log
-  may hold more by the time it is read: ``Store.copy_deletes`` takes a
+  may hold more by the time it is read: ``Store.seam.copy_deletes`` takes a
   consistent, durable copy and says how many it holds).
 - ``index_files`` (``index.faiss``, ``index.meta``): listed once the
   shard's approximate index is installed (built and persisted, or loaded at

@@ -18,7 +18,7 @@ with rows the other lacks. So a node merges before it relies on its log:
 
 Merging fetches the published log (checked against its key's size and
 crc32c), and deletes in the local shard every row it deletes
-(``Store.merge_deletes``: through the store's delete log, durable on
+(``Store.seam.merge_deletes``: through the store's delete log, durable on
 return). A log already merged is not fetched again, nor one that is not
 this shard's (FormatError, logged). At a state change, a log this node
 published is skipped while the local log holds as many rows (logs only

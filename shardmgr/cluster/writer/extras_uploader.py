@@ -12,7 +12,7 @@ for each collection this node writes, over the shards that are published:
   ``scan_interval_s``, unless the node holds half of ``max_held_deletes``:
   acked_deletes.py). If the shard's local deleted rows are more than
   those published, a durable copy of its delete log is taken
-  (``Store.copy_deletes``), uploaded write-once to ``<shard
+  (``Store.seam.copy_deletes``), uploaded write-once to ``<shard
   id>/<tenure>/deletes.<rows>`` and checked (``ObjectStore.put_file``), and
   published (``ShardExtras.publish_deletes``: fenced, forward only). A
   shard this node *promised* a deletes key for (:meth:`promise`: it

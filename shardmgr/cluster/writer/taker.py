@@ -13,7 +13,7 @@ published shard the delete names that its data directory lacks:
   (they never change), except the delete log, which grows here and so is
   always a copy of its own;
 - the directory is renamed into place and the store opens it with every
-  check of a reopened shard (``Store.adopt_shard``). A crash before the
+  check of a reopened shard (``Store.seam.adopt_shard``). A crash before the
   rename leaves a ``.tmp`` directory the next start removes.
 
 A delete by id looks at every shard, so it first takes every published

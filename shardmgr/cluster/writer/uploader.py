@@ -9,11 +9,11 @@ for each collection this node writes:
 1. At a new tenure, read which shards are published (later, only this
    tenure publishes, so the set is kept up to date locally).
 2. For each local sealed shard not published, in id order, whose retry time
-   has come: upload each file (``Store.sealed_shards``: vectors, ids,
+   has come: upload each file (``Store.seam.sealed_shards``: vectors, ids,
    journal, deletes if any) with a write-once put to the tenure's path
    (``ShardMap.object_key``) and check the stored size and crc32c
    (``ObjectStore.put_file``). The delete log, which grows with every
-   delete, goes up as a durable copy (``Store.copy_deletes``), so its
+   delete, goes up as a durable copy (``Store.seam.copy_deletes``), so its
    checksum is of the bytes sent; later deletes are published by
    extras_uploader.py. An object already there from an earlier
    attempt of this tenure is kept if it matches the file, else replaced
