@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from shardmgr.store.client import StoreClient
     from shardmgr.store.config import StoreConfig
     from shardmgr.store.store import Store
-    from shardmgr.verification.runner import Report
+    from shardmgr.verification.report import Report
 
 
 def open(data_dir: str | Path, config: StoreConfig | None = None, *,  # noqa: A001 - the public name is fixed

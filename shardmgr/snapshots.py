@@ -47,13 +47,12 @@ from typing import Any
 from common.journal import Flusher, FlusherConfig
 from common.journal.copying import sync_tree
 from common.journal.filesystem import fsync_dir, make_dirs
-from common.journal.lockfile import INCOMPLETE_NAME, incomplete
+from common.journal.lockfile import INCOMPLETE_NAME, SNAPSHOT_SUFFIX, incomplete
 from shardmgr.errors import ShardmgrError
 from shardmgr.store.config import StoreConfig
 from shardmgr.store.store import Store
 from workq.broker import Broker
 
-TMP_SUFFIX = ".tmp"
 _ONE_AT_A_TIME = threading.Lock()  # two snapshots to one dest would remove each other's <dest>.tmp
 
 
@@ -73,7 +72,7 @@ def take(dest: str | Path, store: Store, broker: Broker | None = None, *, servin
     ``<dest>.tmp`` is there that is not a snapshot cut short, or if the copy
     fails (nothing is left behind then)."""
     dest = Path(dest).absolute()
-    building = dest.with_name(dest.name + TMP_SUFFIX)
+    building = dest.with_name(dest.name + SNAPSHOT_SUFFIX)
     with _ONE_AT_A_TIME:
         if dest.exists():
             raise CannotSnapshot(f"snapshot destination {dest} exists: give a new path")
@@ -198,7 +197,7 @@ def after_lost_answer(dest: Path, lost: Exception, *, local: bool, before: tuple
         fsync_dir(dest.parent)
         return {"dest": str(dest), "answer_lost": str(lost), "verified": True}
     how = (f"It is complete if and only if {dest} appeared on the server's machine during the call (check with "
-           f"'shardmgr verify {dest}' there); {dest.name}{TMP_SUFFIX} beside it is an incomplete one (being "
+           f"'shardmgr verify {dest}' there); {dest.name}{SNAPSHOT_SUFFIX} beside it is an incomplete one (being "
            f"built while the server runs, else cut short: remove it and take the snapshot again)")
     if not local:
         raise CannotSnapshot(f"{lost}: the server did not answer, so the snapshot may not be complete. {how}")

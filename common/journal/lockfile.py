@@ -18,6 +18,9 @@ from common.errors import CommonError
 LOCK_NAME = "LOCK"
 INCOMPLETE_NAME = "SNAPSHOT_INCOMPLETE"
 """Present in a copy of a data directory until the copy is whole (shardmgr/snapshots.py)."""
+SNAPSHOT_SUFFIX = ".tmp"
+"""A snapshot is built in ``DEST`` + this suffix, beside ``DEST``, and renamed to ``DEST`` once whole
+(shardmgr/snapshots.py)."""
 
 
 class DirectoryLocked(CommonError):

@@ -59,7 +59,7 @@ from shardmgr.store.rows import HEADER_SIZE
 
 from . import object_checks
 from .object_checks import Named
-from .runner import Report
+from .report import Report
 
 _NODE = NodeConfig()
 #: an unnamed object older than this should have been swept (the sweep's default grace, plus one period)

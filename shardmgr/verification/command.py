@@ -19,7 +19,7 @@ from shardmgr.cluster.config import EtcdSecurity
 from shardmgr.cluster.operations.commands import etcd_client_options
 
 if TYPE_CHECKING:
-    from .runner import Report
+    from .report import Report
     from .view import LateProgress
 
 
@@ -59,7 +59,8 @@ def verify(data_dir: Path | None, cluster: str | None, object_store: str | None,
     """
     from shardmgr.errors import CannotVerify
 
-    from .runner import EXIT_CANNOT_RUN, count_files
+    from .report import EXIT_CANNOT_RUN
+    from .runner import count_files
     from .view import LateProgress, show
 
     progress = LateProgress(count_files(data_dir) if data_dir is not None and data_dir.is_dir() else 0,

@@ -22,75 +22,29 @@ checked again; the report is that second check, with the actions taken.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.journal.check import Findings, Problem, Severity
+from common.journal.check import Findings, Severity
 from common.journal.errors import CannotCheck
-from common.journal.lockfile import INCOMPLETE_NAME
+from common.journal.lockfile import INCOMPLETE_NAME, SNAPSHOT_SUFFIX
 from shardmgr.errors import CannotVerify
-from shardmgr.snapshots import TMP_SUFFIX
 
 from . import queue_checks as queue_check
 from . import shard_checks as store_check
+from .report import Report
 
 if TYPE_CHECKING:
     from shardmgr.cluster.config import EtcdSecurity
 
-EXIT_CLEAN, EXIT_REPAIRABLE, EXIT_CORRUPT, EXIT_CANNOT_RUN = 0, 1, 2, 3
 QUARANTINE = "quarantine"  # DATA/quarantine: what --repair moved aside (shards go to their collection's)
 
 CLUSTER_CACHE = "cluster-cache"
 """A cluster node's cache store (shardmgr/cluster/published/cache.py's CACHE_DIR, not
 imported from there: the cluster extra is optional; a test checks they agree)."""
-
-
-@dataclasses.dataclass(slots=True)
-class Report:
-    """What a verify run found."""
-
-    data_dir: str
-    deep: bool
-    problems: list[Problem]
-    files: int
-    bytes_read: int
-    seconds: float
-    repaired: list[str] = dataclasses.field(default_factory=list)
-    #: ``--cluster``: the etcd and object-store URLs checked ("" for none; docs/verify.md)
-    cluster: str = ""
-
-    @property
-    def exit_code(self) -> int:
-        """2 if a rule found corruption; else 3 if some unit could not be
-        checked (``check_failed``: no verdict on it); else 1 or 0."""
-        judged = [p.severity for p in self.problems if p.what != "check_failed"]
-        worst = max(judged, default=Severity.NOTE)
-        if worst == Severity.CORRUPT:
-            return EXIT_CORRUPT
-        if len(judged) < len(self.problems):
-            return EXIT_CANNOT_RUN
-        return EXIT_REPAIRABLE if worst == Severity.REPAIRABLE else EXIT_CLEAN
-
-    def count(self, severity: Severity) -> int:
-        return sum(p.severity == severity for p in self.problems)
-
-    def as_dict(self) -> dict[str, object]:
-        return {"data_dir": self.data_dir, "deep": self.deep, "exit_code": self.exit_code, "files": self.files,
-                "bytes_read": self.bytes_read, "seconds": round(self.seconds, 6),
-                "counts": {s.name.lower(): self.count(s) for s in Severity},
-                "problems": [p.as_dict() for p in self.problems], "repaired": self.repaired,
-                "cluster": self.cluster or None}
-
-    def joined(self, other: Report) -> Report:
-        """One report of two runs (a data directory's and a cluster's): every
-        finding of both, so the exit status is the worse verdict."""
-        return Report(self.data_dir or other.data_dir, self.deep or other.deep, self.problems + other.problems,
-                      self.files + other.files, self.bytes_read + other.bytes_read, self.seconds + other.seconds,
-                      self.repaired + other.repaired, self.cluster or other.cluster)
 
 
 def verify(data_dir: str | Path, *, deep: bool = False, repair: bool = False,
@@ -189,14 +143,14 @@ def scan(root: Path, deep: bool, on_file: Callable[[Path, int], None] | None = N
                   time.perf_counter() - started)
 
 
-EMPTY_LEFTOVER = (f"an empty directory named like a snapshot being built (*{TMP_SUFFIX}): a snapshot cut short "
+EMPTY_LEFTOVER = (f"an empty directory named like a snapshot being built (*{SNAPSHOT_SUFFIX}): a snapshot cut short "
                   f"right after creating it, before its {INCOMPLETE_NAME} mark; nothing was copied into it")
 
 
 def _empty_leftover(root: Path) -> bool:
     """True for an empty ``*.tmp`` directory: what a snapshot killed between its mkdir and its mark leaves
     (shardmgr/snapshots.py: such a directory counts as a snapshot cut short)."""
-    return root.name.endswith(TMP_SUFFIX) and not any(root.iterdir())
+    return root.name.endswith(SNAPSHOT_SUFFIX) and not any(root.iterdir())
 
 
 def count_files(root: Path) -> int:

@@ -18,7 +18,7 @@ from rich.text import Text
 from common.journal.check import Severity
 from shardmgr import tables
 
-from .runner import Report
+from .report import Report
 
 STYLES = {Severity.CORRUPT: "bold red", Severity.REPAIRABLE: "yellow", Severity.NOTE: "dim"}
 VERDICTS = {0: "clean", 1: "only problems recovery repairs", 2: "DATA CORRUPTION", 3: "NOT EVERYTHING COULD BE CHECKED"}
