@@ -14,21 +14,32 @@ All run inline on the connection's thread; none changes stored data.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from common.wire import framing
 from common.wire.component import Component, Request
 from common.wire.errors import BadRequest
 from shardmgr import __version__
 
-if TYPE_CHECKING:
-    from .server import Server
+from .config import ServerConfig
+
+
+class Host(Protocol):
+    """What the control commands read of the server that hosts them (Server is one; this module is below it)."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+    @property
+    def command_names(self) -> list[str]: ...
+    @property
+    def components(self) -> list[Component]: ...
+    def stats(self) -> dict[str, dict[str, float | int]]: ...
 
 
 class Control(Component):
     name = "server"
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         self._server = server
 
     def commands(self) -> Iterable[str]:

@@ -14,16 +14,14 @@ tokens or leaves ``/metrics`` open.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from common.wire.hosts import is_loopback
 
 if TYPE_CHECKING:
     from shardmgr.cluster.config import ClusterConfig
 
-    from .config import ServerConfig
-
-__all__ = ["exposed", "is_loopback", "refusal", "warn"]
+__all__ = ["Listening", "exposed", "is_loopback", "refusal", "warn"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,20 @@ def refusal(addresses: dict[str, str], has_tokens: bool, insecure: bool) -> str 
             f"or pass --insecure to accept the risk (see docs/security.md)")
 
 
-def warn(config: ServerConfig, has_tokens: bool, etcd: ClusterConfig | None) -> None:
+class Listening(Protocol):
+    """What :func:`warn` reads of a server's configuration (ServerConfig has it; this module is below it)."""
+
+    @property
+    def listen_addresses(self) -> dict[str, str]: ...
+    @property
+    def metrics_host(self) -> str: ...
+    @property
+    def metrics_port(self) -> int | None: ...
+    @property
+    def metrics_open(self) -> bool: ...
+
+
+def warn(config: Listening, has_tokens: bool, etcd: ClusterConfig | None) -> None:
     """Log a warning for each exposure ``config`` starts with (module docstring); ``etcd``: cluster mode's."""
     found = exposed(config.listen_addresses)
     if found and not has_tokens:

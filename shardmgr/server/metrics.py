@@ -34,7 +34,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from shardmgr.cluster.config import ClusterConfig
 
     from .auth import Authenticator
-    from .server import Server
 
 #: the page loads nothing from anywhere else, and runs only its own inline script
 PAGE_HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
@@ -59,10 +58,16 @@ HANDLER_TIMEOUT_S = 30.0
 sends nothing holds its thread no longer than that."""
 
 
+class Counted(Protocol):
+    """What the endpoint reads of the server it serves (Server is one; this module is below it)."""
+
+    def stats(self) -> dict[str, dict[str, float | int]]: ...
+
+
 class StatsCollector:
     """A prometheus-client collector over Server.stats()."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Counted) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -138,7 +143,7 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
             self.pages.close()
 
 
-def bind_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
+def bind_metrics(server: Counted, host: str, port: int, cluster: ClusterConfig | None = None, *,
                  replicas: int = 1, auth: Authenticator | None = None, metrics_open: bool = False,
                  count_error: Callable[[str], None] | None = None) -> MetricsServer:
     """The HTTP endpoint, bound to ``host``:``port`` but not listening yet
@@ -179,7 +184,7 @@ def bind_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | 
     return http_server
 
 
-def serve_metrics(server: Server, host: str, port: int, cluster: ClusterConfig | None = None, *,
+def serve_metrics(server: Counted, host: str, port: int, cluster: ClusterConfig | None = None, *,
                   replicas: int = 1, auth: Authenticator | None = None, metrics_open: bool = False,
                   count_error: Callable[[str], None] | None = None) -> MetricsServer:
     """bind_metrics, then serve at once: the endpoint open (call ``.shutdown()`` to stop it)."""
