@@ -120,3 +120,52 @@ def test_the_store_face_names_what_it_loads() -> None:
 
     for name in store_face():
         assert getattr(face, name) is not None, name
+
+
+
+@functools.cache
+def module_graph() -> dict[str, set[str]]:
+    """Each project module and the project modules it imports, every import
+    counted (``TYPE_CHECKING`` and function-level ones too): ``from p import
+    n`` is an import of the module ``p.n`` where that is a module, else of ``p``."""
+    known = set(modules())
+    graph: dict[str, set[str]] = {}
+    for path in [ROOT / f"{module}.py" for module in MODULES] + [p for d in PACKAGES for p in (ROOT / d).rglob("*.py")]:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom):
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else node.module or ""
+                for alias in node.names:
+                    module = f"{target}.{alias.name}"
+                    edges.add(module if module in known else target)
+        graph[name] = {e for e in edges if e in known} - {name}
+    return graph
+
+def test_no_import_circle() -> None:
+    """No module imports itself through others, counting every import: a
+    cycle kept alive by a ``TYPE_CHECKING`` or a function-level import is a
+    cycle too (the lower module takes a Protocol or a callable instead)."""
+    graph = module_graph()
+    done: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append(path[path.index(module):] + [module])
+            return
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
