@@ -1,7 +1,8 @@
 """``shardmgr verify``: the offline integrity check of a whole data directory.
 
 Owns the command (``command``, which shardmgr/cli.py registers), the run
-and its report (``runner``), the checks of the queue's files
+(``runner``) and what it found (``report``: :class:`Report`, the exit
+codes; exported here), the checks of the queue's files
 (``queue_checks``) and of the vector shards (``shard_checks``) on top of the
 journal check (``common.journal.check``), deep checksums of row files
 (``row_checksums``), ``--repair`` (``repair``) and the terminal view
@@ -17,3 +18,7 @@ May import: ``common``, ``workq``, ``shardmgr.store``, ``shardmgr.errors``, and
 optional), and from ``command``, whose etcd options (``cluster.commands``,
 ``cluster.config``) need no extra; never ``shardmgr.server``.
 """
+
+from .report import Report
+
+__all__ = ["Report"]
