@@ -6,8 +6,9 @@
   power-cut simulator.
 * :mod:`common.wire`: the binary framing, the client base and the
   component contract a server hosts.
-* :mod:`common.errors` (the root error), :mod:`common.units` (byte units) and
-  :mod:`common.crc` (crc32c of a whole from its pieces).
+* :mod:`common.errors` (the root error), :mod:`common.units` (byte units),
+  :mod:`common.crc` (crc32c of a whole from its pieces) and
+  :mod:`common.exports` (a package's public names, loaded on first use).
 
 May import: the standard library and third-party packages only. ``journal``
 and ``wire`` do not import each other.

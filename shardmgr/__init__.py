@@ -35,6 +35,8 @@ from . import shadowing  # noqa: F401 - first: is 'common' the project's?
 
 __version__ = "0.1.0"
 
+__all__ = ["__version__", "open", "verify", "snapshot", "connect", "connect_cluster"]
+
 if TYPE_CHECKING:
     from common.journal import FlusherConfig
     from shardmgr.cluster.cluster_client import ClusterClient

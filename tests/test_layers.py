@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 from pathlib import Path
 
 import pytest
@@ -97,9 +98,9 @@ def test_the_rules_cover_every_package() -> None:
         assert any(within(m, layer) for m in found), f"no module in {layer}: the rule checks nothing"
 
 
-def store_face() -> set[str]:
-    """The names shardmgr/store/__init__.py exports (its ``__all__``, read statically)."""
-    tree = ast.parse((ROOT / "shardmgr" / "store" / "__init__.py").read_text())
+def exported(package: str) -> set[str]:
+    """The names a package's ``__init__.py`` exports (its ``__all__``, read statically)."""
+    tree = ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text())
     (names,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
     assert isinstance(names, ast.List)
@@ -108,17 +109,22 @@ def store_face() -> set[str]:
 
 def test_the_cluster_imports_the_store_through_its_face() -> None:
     """cluster/ imports ``shardmgr.store`` and the names it exports, never a module of the store by its path."""
-    face = {"shardmgr.store"} | {f"shardmgr.store.{name}" for name in store_face()}
+    face = {"shardmgr.store"} | {f"shardmgr.store.{name}" for name in exported("shardmgr.store")}
     wrong = sorted(f"{module} imports {target}" for module, targets in modules().items()
                    if within(module, "shardmgr.cluster") for target in targets
                    if within(target, "shardmgr.store") and target not in face)
     assert wrong == [], wrong
 
 
-def test_the_store_face_names_what_it_loads() -> None:
-    import shardmgr.store as face
+FACES = ("shardmgr", "shardmgr.store", "shardmgr.server", "shardmgr.cluster", "shardmgr.verification")
 
-    for name in store_face():
+
+@pytest.mark.parametrize("package", FACES)
+def test_a_package_face_loads_every_name_it_exports(package: str) -> None:
+    face = importlib.import_module(package)
+    names = exported(package)
+    assert names and sorted(face.__all__) == sorted(names)
+    for name in names:
         assert getattr(face, name) is not None, name
 
 

@@ -26,10 +26,30 @@ On top: a node's life (``node``: joining, the store's write gate, its
 thread; it composes the rooms) and the client of a whole cluster,
 ``shardmgr.connect_cluster`` (``cluster_client``).
 
-Needs the ``cluster`` extra (boto3, etcd3gw); importing this package does not
-import them, its modules do.
+Exports (``__all__``, each loaded on first use): ``ClusterConfig``,
+``NodeConfig``, ``EtcdSecurity``, ``ClusterError``, ``ClusterNode`` and
+``ClusterClient``.
+
+Needs the ``cluster`` extra (boto3, etcd3gw); importing this package, or its
+configuration and errors, does not import them; the node and the client do.
 
 May import: ``common``, ``shardmgr.errors``, ``shardmgr.store`` and (the
 commands) ``shardmgr.tables``; never
 ``shardmgr.server``, ``shardmgr.verification`` or ``workq``.
 """
+
+from typing import TYPE_CHECKING
+
+from common import exports
+
+if TYPE_CHECKING:
+    from .cluster_client import ClusterClient
+    from .config import ClusterConfig, EtcdSecurity, NodeConfig
+    from .errors import ClusterError
+    from .node import ClusterNode
+
+__all__ = ["ClusterConfig", "NodeConfig", "EtcdSecurity", "ClusterError", "ClusterNode", "ClusterClient"]
+
+__getattr__ = exports.lazy(__name__, {"ClusterConfig": "config", "NodeConfig": "config", "EtcdSecurity": "config",
+                                      "ClusterError": "errors", "ClusterNode": "node",
+                                      "ClusterClient": "cluster_client"})

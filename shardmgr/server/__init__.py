@@ -9,6 +9,20 @@ metrics (``metrics``) and who may read them (``http_auth``), the readiness
 file (``readiness``), tokens and the command-to-role table (``auth``) and
 protected mode (``exposure``).
 
+Exports (``__all__``, each loaded on first use): ``Server`` and ``ServerConfig``.
+
 May import: ``common``, ``workq`` (its service component), ``shardmgr.store``;
 never ``shardmgr.verification``.
 """
+
+from typing import TYPE_CHECKING
+
+from common import exports
+
+if TYPE_CHECKING:
+    from .config import ServerConfig
+    from .server import Server
+
+__all__ = ["Server", "ServerConfig"]
+
+__getattr__ = exports.lazy(__name__, {"Server": "server", "ServerConfig": "config"})

@@ -20,8 +20,9 @@ May import: ``common.journal``, ``common.wire``, ``shardmgr.errors``; never
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from common import exports
 
 from . import layout
 
@@ -58,14 +59,4 @@ __all__ = [
     "merge", "selector", "check_params", "check_name", "split_refs", "ROW_BITS", "ROW_MASK", "MAX_SHARD",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
-    if name == "batch":  # the input checks, a module: it imports numpy
-        value: Any = importlib.import_module(f"{__name__}.batch")
-    elif (home := _HOMES.get(name)) is not None:
-        value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = exports.lazy(__name__, {"batch": "batch", **_HOMES})
