@@ -36,7 +36,7 @@ import numpy as np
 from recall_data import METRICS, DataSet, K, debian_set, nlist_for
 
 from shardmgr.store.deletes import selector
-from shardmgr.store.search import search_rows
+from shardmgr.store.knn import search_rows
 
 WIDEST = 4096
 

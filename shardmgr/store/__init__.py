@@ -3,8 +3,9 @@
 Owns its configuration (``config``), row files (``rows``), shards
 (``shard``), collections (``collection``), header metadata decoding
 (``metadata``: what does not parse is a FormatError, i.e. damage), the decoding of its journals'
-header metadata (``metadata``), input checks (``batch``), search and its
-merge (``search``), per-shard indexes (``index``), the store itself
+header metadata (``metadata``), input checks (``inputs``), exact k-NN
+search of rows, results and their merge (``knn``), a collection's search
+over its shards (``searcher``), per-shard indexes (``index``), the store itself
 (``store``), its server component (``service``) and its network client
 (``client``). It runs embedded, without any server.
 
@@ -27,15 +28,15 @@ from common import exports
 from . import layout
 
 if TYPE_CHECKING:
-    from . import batch
+    from . import inputs
     from .client import APPEND_BYTES_PER_SECOND, GET_SECONDS_PER_ROW, SEARCH_SECONDS_PER_VALUE, StoreClient, Timeout
     from .config import StoreConfig
     from .deletes import selector
     from .index import check_params
+    from .knn import Hits, SearchResult, merge
     from .names import check_name
     from .refs import MAX_SHARD, ROW_BITS, ROW_MASK, split_refs
     from .sealed import SealedShard
-    from .search import Hits, SearchResult, merge
     from .searcher import Searcher
     from .shard_files import ShardDamaged
     from .store import Store
@@ -47,16 +48,16 @@ _HOMES = {
     "StoreClient": "client", "Timeout": "client", "APPEND_BYTES_PER_SECOND": "client",
     "GET_SECONDS_PER_ROW": "client", "SEARCH_SECONDS_PER_VALUE": "client",
     "SealedShard": "sealed", "ShardDamaged": "shard_files", "View": "view", "gather": "view",
-    "Searcher": "searcher", "Hits": "search", "SearchResult": "search", "merge": "search",
+    "Searcher": "searcher", "Hits": "knn", "SearchResult": "knn", "merge": "knn",
     "selector": "deletes", "check_params": "index", "check_name": "names",
     "split_refs": "refs", "ROW_BITS": "refs", "ROW_MASK": "refs", "MAX_SHARD": "refs",
 }
 
 __all__ = [
-    "batch", "layout",
+    "inputs", "layout",
     "Store", "StoreConfig", "StoreClient", "Timeout", "APPEND_BYTES_PER_SECOND", "GET_SECONDS_PER_ROW",
     "SEARCH_SECONDS_PER_VALUE", "SealedShard", "ShardDamaged", "View", "gather", "Searcher", "Hits", "SearchResult",
     "merge", "selector", "check_params", "check_name", "split_refs", "ROW_BITS", "ROW_MASK", "MAX_SHARD",
 ]
 
-__getattr__ = exports.lazy(__name__, {"batch": "batch", **_HOMES})
+__getattr__ = exports.lazy(__name__, {"inputs": "inputs", **_HOMES})

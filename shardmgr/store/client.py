@@ -21,8 +21,8 @@ import numpy as np
 
 from common.wire.client import MAX_CLIENT_SECONDS, Reply, RpcClient
 
-from . import batch
-from .search import SearchResult
+from . import inputs
+from .knn import SearchResult
 
 Timeout = float | None | EllipsisType
 """A call's ``timeout``: seconds, None (no bound), or ``...``: the client's, plus the call's allowance."""
@@ -67,14 +67,14 @@ class StoreClient:
 
     def delete(self, name: str, refs: Any, durable: bool = False, timeout: Timeout = ...) -> int:
         """Delete the rows ``refs`` name; how many were not deleted before (see Store.delete)."""
-        reply = self.rpc.call("shardmgr.delete", {"name": name, "durable": durable}, {"refs": batch.refs(refs)},
+        reply = self.rpc.call("shardmgr.delete", {"name": name, "durable": durable}, {"refs": inputs.refs(refs)},
                               timeout=timeout)
         return int(reply.result["deleted"])
 
     def delete_ids(self, name: str, ids: Any, durable: bool = False, timeout: Timeout = ...) -> int:
         """Delete every live row carrying one of ``ids``; how many rows (see Store.delete_ids)."""
         reply = self.rpc.call("shardmgr.delete_ids", {"name": name, "durable": durable},
-                              {"ids": batch.ids(ids, None)}, timeout=timeout)
+                              {"ids": inputs.ids(ids, None)}, timeout=timeout)
         return int(reply.result["deleted"])
 
     def compact(self, name: str | None = None, timeout: Timeout = None) -> int:
@@ -106,7 +106,7 @@ class StoreClient:
         return self._rows(name, refs, timeout)[1]
 
     def _rows(self, name: str, refs: Any, timeout: Timeout) -> tuple[np.ndarray, np.ndarray]:
-        wanted = batch.refs(refs)
+        wanted = inputs.refs(refs)
         parts = self._read("shardmgr.get", {"name": name}, {"refs": wanted},
                            self._timeout(timeout, wanted.size * GET_SECONDS_PER_ROW)).parts
         return parts["vectors"], parts["ids"]

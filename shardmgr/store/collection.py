@@ -36,9 +36,9 @@ from shardmgr.errors import BadVectors, CollectionConflict, NeedsReopen, NoShard
 from . import index as indexes
 from . import layout, lineage, metadata, rewrite
 from .config import StoreConfig
+from .knn import Hits
 from .opening import open_shards
 from .refs import MAX_SHARD, ref_of
-from .search import Hits
 from .searcher import Searcher
 from .shard import Shard
 from .shard_files import ShardDamaged

@@ -62,7 +62,7 @@ from common.journal.filesystem import fsync_dir
 from shardmgr.errors import BadVectors
 
 from . import layout, metadata
-from .search import METRICS
+from .knn import METRICS
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A collection's search: every shard's top-k live rows, merged (search.py).
+"""A collection's search: every shard's top-k live rows, merged (knn.py).
 
 One call costs the shards' faiss searches plus a fixed part that matters
 for one-query calls (a faiss HNSW or IVF search of one query takes a few
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import index as indexes
-from .search import Hits, merge, search_rows, shard_part
+from .knn import Hits, merge, search_rows, shard_part
 from .view import View
 
 MAX_CACHED = 1024

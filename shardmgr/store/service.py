@@ -25,7 +25,7 @@ from common.wire.component import Component, Request
 from common.wire.errors import BadRequest, DurabilityLost
 
 from .config import StoreConfig
-from .search import Hits, SearchResult
+from .knn import Hits, SearchResult
 from .store import Store
 
 

@@ -42,15 +42,15 @@ from common.journal.full_disk import FullDisk
 from common.journal.lockfile import LockFile
 from shardmgr.errors import DiskFull, UnknownCollection
 
-from . import batch, index, layout
+from . import index, inputs, layout
 from .collection import Collection
 from .config import StoreConfig
 from .copies import copy_collections
+from .knn import SearchResult
 from .maintenance import Maintenance
 from .names import check_name
 from .refs import split_refs
 from .seam import ClusterSeam, WriteGate
-from .search import SearchResult
 
 log = logging.getLogger(__name__)
 NO_GATE = contextlib.nullcontext()
@@ -226,8 +226,8 @@ class Store:
         write-out then starts at once: Shard.append)."""
         with self._gated(name):
             collection = self.collection(name)
-            checked = batch.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
-            checked_ids = batch.ids(ids, len(checked))
+            checked = inputs.vectors(vectors, collection.dim, max_rows=self.config.max_batch_rows)
+            checked_ids = inputs.ids(ids, len(checked))
             if not len(checked):
                 return np.zeros(0, dtype=np.int64), None
             with self._write:
@@ -250,14 +250,14 @@ class Store:
         append: at the next flush, or before returning with ``durable``; a
         crash before that flush may undo it (each shard's part of the call
         as a whole)."""
-        checked = batch.refs(refs, self.config.max_batch_rows)
+        checked = inputs.refs(refs, self.config.max_batch_rows)
         shards = frozenset(np.unique(split_refs(checked)[0]).tolist()) if self.gate is not None else None
         return self._delete(name, shards, lambda collection: checked, durable)
 
     def delete_ids(self, name: str, ids: Any, durable: bool = False) -> int:
         """Delete every live row carrying one of ``ids`` (every shard's ids
         are scanned); returns how many rows. Otherwise as :meth:`delete`."""
-        wanted = batch.ids(ids, None, self.config.max_batch_rows)
+        wanted = inputs.ids(ids, None, self.config.max_batch_rows)
         dead = self.gate is not None  # the gate is told of every row carrying the ids
         return self._delete(name, None, lambda collection: collection.refs_of_ids(wanted, dead=dead), durable)
 
@@ -320,8 +320,8 @@ class Store:
         sealed shards that have one; ``params`` (``nprobe``, ``efSearch``)
         tune that index per query (index.py)."""
         collection = self.collection(name)
-        checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.config.max_queries)
-        k = batch.k(k, self.config.max_k)
+        checked = inputs.vectors(queries, collection.dim, "queries", max_rows=self.config.max_queries)
+        k = inputs.k(k, self.config.max_k)
         chosen = index.check_params(params)
         if not len(checked):
             return SearchResult(np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.int64))
@@ -338,7 +338,7 @@ class Store:
 
     def rows(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) stored at ``refs``."""
-        return self.collection(name).rows(batch.refs(refs, self.config.max_batch_rows))
+        return self.collection(name).rows(inputs.refs(refs, self.config.max_batch_rows))
 
     def stats(self) -> dict[str, int]:
         infos = [c.info() for c in list(self._collections.values())]  # creators may add one meanwhile

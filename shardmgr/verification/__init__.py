@@ -6,7 +6,7 @@ codes; exported here), the checks of the queue's files
 (``queue_checks``) and of the vector shards (``shard_checks``) on top of the
 journal check (``common.journal.check``), deep checksums of row files
 (``row_checksums``), ``--repair`` (``repair``) and the terminal view
-(``view``); ``--cluster``: a cluster's shard map and catalog
+(``showing``); ``--cluster``: a cluster's shard map and catalog
 (``cluster_checks``) against the objects in its bucket (``object_checks``).
 docs/verify.md describes checks, severities and exit codes.
 

@@ -20,7 +20,7 @@ from shardmgr.cluster.operations.commands import etcd_client_options
 
 if TYPE_CHECKING:
     from .report import Report
-    from .view import LateProgress
+    from .showing import LateProgress
 
 
 @click.command()
@@ -61,7 +61,7 @@ def verify(data_dir: Path | None, cluster: str | None, object_store: str | None,
 
     from .report import EXIT_CANNOT_RUN
     from .runner import count_files
-    from .view import LateProgress, show
+    from .showing import LateProgress, show
 
     progress = LateProgress(count_files(data_dir) if data_dir is not None and data_dir.is_dir() else 0,
                             enabled=not as_json)

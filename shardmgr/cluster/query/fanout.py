@@ -46,8 +46,8 @@ from shardmgr.store import (
     Hits,
     SearchResult,
     Store,
-    batch,
     check_params,
+    inputs,
     merge,
 )
 
@@ -79,8 +79,8 @@ class FanOut:
 
     def search(self, name: str, queries: Any, k: int, params: dict[str, int] | None) -> SearchResult:
         collection = self.store.collection(name)
-        checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
-        k = batch.k(k, self.store.config.max_k)
+        checked = inputs.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
+        k = inputs.k(k, self.store.config.max_k)
         chosen = check_params(params)
         self.counters["searches_total"] += 1
         if not len(checked):

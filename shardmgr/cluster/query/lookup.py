@@ -32,7 +32,7 @@ from shardmgr.cluster.query.routing import Plan
 from shardmgr.errors import UnknownRef
 from shardmgr.store import (
     GET_SECONDS_PER_ROW,  # a peer get's allowance, as a client's
-    batch,
+    inputs,
     split_refs,
 )
 
@@ -45,7 +45,7 @@ class Lookup:
 
     def rows(self, name: str, refs: object) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, dim], ids [n]) of ``refs``, as Store.rows answers them."""
-        checked = batch.refs(refs, self.fanout.store.config.max_batch_rows)
+        checked = inputs.refs(refs, self.fanout.store.config.max_batch_rows)
         state, deleted = self.fanout.acked.refs(name, self.fanout.mirror.state)
         self.fanout.acked.check(name, checked, deleted)
         shards, _ = split_refs(checked)

@@ -37,7 +37,7 @@ from shardmgr.cluster.state.lease import NodeLease
 from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.cluster.state.report import NodeReport
 from shardmgr.errors import BadVectors
-from shardmgr.store import Hits, SearchResult, Store, batch, check_params
+from shardmgr.store import Hits, SearchResult, Store, check_params, inputs
 
 REPORT_TIMEOUT_S = 2.0
 """How long a count waits for a node's report (it is built from memory: milliseconds), and then for
@@ -169,7 +169,7 @@ class QueryRouter:
 
     def rows_here(self, name: str, refs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This node's part of another node's get: (vectors, ids, here) (shard_search.py)."""
-        return self.shard_search.rows(name, batch.refs(refs, self.store.config.max_batch_rows))
+        return self.shard_search.rows(name, inputs.refs(refs, self.store.config.max_batch_rows))
 
     def search_shards(self, name: str, queries: Any, k: int, params: dict[str, int] | None, shards: list[int],
                       unpublished: bool, exclude: Any, deleted: Any = None) -> tuple[Hits, list[int]]:
@@ -177,14 +177,14 @@ class QueryRouter:
         input checked here; ``deleted``: refs to skip besides the deleted rows
         (what the asking node acknowledged: acked_deletes.py)."""
         collection = self.store.collection(name)
-        checked = batch.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
-        k = batch.k(k, self.store.config.max_k)
+        checked = inputs.vectors(queries, collection.dim, "queries", max_rows=self.store.config.max_queries)
+        k = inputs.k(k, self.store.config.max_k)
         chosen = check_params(params)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in shards):
             raise BadVectors(f"shards must be a list of shard ids (integers), got {shards!r:.200}")
         # no row limit: the asking node bounds what it holds (max_held_deletes), the frame what it sends
-        skip = batch.refs(deleted) if deleted is not None else None
-        return self.shard_search.search(name, checked, k, chosen, shards, unpublished, batch.refs(exclude), skip)
+        skip = inputs.refs(deleted) if deleted is not None else None
+        return self.shard_search.search(name, checked, k, chosen, shards, unpublished, inputs.refs(exclude), skip)
 
 
 def _late(node_id: str, error: BaseException, report: NodeReport | None) -> str:

@@ -27,7 +27,7 @@ from shardmgr.cluster.state.objects import ObjectStore
 from shardmgr.cluster.state.shard_map import ShardEntry, ShardMap
 from shardmgr.cluster.writer.uploader import TEST_HOOK_ENV
 from shardmgr.store.client import StoreClient
-from shardmgr.store.search import SearchResult
+from shardmgr.store.knn import SearchResult
 from tests.cluster_servers import S3_ACCESS_KEY, S3_SECRET_KEY
 from tests.shardmgr.server.serverproc import ServerProcess
 

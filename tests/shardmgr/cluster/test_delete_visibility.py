@@ -30,7 +30,7 @@ from shardmgr.cluster.published.mirror import ClusterMirror
 from shardmgr.cluster.state.kv import Kv
 from shardmgr.errors import RowDeleted
 from shardmgr.store.client import StoreClient
-from shardmgr.store.search import SearchResult
+from shardmgr.store.knn import SearchResult
 from shardmgr.store.store import Store
 from tests.shardmgr.cluster.nodes import batches, search, wait_for
 from tests.shardmgr.server.serverproc import ServerProcess

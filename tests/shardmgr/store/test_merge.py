@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardmgr.store.search import merge
+from shardmgr.store.knn import merge
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray]
 

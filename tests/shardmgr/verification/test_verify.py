@@ -239,7 +239,7 @@ def test_the_progress_bar_shows_only_on_a_terminal(copy: Path) -> None:
     from rich.console import Console
 
     from shardmgr.verification.runner import count_files
-    from shardmgr.verification.view import LateProgress
+    from shardmgr.verification.showing import LateProgress
 
     for terminal in (True, False):
         out = io.StringIO()

@@ -35,7 +35,7 @@ from shardmgr.cluster.state.extras import ShardExtras
 from shardmgr.cluster.state.kv import Kv
 from shardmgr.cluster.state.membership import Membership
 from shardmgr.store.client import StoreClient
-from shardmgr.store.search import SearchResult
+from shardmgr.store.knn import SearchResult
 from shardmgr.store.store import Store
 from tests.shardmgr.cluster.nodes import (
     DIM,

@@ -31,7 +31,7 @@ from shardmgr.cluster.errors import ShardsUnavailable
 from shardmgr.cluster.published.placement import owners
 from shardmgr.errors import UnknownCollection, UnknownRef
 from shardmgr.store.client import StoreClient
-from shardmgr.store.search import SearchResult
+from shardmgr.store.knn import SearchResult
 from tests.cluster_servers import EtcdServer, WeedServer
 from tests.shardmgr.cluster.nodes import (
     DIM,

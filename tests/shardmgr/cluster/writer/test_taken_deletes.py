@@ -21,7 +21,7 @@ import numpy as np
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.state.extras import DeletesEntry, ShardExtras
 from shardmgr.store.client import StoreClient
-from shardmgr.store.search import SearchResult
+from shardmgr.store.knn import SearchResult
 from tests.shardmgr.cluster.nodes import DIM, batches, node, published, search, start_all, wait_for
 from tests.shardmgr.server.serverproc import ServerProcess
 

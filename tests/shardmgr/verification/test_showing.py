@@ -17,7 +17,7 @@ from rich.console import Console
 
 import shardmgr
 from shardmgr.cli import main
-from shardmgr.verification.view import show
+from shardmgr.verification.showing import show
 
 LONG = "embeddings-multilingual-e5-large-instruct-v2-with-a-name-longer-than-a-terminal"
 

@@ -1,4 +1,6 @@
-"""k-nearest-neighbour search over a collection's shards, merged exactly.
+"""k-nearest-neighbour search's pieces: exact search of rows, each shard's
+part of an answer, and the exact merge of the parts (the collection's search
+that puts them together: searcher.py).
 
 Each shard is searched with faiss on its rows in place (no copy): exact
 ``faiss.knn`` over the mapped vectors, or the shard's approximate index when
