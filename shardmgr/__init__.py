@@ -16,8 +16,8 @@ Over the network (``shardmgr serve``)::
 The package: ``store/`` (the vector store, which runs embedded without any
 server), ``server/`` (``shardmgr serve``, the host of the store and the work
 queue), ``verification/`` (``shardmgr verify``), ``cluster/`` (cluster
-mode: S3 objects, etcd coordination, a node's life; ``serve --cluster``), ``cli.py`` (the command),
-``tables.py`` (its tables, plain lines when piped), ``errors.py`` (one
+mode: S3 objects, etcd coordination, a node's life; ``serve --cluster``), ``cli/`` (the
+command line: every command and what it prints; nothing imports it), ``errors.py`` (one
 root, ShardmgrError), ``shadowing.py`` (imported first: is ``common`` the
 project's?). docs/architecture.md maps them.
 

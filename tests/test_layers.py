@@ -37,9 +37,11 @@ FORBIDDEN = {
     "workq.protocol": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
     "workq.client": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
     "workq.worker": ("workq.state", "workq.disk", "workq.broker", "workq.service", "common.journal"),
-    "shardmgr.store": ("shardmgr.server", "shardmgr.verification", "workq"),
-    "shardmgr.server": ("shardmgr.verification",),
-    "shardmgr.cluster": ("shardmgr.server", "shardmgr.verification", "workq"),
+    "shardmgr.store": ("shardmgr.server", "shardmgr.verification", "shardmgr.cli", "workq"),
+    "shardmgr.server": ("shardmgr.verification", "shardmgr.cli"),
+    "shardmgr.cluster": ("shardmgr.server", "shardmgr.verification", "shardmgr.cli", "workq"),
+    "shardmgr.verification": ("shardmgr.server", "shardmgr.cli"),
+    "shardmgr.snapshots": ("shardmgr.cli",),
     # cluster/'s rooms (shardmgr/cluster/__init__.py), bottom up: the base, state, published, then
     # writer, query and operations side by side; node and cluster_client on top; testing apart.
     **{f"shardmgr.cluster.{base}": cluster_except() for base in ("config", "errors", "passes", "backoff", "peers")},

@@ -19,7 +19,7 @@ what it may import; tests/test_layers.py holds the rules):
 - ``writer``: a writer's duties (roles, upload on seal, extras, the sweep,
   take-over of shards it deletes in) and forwarded writes;
 - ``query``: routing, fan-out, lookups and a node's part of a search;
-- ``operations``: status, its page and ``shardmgr cluster`` commands;
+- ``operations``: status, one shared read of it, and its page;
 - ``testing``: the loopback etcd and SeaweedFS servers.
 
 On top: a node's life (``node``: joining, the store's write gate, its
@@ -33,9 +33,9 @@ Exports (``__all__``, each loaded on first use): ``ClusterConfig``,
 Needs the ``cluster`` extra (boto3, etcd3gw); importing this package, or its
 configuration and errors, does not import them; the node and the client do.
 
-May import: ``common``, ``shardmgr.errors``, ``shardmgr.store`` and (the
-commands) ``shardmgr.tables``; never
-``shardmgr.server``, ``shardmgr.verification`` or ``workq``.
+May import: ``common``, ``shardmgr.errors`` and ``shardmgr.store``; never
+``shardmgr.server``, ``shardmgr.verification``, ``shardmgr.cli`` or ``workq``
+(``shardmgr cluster ...`` is shardmgr/cli/cluster.py).
 """
 
 from typing import TYPE_CHECKING

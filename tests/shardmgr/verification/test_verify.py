@@ -238,8 +238,8 @@ def test_the_progress_bar_shows_only_on_a_terminal(copy: Path) -> None:
 
     from rich.console import Console
 
+    from shardmgr.cli.findings import LateProgress
     from shardmgr.verification.runner import count_files
-    from shardmgr.verification.showing import LateProgress
 
     for terminal in (True, False):
         out = io.StringIO()

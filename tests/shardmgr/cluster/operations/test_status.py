@@ -25,9 +25,9 @@ import pytest
 from click.testing import CliRunner
 
 from shardmgr.cli import main
+from shardmgr.cli.cluster import COLLECTION_COLUMNS, NODE_COLUMNS
 from shardmgr.cluster.config import ClusterConfig
 from shardmgr.cluster.errors import CoordinationUnavailable
-from shardmgr.cluster.operations.commands import COLLECTION_COLUMNS, NODE_COLUMNS
 from shardmgr.cluster.operations.status import HOLDER_GONE, read_status
 from shardmgr.cluster.operations.status_cache import StatusCache
 from shardmgr.cluster.published.placement import owners

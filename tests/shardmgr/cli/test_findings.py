@@ -17,7 +17,7 @@ from rich.console import Console
 
 import shardmgr
 from shardmgr.cli import main
-from shardmgr.verification.showing import show
+from shardmgr.cli.findings import show
 
 LONG = "embeddings-multilingual-e5-large-instruct-v2-with-a-name-longer-than-a-terminal"
 

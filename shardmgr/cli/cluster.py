@@ -1,5 +1,5 @@
 """``shardmgr cluster ...``: the cluster's commands (click), registered by
-shardmgr/cli.py. Importing this module imports no cluster extra (boto3,
+shardmgr/cli/main.py. Importing this module imports no cluster extra (boto3,
 etcd3gw): each command imports what it needs when it runs, so the command
 line works without the extra and says what is missing when asked for it.
 """
@@ -17,14 +17,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shardmgr import tables
 from shardmgr.cluster.config import ETCD_PASSWORD_ENV, EtcdSecurity
+
+from . import tables
 
 if TYPE_CHECKING:
     from shardmgr.cluster.config import ClusterConfig
     from shardmgr.cluster.operations.status import ClusterStatus, CollectionStatus, HolderStatus, NodeStatus
 
-EXIT_FAILED = 1  # as shardmgr/cli.py: the command could not do its job
+EXIT_FAILED = 1  # as shardmgr/cli/main.py: the command could not do its job
 #: the bucket of a status read given no --object-store: a placeholder the status never asks for
 NO_OBJECT_STORE = "s3://no-object-store"
 NOT_REPORTED = "not reported"

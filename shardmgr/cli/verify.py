@@ -1,8 +1,8 @@
-"""``shardmgr verify``: the command (click), registered by shardmgr/cli.py.
+"""``shardmgr verify``: the command (click), registered by shardmgr/cli/main.py.
 
 A thin layer over the run (runner.py) and its terminal view (view.py),
 which it imports when it runs. Importing this module imports no cluster
-extra: the etcd options come from shardmgr/cluster/operations/commands.py, which
+extra: the etcd options come from shardmgr/cli/cluster.py, which
 needs none.
 """
 
@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 import click
 
 from shardmgr.cluster.config import EtcdSecurity
-from shardmgr.cluster.operations.commands import etcd_client_options
+
+from .cluster import etcd_client_options
 
 if TYPE_CHECKING:
-    from .report import Report
-    from .showing import LateProgress
+    from shardmgr.verification.report import Report
+
+    from .findings import LateProgress
 
 
 @click.command()
@@ -58,10 +60,10 @@ def verify(data_dir: Path | None, cluster: str | None, object_store: str | None,
     verdict line. See docs/verify.md.
     """
     from shardmgr.errors import CannotVerify
+    from shardmgr.verification.report import EXIT_CANNOT_RUN
+    from shardmgr.verification.runner import count_files
 
-    from .report import EXIT_CANNOT_RUN
-    from .runner import count_files
-    from .showing import LateProgress, show
+    from .findings import LateProgress, show
 
     progress = LateProgress(count_files(data_dir) if data_dir is not None and data_dir.is_dir() else 0,
                             enabled=not as_json)
@@ -88,9 +90,8 @@ def _checked(data_dir: Path | None, cluster: str | None, object_store: str | Non
              etcd_security: EtcdSecurity) -> Report:
     """The report of the run the options ask for; CannotVerify for options that ask for none."""
     from shardmgr.errors import CannotVerify
-
-    from .runner import verify as run
-    from .runner import verify_cluster
+    from shardmgr.verification.runner import verify as run
+    from shardmgr.verification.runner import verify_cluster
 
     if data_dir is None and cluster is None:
         raise CannotVerify("give a DATA_DIR to check, or --cluster (with --object-store), or both")

@@ -2,7 +2,7 @@
 
 The progress bar appears only on a terminal and only once a run has taken
 more than a second. The findings, worst first, are a rich table on a
-terminal and one line each elsewhere (shardmgr.tables).
+terminal and one line each elsewhere (shardmgr.cli.tables).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from rich.table import Table
 from rich.text import Text
 
 from common.journal.check import Severity
-from shardmgr import tables
+from shardmgr.verification.report import Report
 
-from .report import Report
+from . import tables
 
 STYLES = {Severity.CORRUPT: "bold red", Severity.REPAIRABLE: "yellow", Severity.NOTE: "dim"}
 VERDICTS = {0: "clean", 1: "only problems recovery repairs", 2: "DATA CORRUPTION", 3: "NOT EVERYTHING COULD BE CHECKED"}
@@ -69,7 +69,7 @@ def show(report: Report, console: Console | None = None) -> None:
     On a terminal the findings are a table with paths relative to the data
     directory; elsewhere one line per finding, tab-separated: severity, the
     path as the report holds it, offset, problem, expected, found (see
-    shardmgr.tables for escaping).
+    shardmgr.cli.tables for escaping).
     """
     console = console or Console()
     root = Path(report.data_dir)

@@ -1,8 +1,8 @@
 """The ``shardmgr`` command line (click). Each command is a thin layer over the library.
 
 Two groups of commands live with their packages and are registered here:
-``shardmgr cluster ...`` (shardmgr/cluster/operations/commands.py) and ``shardmgr
-verify`` (shardmgr/verification/command.py)."""
+``shardmgr cluster ...`` (shardmgr/cli/cluster.py) and ``shardmgr
+verify`` (shardmgr/cli/verify.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from rich.table import Table
 from common.errors import CommonError
 from common.journal import CorruptJournal, FormatError, Journal
 from common.wire.client import MAX_CLIENT_SECONDS, TOKEN_ENV, ConnectionLost, RpcClient
-from shardmgr.cluster.operations.commands import cluster, etcd_options
+from shardmgr import __version__
 from shardmgr.server.config import DEFAULT_PORT, ServerConfig
-from shardmgr.verification.command import verify
 
-from . import __version__, tables
+from . import tables
+from .cluster import cluster, etcd_options
+from .verify import verify
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command could not do its job (unreachable server, locked directory, ...)
@@ -40,8 +41,8 @@ def main() -> None:
     """Vector shards and a durable work queue on one append-only journal layer."""
 
 
-main.add_command(cluster)  # shardmgr/cluster/operations/commands.py: 'shardmgr cluster status'
-main.add_command(verify)  # shardmgr/verification/command.py: 'shardmgr verify'
+main.add_command(cluster)  # shardmgr/cli/cluster.py: 'shardmgr cluster status'
+main.add_command(verify)  # shardmgr/cli/verify.py: 'shardmgr verify'
 
 
 @main.command()
