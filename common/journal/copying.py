@@ -1,6 +1,6 @@
 """Copies of live files for snapshots: journals, file prefixes, hard links.
 
-A snapshot (shardmgr/snapshot.py) copies a data directory at one durable
+A snapshot (shardmgr/snapshots.py) copies a data directory at one durable
 point while the service keeps its files open. What each file needs:
 
 * a live journal (``copy_journal``): its bytes up to its end, read while

@@ -1,7 +1,7 @@
 """``shardmgr verify``: the command (click), registered by shardmgr/cli/main.py.
 
-A thin layer over the run (runner.py) and its terminal view (view.py),
-which it imports when it runs. Importing this module imports no cluster
+A thin layer over the run (shardmgr/verification/runner.py) and what it
+prints (findings.py), which it imports when it runs. Importing this module imports no cluster
 extra: the etcd options come from shardmgr/cli/cluster.py, which
 needs none.
 """

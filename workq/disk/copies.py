@@ -1,4 +1,4 @@
-"""A snapshot's copy of the queue's files (shardmgr/snapshot.py drives it).
+"""A snapshot's copy of the queue's files (shardmgr/snapshots.py drives it).
 
 Every file under ``DATA/workq`` is copied, none linked: input segments and
 completion logs change in place after they are sealed (tombstones, delivered
