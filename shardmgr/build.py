@@ -68,6 +68,7 @@ COMPILED: tuple[str, ...] = (
     "shardmgr.server.auth",
     "shardmgr.server.connection",
     "shardmgr.server.control",
+    "shardmgr.server.outbox",
     "shardmgr.server.sending",
     "shardmgr.server.server",
     # the queue: its owner loop, waiting calls, worker side, state machine and files. Not the public

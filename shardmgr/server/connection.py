@@ -3,8 +3,8 @@ thread once one is needed.
 
 The reader thread does the handshake, reads frames and dispatches requests.
 How replies are sent (held and batched, by whom, the outbox, the writer
-thread, the goaway) is in sending.py, a mixin of :class:`Connection`: the
-reader and the owner threads write their replies themselves while the
+thread, the goaway) is the connection's :class:`~.sending.Sender`
+(sending.py), which it makes and owns: the reader and the owner threads write their replies themselves while the
 socket takes them, so the writer thread starts only the first time a reply
 has to wait in the outbox or a clean stop begins.
 
@@ -34,15 +34,14 @@ reply written (``on_sent`` run), the connection sends a *goaway* frame (id
 0, ``unavailable``) and shuts its sending side: the client then knows that
 no request it has no answer to was applied.
 
-Threads: ``_lock``/``_cond`` guard the outbox, ``_pending``, ``_writing``
-(some thread is sending: one at a time, whoever claimed it), ``_handshaken``,
-``_draining``, ``_goaway_sent``/``_goaway_written``, ``_closed`` and
-``_writer_started``.
+Threads: the reader thread owns what is read (the frame reader, the
+principal, the counts of requests and bytes in); everything about sending
+is the sender's, under its lock (sending.py); :meth:`Connection.close` may
+run on any thread, and every caller returns once the close is complete.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import socket
@@ -50,18 +49,18 @@ import ssl
 import struct
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from common.journal import leader
 from common.wire import framing
 from common.wire.budget import ByteBudget
-from common.wire.component import Request
+from common.wire.component import OnSent, Request
 from common.wire.errors import BadFrame, BadRequest, Unauthenticated, UnsupportedVersion
 from common.wire.frame_reader import FrameReader
 
 from .auth import MAX_AUTH_FRAME_BYTES, OPEN, Authenticator, Principal
 from .config import ServerConfig
-from .sending import Entry, Sending
+from .sending import Sender
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ Dispatch = Callable[[Request, Principal], None]
 CountError = Callable[[str], None]
 
 
-class Connection(Sending):
+class Connection:
     """Serves one socket until it closes. Build, then :meth:`start`."""
 
     def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, dispatch: Dispatch,
@@ -92,40 +91,19 @@ class Connection(Sending):
         self.sock = sock
         self.requests = 0
         self.bytes_in = 0
-        self.bytes_out = 0
         self._config = config
         self._dispatch = dispatch
         self._on_close = on_close
         self._count_error = count_error
         self._budget = budget
-        self._outbox_budget = outbox_budget  # server-wide: bytes of replies queued in every outbox
         self._auth = auth if auth is not None else Authenticator(None)
         # Who the peer is (reader thread only); None until an ``auth`` succeeds, if tokens are required.
         self._principal: Principal | None = None if self._auth.required else OPEN
         self._frames: FrameReader | None = None  # the reader thread's, while its frame limit is lowered
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._outbox: collections.deque[Entry] = collections.deque()
-        self._outbox_bytes = 0
-        self._writing = False  # some thread is inside sendmsg for this socket
-        self._quick = False  # ... and it is a non-blocking send (_flush_batched's), which ends at once
-        self._pending = 0  # requests dispatched whose replies are not yet in the outbox or sent
-        self._held: list[Entry] = []  # reader thread only
-        self._batched: list[Entry] = []  # other threads' replies
-        self._handshaken = False  # our preamble is (being) sent
-        self._draining = False
-        self._goaway_sent = False  # decided: nothing but the goaway is written from now on
-        self._goaway_written = False
-        self._write_started = 0.0
-        self._write_waiters = 0  # threads waiting for the write under way to end
         self._close_done = threading.Event()
-        self._closed = False
-        # Non-reader threads may try a non-blocking send themselves (not on TLS: no MSG_DONTWAIT there).
-        self._plain = not isinstance(sock, ssl.SSLSocket)
         self._reader = threading.Thread(target=self._read_loop, name=f"conn-read {peer}", daemon=True)
-        self._reader_ident = 0  # set by the reader thread itself, first thing (Sending.reply)
-        self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
-        self._writer_started = False  # started on first need (Sending._need_writer)
+        #: how replies are sent (sending.py): Connection.respond hands them to it
+        self.sending = Sender(sock, peer, config, self.close, count_error, outbox_budget)
 
     def start(self) -> None:
         seconds = int(self._config.send_timeout_s)
@@ -141,8 +119,17 @@ class Connection(Sending):
 
     # ------------------------------------------------------------------ reading
 
+    def respond(self, header: dict[str, Any], parts: framing.Body | None, on_sent: OnSent | None) -> None:
+        """A request's reply (Request.reply: any thread): the sender sends it."""
+        self.sending.respond(header, parts, on_sent)
+
+    @property
+    def bytes_out(self) -> int:
+        return self.sending.bytes_out
+
     def _read_loop(self) -> None:
-        self._reader_ident = threading.get_ident()
+        sending = self.sending
+        sending.reading_here()
         reader = FrameReader(self.sock, self._config.max_frame_bytes, budget=self._budget,
                                      frame_timeout_s=self._config.frame_timeout_s)
         try:
@@ -155,24 +142,24 @@ class Connection(Sending):
                 self.bytes_in += frame.size
                 leader.begin()  # a lone durable request is synced and answered on this thread (below)
                 if not self._serve(frame):
-                    self._flush_held()  # the refusal, before the close
+                    sending.flush_held()  # the refusal, before the close
                     break
                 reader.release()  # dispatched: what it holds is the component's now
                 if reader.frame_buffered():
                     leader.hand_off()  # the flusher thread syncs what it waits for; read on
-                    if len(self._held) >= HELD_REPLIES:
-                        self._flush_held()
+                    if sending.held >= HELD_REPLIES:
+                        sending.flush_held()
                 else:
-                    self._flush_held()  # what is answered goes first, then the sync, if one is waited for
+                    sending.flush_held()  # what is answered goes first, then the sync, if one is waited for
                     if leader.lead():
-                        self._flush_held()
+                        sending.flush_held()
         except BadFrame as exc:
             log.warning("closing %s: %s", self.peer, exc)
             self._count_error(exc.code)
-            self._flush_held()
-            self._send_now({"id": 0, "error": {"code": exc.code, "message": exc.message}})
+            sending.flush_held()
+            sending.send_now({"id": 0, "error": {"code": exc.code, "message": exc.message}})
         except OSError as exc:  # reset, a stream cut inside a frame, or our own close()
-            if not self._closed:
+            if not sending.closed:
                 log.info("connection %s ended: %s", self.peer, exc)
         except Exception:  # a bug: lose this connection, never the server
             log.exception("closing %s after an unexpected error", self.peer)
@@ -206,16 +193,8 @@ class Connection(Sending):
         else:  # the auth frame stays under the handshake timeout, and small
             self._frames = reader
             reader.max_frame_bytes = MAX_AUTH_FRAME_BYTES
-        with self._lock:
-            if self._goaway_sent:  # the server began to stop first: no request will be read
-                return False
-            self._handshaken = True  # in one step with the claim: a goaway can only follow the preamble
-            self._claim_writing()
-        try:
-            with contextlib.suppress(OSError):
-                framing.send_buffers(self.sock, [framing.preamble()])
-        finally:
-            self._release_writing()
+        if not self.sending.send_preamble():  # the server began to stop first: no request will be read
+            return False
         if version != framing.PROTOCOL_VERSION:
             raise UnsupportedVersion(f"client speaks protocol {version}; this server speaks "
                                      f"{framing.PROTOCOL_VERSION}")
@@ -231,8 +210,7 @@ class Connection(Sending):
         request = Request(request_id, cmd if isinstance(cmd, str) else "", args if isinstance(args, dict) else {},
                           frame.parts, self)
         self.requests += 1
-        with self._lock:
-            self._pending += 1
+        self.sending.expect_reply()
         if not isinstance(cmd, str) or not isinstance(args, dict):
             request.fail(BadRequest(f"request {request_id}: 'cmd' must be a string and 'args' a map"))
             return True
@@ -266,29 +244,22 @@ class Connection(Sending):
     def drain(self) -> None:
         """Begin a clean stop (any thread): the goaway follows the last reply
         to what was read so far. The server refuses what is read later."""
-        with self._lock:
-            self._draining = True
-            started = self._need_writer()  # it sends the goaway
-            self._cond.notify_all()
-        if not started:
+        if not self.sending.drain():
             self.close()
 
     def wait_drained(self, timeout: float) -> bool:
         """Wait until the goaway was written (or the connection closed); False on timeout."""
-        with self._lock:
-            return self._cond.wait_for(lambda: self._goaway_written or self._closed, timeout)
+        return self.sending.wait_drained(timeout)
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait until the connection closed (the client closed its end); False on timeout."""
-        with self._lock:
-            return self._cond.wait_for(lambda: self._closed, timeout)
+        return self.sending.wait_closed(timeout)
 
     def write_blocked_for(self, now: float) -> float:
         """Seconds the send under way has been blocked (0 if none). The
         server's watchdog closes connections past ``send_timeout_s``: a TLS
         socket ignores the kernel's send timeout."""
-        with self._lock:
-            return now - self._write_started if self._writing else 0.0
+        return self.sending.write_blocked_for(now)
 
     def close(self) -> None:
         """Close at once; queued replies are dropped (their on_sent never
@@ -296,27 +267,15 @@ class Connection(Sending):
         under way has ended (the shutdown cuts a blocked send short), so a
         reply that was sent has had its on_sent run, and the server was told
         (``on_close``)."""
-        with self._lock:
-            first = not self._closed
-            self._closed = True
-            self._outbox.clear()
-            charged, self._outbox_bytes = self._outbox_bytes, 0
-            self._cond.notify_all()
-        self._uncharge(charged)
+        first = self.sending.shut()
         if first:
             with contextlib.suppress(OSError):
-                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # not SSLSocket's (see _write_loop)
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # not SSLSocket's (see sending.py)
         if not first:  # another thread is closing it: return once that close is complete
             self._close_done.wait(CLOSE_WAIT_S)
             return
-        with self._lock:
-            self._write_waiters += 1
-            try:
-                ended = self._cond.wait_for(lambda: not self._writing, CLOSE_WAIT_S)
-            finally:
-                self._write_waiters -= 1
-            if not ended:
-                log.error("closing %s: a write did not end within %.0f s", self.peer, CLOSE_WAIT_S)
+        if not self.sending.await_write_end(CLOSE_WAIT_S):
+            log.error("closing %s: a write did not end within %.0f s", self.peer, CLOSE_WAIT_S)
         try:
             self.sock.close()
             self._on_close(self)
@@ -325,14 +284,11 @@ class Connection(Sending):
 
     def join(self, timeout: float | None = None) -> None:
         self._reader.join(timeout)
-        with self._lock:
-            started = self._writer_started
-        if started:
-            self._writer.join(timeout)
+        self.sending.join_writer(timeout)
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.sending.closed
 
 
 def refuse(sock: socket.socket, message: str) -> None:

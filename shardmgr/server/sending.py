@@ -1,4 +1,5 @@
-"""The sending side of a server connection (a mixin of :class:`~shardmgr.server.connection.Connection`).
+"""The sending side of a server connection: :class:`Sender`, which a
+:class:`~shardmgr.server.connection.Connection` makes and owns.
 
 Replies made on the reader thread are held until no complete request is
 left in the read buffer, then written together with one sendmsg. Replies
@@ -12,23 +13,30 @@ first time a reply goes into the outbox or a clean stop begins: a
 connection whose socket always takes its replies at once (most of them)
 never has one, which halves the threads of many idle connections. ``on_sent`` callbacks run after
 their reply's last byte was written, before the write is released (see
-:meth:`Sending._write`). When draining, the writer sends the goaway once
+:meth:`Sender._write`). When draining, the writer sends the goaway once
 every reply is out.
 
-Threads: the connection's ``_lock``/``_cond`` guard the outbox,
-``_pending``, ``_writing`` (some thread is sending: one at a time, whoever
-claimed it; ``_quick`` while that is another thread's non-blocking send,
-which the reader may wait for), ``_writer_started`` and the draining and
-closing flags; ``_held`` is the reader
-thread's, ``_batched`` is guarded by the lock.
+The sender owns every piece of state about sending; the connection tells
+it when a request is read (:meth:`Sender.expect_reply`), asks it to flush
+what the reader holds, to send the preamble or an error frame, to drain,
+and to shut (:meth:`Sender.shut`, then :meth:`Sender.await_write_end`)
+when it closes; the sender asks the connection to close (``close``) when a
+send fails or an outbox passes its caps.
+
+Threads: the sender's ``_lock``/``_cond`` guard the outbox, ``_pending``,
+``_writing`` (some thread is sending: one at a time, whoever claimed it;
+``_quick`` while that is another thread's non-blocking send, which the
+reader may wait for), ``_writer_started``, the handshake, draining and
+closing flags; ``_held`` is the reader thread's, ``_batched`` is guarded by
+the lock.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +48,7 @@ from common.wire.component import OnSent
 from common.wire.errors import ServiceError
 
 from .config import ServerConfig
+from .outbox import Entry, Outbox
 
 log = logging.getLogger(__name__)
 
@@ -49,43 +58,130 @@ GOAWAY: Final = {"id": 0, "error": {"code": "unavailable",
 QUICK_WAIT_S: Final = 0.005
 """How long the reader waits for another thread's non-blocking send before it queues its replies instead."""
 
-Entry = tuple[list[bytes | memoryview], int, OnSent | None]
-"""A reply ready to send: its buffers, their size, and what to run once they are written."""
 
 
-class Sending:
+class Sender:
     """Replies: holding, batching, the outbox, the writer thread, the goaway."""
 
-    peer: str
-    sock: socket.socket
-    bytes_out: int
-    _config: ServerConfig
-    _lock: threading.Lock
-    _cond: threading.Condition
-    _outbox: collections.deque[Entry]
-    _outbox_bytes: int
-    _outbox_budget: ByteBudget | None
-    _writing: bool
-    _pending: int
-    _held: list[Entry]
-    _batched: list[Entry]
-    _handshaken: bool
-    _draining: bool
-    _goaway_sent: bool
-    _goaway_written: bool
-    _write_started: float
-    _write_waiters: int
-    _closed: bool
-    _plain: bool
-    _reader_ident: int  # the reader thread's threading.get_ident() once it runs, else 0
-    _writer: threading.Thread
-    _writer_started: bool
-    _quick: bool
+    def __init__(self, sock: socket.socket, peer: str, config: ServerConfig, close: Callable[[], None],
+                 count_error: Callable[[str], None], outbox_budget: ByteBudget | None = None) -> None:
+        """``close``: closes the whole connection (a send failed, an outbox
+        passed its caps); ``outbox_budget``: the server-wide bytes of queued replies."""
+        self.peer = peer
+        self.sock = sock
+        self.bytes_out = 0
+        self._config = config
+        self._close = close
+        self._count_error = count_error
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._outbox = Outbox(peer, config.max_outbox_bytes, outbox_budget)
+        self._writing = False  # some thread is inside sendmsg for this socket
+        self._quick = False  # ... and it is a non-blocking send (_flush_batched's), which ends at once
+        self._pending = 0  # requests read whose replies are not yet in the outbox or sent
+        self._held: list[Entry] = []  # reader thread only
+        self._batched: list[Entry] = []  # other threads' replies
+        self._handshaken = False  # our preamble is (being) sent
+        self._draining = False
+        self._goaway_sent = False  # decided: nothing but the goaway is written from now on
+        self._goaway_written = False
+        self._write_started = 0.0
+        self._write_waiters = 0  # threads waiting for the write under way to end
+        self._closed = False
+        # Non-reader threads may try a non-blocking send themselves (not on TLS: no MSG_DONTWAIT there).
+        self._plain = not isinstance(sock, ssl.SSLSocket)
+        self._reader_ident = 0  # the reader thread's threading.get_ident() once it runs, else 0
+        self._writer = threading.Thread(target=self._write_loop, name=f"conn-write {peer}", daemon=True)
+        self._writer_started = False  # started on first need (_need_writer)
 
-    _count_error: Callable[[str], None]
+    # ------------------------------------------------------------ what the connection asks
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def reading_here(self) -> None:
+        """The calling thread is the connection's reader: its replies are held (:meth:`flush_held`)."""
+        self._reader_ident = threading.get_ident()
+
+    def expect_reply(self) -> None:
+        """A request was read: a reply to it is owed (a clean stop's goaway waits for it)."""
+        with self._lock:
+            self._pending += 1
+
+    @property
+    def held(self) -> int:
+        """Replies the reader holds, not yet sent (reader thread only)."""
+        return len(self._held)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send_preamble(self) -> bool:
+        """Send the server's preamble (reader thread, at the handshake);
+        False if a clean stop began first (then nothing is sent, and no
+        request will be read)."""
+        with self._lock:
+            if self._goaway_sent:
+                return False
+            self._handshaken = True  # in one step with the claim: a goaway can only follow the preamble
+            self._claim_writing()
+        try:
+            with contextlib.suppress(OSError):
+                framing.send_buffers(self.sock, [framing.preamble()])
+        finally:
+            self._release_writing()
+        return True
+
+    def drain(self) -> bool:
+        """Begin a clean stop: the goaway follows the last reply owed. False
+        if no writer thread could be started (the caller closes)."""
+        with self._lock:
+            self._draining = True
+            started = self._need_writer()  # it sends the goaway
+            self._cond.notify_all()
+        return started
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Wait until the goaway was written (or the connection closed); False on timeout."""
+        with self._lock:
+            return self._cond.wait_for(lambda: self._goaway_written or self._closed, timeout)
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until the connection closed; False on timeout."""
+        with self._lock:
+            return self._cond.wait_for(lambda: self._closed, timeout)
+
+    def write_blocked_for(self, now: float) -> float:
+        """Seconds the send under way has been blocked (0 if none)."""
+        with self._lock:
+            return now - self._write_started if self._writing else 0.0
+
+    def shut(self) -> bool:
+        """Nothing more is sent: queued replies are dropped (their on_sent
+        never runs) and their charge released. True for the first call."""
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+            charged = self._outbox.clear()
+            self._cond.notify_all()
+        self._outbox.release(charged)
+        return first
+
+    def await_write_end(self, timeout: float) -> bool:
+        """After :meth:`shut`: wait until no write is under way (a sent
+        reply has had its on_sent run); False on timeout."""
+        with self._lock:
+            self._write_waiters += 1
+            try:
+                return self._cond.wait_for(lambda: not self._writing, timeout)
+            finally:
+                self._write_waiters -= 1
+
+    def join_writer(self, timeout: float | None) -> None:
+        with self._lock:
+            started = self._writer_started
+        if started:
+            self._writer.join(timeout)
+
+    # ------------------------------------------------------------ replies
 
     def respond(self, header: dict[str, Any], parts: framing.Body | None, on_sent: OnSent | None) -> None:
         """Queue or write a reply frame (any thread; never blocks non-reader threads)."""
@@ -129,7 +225,7 @@ class Sending:
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
                 return
-            direct = self._plain and not self._outbox and not self._writing
+            direct = self._plain and self._outbox.empty() and not self._writing
             if direct:
                 self._claim_writing()
                 self._quick = True  # a non-blocking send: the reader may wait for it (_flush_held)
@@ -138,7 +234,7 @@ class Sending:
         if direct:
             self._try_now(batch)
         elif not queued:
-            self.close()
+            self._close()
 
     def _try_now(self, batch: list[Entry]) -> None:
         """Send replies without blocking (caller claimed ``_writing``): one
@@ -151,7 +247,7 @@ class Sending:
         except OSError as exc:
             log.info("closing %s: send failed: %s", self.peer, exc)
             self._release_writing()
-            self.close()
+            self._close()
             return
         if not left:  # the usual case: an idle socket took it all
             for _, size, on_sent in batch:
@@ -178,21 +274,14 @@ class Sending:
             queued = self._queue_first([tail], rest, batch[done:-1])
         self._release_writing()
         if not queued:
-            self.close()
+            self._close()
 
     def _queue(self, entries: list[Entry], size: int) -> bool:
-        """Under the lock: add replies to the outbox, charged to this
-        connection's cap and to the server-wide budget; False (nothing
-        queued, the caller closes the connection) if either would pass."""
-        if self._outbox_bytes + size > self._config.max_outbox_bytes:
-            log.warning("closing %s: %d bytes of replies queued and not read", self.peer, self._outbox_bytes)
+        """Under the lock: add replies to the outbox (outbox.py) and see that
+        the writer thread runs; False (the caller closes the connection) if
+        the outbox is full or no writer can be started."""
+        if not self._outbox.add(entries, size):
             return False
-        if self._outbox_budget is not None and not self._outbox_budget.try_acquire(size):
-            log.warning("closing %s: its %d bytes of queued replies would pass the server's max_outbox_total_bytes",
-                        self.peer, self._outbox_bytes + size)
-            return False
-        self._outbox.extend(entries)
-        self._outbox_bytes += size
         self._cond.notify_all()
         return self._need_writer()  # False: the caller closes, which drops the outbox and its charge
 
@@ -211,26 +300,14 @@ class Sending:
         self._writer_started = True
         return True
 
-    def _queue_first(self, tail: list[Entry], size: int,
-                     before: list[Entry]) -> bool:
-        """Under the lock: like :meth:`_queue`, but ahead of what is queued
-        (the rest of a batch begun: ``tail`` carries its bytes; the
-        ``on_sent`` callbacks of the whole replies inside it, ``before``,
-        run once it is written, in order)."""
-        if not self._queue(tail, size):
+    def _queue_first(self, tail: list[Entry], size: int, before: list[Entry]) -> bool:
+        """Under the lock: like :meth:`_queue`, ahead of what is queued (Outbox.add_first)."""
+        if not self._outbox.add_first(tail, size, before):
             return False
-        self._outbox.rotate(1)
-        if before:
-            buffers, rest, last = self._outbox[0]
-            callbacks = [o for _, _, o in before if o is not None] + ([last] if last is not None else [])
-            self._outbox[0] = (buffers, rest, _chained(callbacks) if callbacks else None)
-        return True
+        self._cond.notify_all()
+        return self._need_writer()
 
-    def _uncharge(self, size: int) -> None:
-        if self._outbox_budget is not None and size:
-            self._outbox_budget.release(size)
-
-    def _flush_held(self) -> None:
+    def flush_held(self) -> None:
         """Send the replies the reader produced (reader thread only)."""
         held, self._held = self._held, []
         if not held:
@@ -240,12 +317,12 @@ class Sending:
             if self._closed or self._goaway_sent:
                 self._cond.notify_all()
                 return
-            if self._writing and self._quick and not self._outbox:
+            if self._writing and self._quick and self._outbox.empty():
                 # Another thread's non-blocking send ends within microseconds: wait for it rather
                 # than hand these replies to the writer thread (and start one): a client that
                 # reads each reply before its next request would otherwise race for a writer.
                 self._await_writer(QUICK_WAIT_S)
-            direct = not self._outbox and not self._writing
+            direct = self._outbox.empty() and not self._writing
             if direct:
                 self._claim_writing()
             else:  # keep reply order simple: behind what is queued
@@ -253,9 +330,9 @@ class Sending:
         if direct:
             self._write(held)
         elif not queued:
-            self.close()
+            self._close()
 
-    def _send_now(self, data: bytes | dict[str, Any]) -> None:
+    def send_now(self, data: bytes | dict[str, Any]) -> None:
         """Best-effort immediate write of one frame (a connection error),
         never interleaved with another write, never after the goaway."""
         buffers: list[bytes | memoryview] = [data] if isinstance(data, bytes) else framing.encode(data)
@@ -281,7 +358,7 @@ class Sending:
             self._quick = False
             # Wake only who can use it: waking the idle writer after every
             # reply the reader wrote itself costs a thread switch per request.
-            if self._outbox or self._draining or self._closed or self._write_waiters:
+            if not self._outbox.empty() or self._draining or self._closed or self._write_waiters:
                 self._cond.notify_all()
 
     def _await_writer(self, timeout: float) -> bool:
@@ -320,7 +397,7 @@ class Sending:
             self._run_on_sent(on_sent)
         self._release_writing()
         if not sent:
-            self.close()
+            self._close()
 
     def _run_on_sent(self, on_sent: OnSent | None) -> None:
         if on_sent is not None:
@@ -334,7 +411,7 @@ class Sending:
         send the goaway once every reply is out."""
         while True:
             with self._lock:
-                while not self._closed and (self._writing or not self._outbox) and not self._goaway_due():
+                while not self._closed and (self._writing or self._outbox.empty()) and not self._goaway_due():
                     self._cond.wait()
                 if self._closed:
                     return
@@ -344,16 +421,14 @@ class Sending:
                     if self._handshaken:
                         self._claim_writing()
                 else:
-                    batch = list(self._outbox)
-                    charged, self._outbox_bytes = self._outbox_bytes, 0
-                    self._outbox.clear()
+                    batch, charged = self._outbox.take()
                     self._claim_writing()
             if goaway:  # (a break inside the with-block would not compile with mypyc)
                 break
             self._write(batch)
-            self._uncharge(charged)
+            self._outbox.release(charged)
         if not self._handshaken:
-            self.close()  # it never got a preamble: to its client this is a refused connection
+            self._close()  # it never got a preamble: to its client this is a refused connection
             return
         try:
             with contextlib.suppress(OSError):
@@ -367,15 +442,6 @@ class Sending:
             self._release_writing()
 
     def _goaway_due(self) -> bool:
-        return (self._draining and not self._goaway_sent and not self._pending and not self._outbox
+        return (self._draining and not self._goaway_sent and not self._pending and self._outbox.empty()
                 and not self._writing)
 
-
-def _chained(callbacks: list[OnSent]) -> OnSent:
-    """One on_sent that runs several in order."""
-
-    def run() -> None:
-        for callback in callbacks:
-            callback()
-
-    return run

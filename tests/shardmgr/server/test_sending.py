@@ -37,7 +37,7 @@ def pair() -> Iterator[tuple[Connection, socket.socket, list[int]]]:
     ours.sends = []
     connection = Connection(ours, "peer", ServerConfig(), lambda request, principal: None, lambda c: None,
                             lambda code: None)
-    connection._handshaken = True
+    connection.sending._handshaken = True
     yield connection, theirs, ours.sends
     ours.close()
     theirs.close()
@@ -56,13 +56,13 @@ def _frames(sock: socket.socket, count: int) -> list[framing.Frame]:
 def test_replies_made_in_one_batch_leave_in_one_send(pair: tuple[Connection, socket.socket, list[int]]) -> None:
     connection, theirs, sends = pair
     written: list[int] = []
-    connection._pending = 3
+    connection.sending._pending = 3
     with batched_replies():
         for n in range(3):
             connection.respond({"id": n + 1, "ok": {"n": n}}, {"x": np.arange(n, dtype="<u8")},
                                functools.partial(written.append, n))
         assert sends == [] and written == []
-    assert len(sends) == 1 and written == [0, 1, 2] and connection._pending == 0
+    assert len(sends) == 1 and written == [0, 1, 2] and connection.sending._pending == 0
     frames = _frames(theirs, 3)
     assert [f.header["id"] for f in frames] == [1, 2, 3]
     assert [f.parts["x"].tolist() for f in frames] == [[], [0], [0, 1]]
@@ -71,7 +71,7 @@ def test_replies_made_in_one_batch_leave_in_one_send(pair: tuple[Connection, soc
 def test_outside_a_batch_a_reply_leaves_at_once(pair: tuple[Connection, socket.socket, list[int]]) -> None:
     connection, theirs, sends = pair
     written: list[int] = []
-    connection._pending = 2
+    connection.sending._pending = 2
     connection.respond({"id": 1, "ok": {}}, None, lambda: written.append(1))
     assert len(sends) == 1 and written == [1]
     connection.respond({"id": 2, "ok": {}}, None, None)
