@@ -56,28 +56,41 @@ FORBIDDEN = {
 
 
 @functools.cache
-def modules() -> dict[str, set[str]]:
-    """Each project module and the project modules it imports (absolute names);
-    read once per run (every layer's case reads the same files)."""
-    found: dict[str, set[str]] = {}
+def import_statements() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """Each project module's import statements, every one (``TYPE_CHECKING``
+    and function-level ones too), read once per run: ``(module, ())`` for
+    ``import module``, ``(target, names)`` for ``from target import names``,
+    a relative target made absolute."""
+    found: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
     files = [ROOT / f"{module}.py" for module in MODULES] + [p for d in PACKAGES for p in (ROOT / d).rglob("*.py")]
     for path in files:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         is_package = parts[-1] == "__init__"
         name = ".".join(parts[:-1] if is_package else parts)
         base = name.split(".") if is_package else name.split(".")[:-1]
-        imported: set[str] = set()
+        statements: list[tuple[str, tuple[str, ...]]] = []
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                imported.update(a.name for a in node.names)
+                statements.extend((a.name, ()) for a in node.names)
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     anchor = base[: len(base) - node.level + 1]
                     target = ".".join(anchor + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                imported.add(target)
-                imported.update(f"{target}.{a.name}" for a in node.names)
+                statements.append((target, tuple(a.name for a in node.names)))
+        found[name] = statements
+    return found
+
+
+@functools.cache
+def modules() -> dict[str, set[str]]:
+    """Each project module and the project names it imports (absolute: a
+    module, or ``module.name`` for each name taken from it)."""
+    found: dict[str, set[str]] = {}
+    for name, statements in import_statements().items():
+        imported = {target for target, _ in statements}
+        imported.update(f"{target}.{n}" for target, names in statements for n in names)
         found[name] = {m for m in imported if m.split(".")[0] in PACKAGES + MODULES}
     return found
 
@@ -134,27 +147,16 @@ def test_a_package_face_loads_every_name_it_exports(package: str) -> None:
 @functools.cache
 def module_graph() -> dict[str, set[str]]:
     """Each project module and the project modules it imports, every import
-    counted (``TYPE_CHECKING`` and function-level ones too): ``from p import
-    n`` is an import of the module ``p.n`` where that is a module, else of ``p``."""
-    known = set(modules())
+    counted: ``from p import n`` is an import of the module ``p.n`` where
+    that is a module, else of ``p``."""
+    statements = import_statements()
     graph: dict[str, set[str]] = {}
-    for path in [ROOT / f"{module}.py" for module in MODULES] + [p for d in PACKAGES for p in (ROOT / d).rglob("*.py")]:
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        name = ".".join(parts[:-1] if is_package else parts)
-        base = name.split(".") if is_package else name.split(".")[:-1]
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                edges.update(a.name for a in node.names if a.name in known)
-            elif isinstance(node, ast.ImportFrom):
-                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) \
-                    if node.level else node.module or ""
-                for alias in node.names:
-                    module = f"{target}.{alias.name}"
-                    edges.add(module if module in known else target)
-        graph[name] = {e for e in edges if e in known} - {name}
+    for name, found in statements.items():
+        edges = {target for target, names in found if not names}
+        edges.update(f"{t}.{n}" if f"{t}.{n}" in statements else t for t, names in found for n in names)
+        graph[name] = {e for e in edges if e in statements} - {name}
     return graph
+
 
 def test_no_import_circle() -> None:
     """No module imports itself through others, counting every import: a
